@@ -1,0 +1,884 @@
+// dataplane_bench: rx throughput of the DPDK data plane against the Linux socket path.
+//
+// 1. DPDK path, one lcore, in memory: 1 KB fragments of 224x224x3 u8 images (150528 bytes,
+//    147 fragments each) for `inflight` concurrent requests, fragments round-robin across
+//    them, a few source ports. The frames are built once into mbufs; every burst of 32 gets
+//    its mbufs' refcounts bumped (what a NIC handing over filled mbufs costs, roughly), then
+//    goes through exactly the steps of dataplane::poll_rx after rte_eth_rx_burst: parse_udp,
+//    IF lookup, parse_request, reassembler::file_burst, completed requests onto the IF's
+//    ring; the IF stand-in dequeues them and release()s them (which drops the refcounts).
+// 2. Linux socket path: a sender thread pushes the same datagrams (reefline header + 1024 B)
+//    over loopback with sendmmsg; a receiver thread recvmmsg()s them straight into mbufs and
+//    files them into the same kind of reassembler, then releases completed requests.
+//
+// Prints a table and, as its last line: mpps_per_core=X socket_mpps=Y ratio=Z
+// Exit status 1 when a correctness check fails (wrong completion count, drops, leaks).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sched.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <rte_cycles.h>
+#include <rte_errno.h>
+#include <rte_lcore.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+#include <rte_prefetch.h>
+#include <rte_ring.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dataplane/counters.h"
+#include "dataplane/eal.h"
+#include "dataplane/engine.h"  // rx_burst_size
+#include "dataplane/if_table.h"
+#include "dataplane/packet.h"
+#include "dataplane/protocol.h"
+#include "dataplane/reassembly.h"
+#include "dataplane/request.h"
+#include "tools/reefgen/packet.h"
+
+namespace dp = reefline::dp;
+namespace wire = reefline::wire;
+namespace gen = reefline::reefgen;
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+constexpr uint16_t image_dims[4] = {224, 224, 3, 0};
+constexpr uint32_t image_bytes = 224u * 224u * 3u;  // 150528
+constexpr uint32_t frag_payload = 1024;
+constexpr uint32_t frags_per_request = (image_bytes + frag_payload - 1) / frag_payload;  // 147
+constexpr uint16_t if_port = 9000;
+constexpr uint16_t if_slot = 0;
+constexpr uint32_t src_ports = 4;            // DPDK path: requests spread over 4 source ports
+constexpr uint32_t src_ip = 0xc6120001;      // 198.18.0.1
+constexpr uint32_t dst_ip = 0xc6120002;      // 198.18.0.2
+constexpr uint16_t mbuf_room = RTE_MBUF_DEFAULT_BUF_SIZE;  // 2176: 2048 + headroom
+static_assert(frags_per_request == 147);
+
+struct options {
+    double seconds = 1.0;
+    double warmup = 0.2;
+    uint32_t inflight = 64;
+    bool breakdown = false;  // also time the parts of the DPDK path
+    bool nic_cksum = false;  // mbufs say "IP checksum good" (a NIC with rx offload)
+    bool socket = true;
+    bool no_huge = false;    // force EAL's --no-huge (valgrind, or to compare)
+    uint64_t age_limit_us = dp::reassembly_config{}.age_limit_us;
+};
+
+[[noreturn]] void usage(const char* prog, int status) {
+    std::fprintf(status ? stderr : stdout,
+                 "usage: %s [--seconds S] [--inflight N] [--quick] [--breakdown] [--nic-cksum]"
+                 " [--no-socket] [--no-huge] [--age-ms MS]\n"
+                 "  --seconds S   measurement time per path (default 1.0)\n"
+                 "  --inflight N  concurrent requests under reassembly (default 64)\n"
+                 "  --quick       0.5 s per path, 0.1 s warm-up\n"
+                 "  --breakdown   also time the parts of the DPDK path (harness, parse, full)\n"
+                 "  --nic-cksum   mark mbufs IP-checksum-good, as a NIC with rx offload would\n"
+                 "  --no-socket   skip the socket path (socket_mpps=0, ratio=0)\n"
+                 "  --no-huge     EAL without hugepages even when some are free\n"
+                 "  --age-ms MS   reassembly age limit (default 100; raise it under valgrind)\n",
+                 prog);
+    std::exit(status);
+}
+
+options parse_options(int argc, char** argv) {
+    options o;
+    bool quick = false, seconds_given = false;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) usage(argv[0], 2);
+            return argv[++i];
+        };
+        try {
+            if (a == "--seconds") { o.seconds = std::stod(value()); seconds_given = true; }
+            else if (a == "--inflight") o.inflight = uint32_t(std::stoul(value()));
+            else if (a == "--quick") quick = true;
+            else if (a == "--breakdown") o.breakdown = true;
+            else if (a == "--nic-cksum") o.nic_cksum = true;
+            else if (a == "--no-socket") o.socket = false;
+            else if (a == "--no-huge") o.no_huge = true;
+            else if (a == "--age-ms") o.age_limit_us = uint64_t(std::stod(value()) * 1000);
+            else if (a == "--help" || a == "-h") usage(argv[0], 0);
+            else usage(argv[0], 2);
+        } catch (const std::logic_error&) {
+            usage(argv[0], 2);
+        }
+    }
+    if (quick) {
+        o.warmup = 0.1;
+        if (!seconds_given) o.seconds = 0.5;
+    }
+    if (o.seconds <= 0 || o.inflight == 0 || o.inflight > 512) usage(argv[0], 2);
+    return o;
+}
+
+std::vector<uint8_t> make_image() {
+    std::vector<uint8_t> p(image_bytes);
+    uint32_t x = 0x9e3779b9;
+    for (auto& b : p) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        b = uint8_t(x);
+    }
+    return p;
+}
+
+wire::fields fragment_header(uint64_t request_id, uint32_t index) {
+    wire::fields h;
+    h.kind = uint8_t(wire::kind::request);
+    h.format = uint8_t(wire::format::image_u8_hwc);
+    h.request_id = request_id;
+    h.frag_index = uint16_t(index);
+    h.frag_count = uint16_t(frags_per_request);
+    h.payload_offset = index * frag_payload;
+    h.total_length = image_bytes;
+    for (int i = 0; i < 4; ++i) h.dims[i] = image_dims[i];
+    return h;
+}
+
+uint32_t fragment_length(uint32_t index) {
+    return std::min(frag_payload, image_bytes - index * frag_payload);
+}
+
+// The IF side of the data plane, minimal: one binding on if_port with a ring that the bench
+// drains itself, releasing each request (what an IF does once it has read the payload).
+struct if_stub {
+    explicit if_stub(const std::string& name, uint32_t readers) : ifs(readers) {
+        ring = rte_ring_create(("bq_" + name).c_str(), 4096, SOCKET_ID_ANY, RING_F_SC_DEQ);
+        if (!ring) throw std::runtime_error("rte_ring_create: " + std::string(rte_strerror(rte_errno)));
+        dp::if_binding b;
+        b.name = "bench";
+        b.udp_port = if_port;
+        b.slot = if_slot;
+        b.ring = ring;
+        ifs.publish({b});
+    }
+    ~if_stub() { rte_ring_free(ring); }
+    dp::if_table ifs;
+    rte_ring* ring = nullptr;
+};
+
+// One rx lcore's state and the steps of dataplane::poll_rx from the parsed udp_views on:
+// IF lookup, parse_request, file_burst, completed requests onto the IF's ring.
+struct rx_lane {
+    rx_lane(const std::string& name, const dp::reassembly_config& rc, if_stub& stub, uint32_t reader)
+        : reasm(std::make_unique<dp::reassembler>(name, rc, counters)), ifs(stub.ifs),
+          ring(stub.ring), reader(reader) {
+        ifs.reader_online(reader);
+    }
+    ~rx_lane() {
+        consume();
+        reasm->flush();
+        ifs.reader_offline(reader);
+    }
+
+    dp::rx_counters counters;
+    std::unique_ptr<dp::reassembler> reasm;
+    dp::if_table& ifs;
+    rte_ring* ring;
+    uint32_t reader;
+    uint64_t consumed = 0;        // requests the IF stand-in released
+    uint64_t consumed_mbufs = 0;  // mbufs those requests held
+
+    // Validated fragments -> reassembly -> IF ring (the tail of poll_rx).
+    void file(const dp::port_map* map, dp::fragment* frags, uint32_t nf, uint64_t now) {
+        dp::request* done[64];
+        const uint32_t nd = reasm->file_burst(frags, nf, now, done);
+        for (uint32_t i = 0; i < nd; ++i) {
+            dp::request* r = done[i];
+            const dp::if_binding* b = map->by_slot[r->if_slot];
+            if (!b) {
+                counters.drop(dp::drop_reason::unknown_port, dp::release(r));
+            } else if (rte_ring_mp_enqueue(b->ring, r) != 0) {
+                counters.requests_ring_full.add();
+                counters.drop(dp::drop_reason::ring_full, dp::release(r));
+            }
+        }
+    }
+
+    // The IF consumer: takes complete requests off its ring and releases them.
+    void consume() {
+        void* objs[64];
+        while (unsigned k = rte_ring_sc_dequeue_burst(ring, objs, 64, nullptr)) {
+            for (unsigned i = 0; i < k; ++i) consumed_mbufs += dp::release(static_cast<dp::request*>(objs[i]));
+            consumed += k;
+        }
+    }
+
+    uint64_t drops_total() const {
+        uint64_t d = 0;
+        for (const auto& c : counters.drops) d += c.get();
+        return d;
+    }
+    std::string drops_text() const {
+        std::string s;
+        for (size_t i = 0; i < dp::drop_reason_count; ++i)
+            if (uint64_t v = counters.drops[i].get())
+                s += " " + std::string(dp::drop_reason_names[i]) + "=" + std::to_string(v);
+        return s.empty() ? " none" : s;
+    }
+};
+
+// ---------------------------------------------------------------------------------------
+// DPDK path
+
+double thread_cpu_seconds() {
+    timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+struct dpdk_result {
+    double seconds = 0;
+    double cpu_seconds = 0;  // this thread's CPU time in the window (< seconds: core shared)
+    uint64_t packets = 0;
+    uint64_t completed = 0;
+    double mpps() const { return packets / seconds / 1e6; }
+    double ns_per_packet() const { return seconds * 1e9 / packets; }
+    double cpu_share() const { return cpu_seconds / seconds; }
+    double mpps_per_cpu_second() const { return packets / cpu_seconds / 1e6; }
+};
+
+dp::cksum_state ip_state(uint64_t ol) {
+    switch (ol & RTE_MBUF_F_RX_IP_CKSUM_MASK) {
+    case RTE_MBUF_F_RX_IP_CKSUM_GOOD: return dp::cksum_state::good;
+    case RTE_MBUF_F_RX_IP_CKSUM_BAD: return dp::cksum_state::bad;
+    default: return dp::cksum_state::unknown;
+    }
+}
+
+dp::cksum_state l4_state(uint64_t ol) {
+    switch (ol & RTE_MBUF_F_RX_L4_CKSUM_MASK) {
+    case RTE_MBUF_F_RX_L4_CKSUM_GOOD: return dp::cksum_state::good;
+    case RTE_MBUF_F_RX_L4_CKSUM_BAD: return dp::cksum_state::bad;
+    default: return dp::cksum_state::unknown;
+    }
+}
+
+enum class stage { harness, parse, full };
+
+class dpdk_bench {
+public:
+    dpdk_bench(const options& o, if_stub& stub) : _o(o) {
+        const uint32_t n = o.inflight * frags_per_request;
+        _pool = rte_pktmbuf_pool_create("bench_dp_mbufs", n + 512, 256, 0, mbuf_room, SOCKET_ID_ANY);
+        if (!_pool) throw std::runtime_error("mbuf pool: " + std::string(rte_strerror(rte_errno)));
+        dp::reassembly_config rc;  // the appliance's defaults: 1024 entries, 100 ms age limit
+        rc.entries = std::max<uint32_t>(rc.entries, 2 * o.inflight);
+        rc.age_limit_us = o.age_limit_us;
+        _lane = std::make_unique<rx_lane>("bench_dp", rc, stub, 0);
+
+        // Frames, once: request s (id s+1) from source port 40000 + s % 4; the feed order is
+        // fragment-major, so consecutive packets belong to different requests.
+        const std::vector<uint8_t> image = make_image();
+        std::vector<std::vector<rte_mbuf*>> by_request(o.inflight);
+        for (uint32_t s = 0; s < o.inflight; ++s) {
+            gen::frame_addresses a;
+            a.src_mac = {{0x02, 0, 0, 0, 0, 0x01}};
+            a.dst_mac = {{0x02, 0, 0, 0, 0, 0x02}};
+            a.src_ip = src_ip;
+            a.dst_ip = dst_ip;
+            a.src_port = uint16_t(40000 + s % src_ports);
+            a.dst_port = if_port;
+            for (uint32_t f = 0; f < frags_per_request; ++f) {
+                std::vector<uint8_t> udp;
+                gen::append_udp_payload(udp, fragment_header(s + 1, f),
+                                        {image.data() + f * frag_payload, fragment_length(f)});
+                const std::vector<uint8_t> frame = gen::build_frame(a, uint16_t(f), udp);
+                rte_mbuf* m = rte_pktmbuf_alloc(_pool);
+                if (!m) throw std::runtime_error("mbuf pool too small");
+                char* p = rte_pktmbuf_append(m, uint16_t(frame.size()));
+                if (!p) throw std::runtime_error("frame does not fit an mbuf");
+                std::memcpy(p, frame.data(), frame.size());
+                if (o.nic_cksum) m->ol_flags |= RTE_MBUF_F_RX_IP_CKSUM_GOOD;
+                by_request[s].push_back(m);
+            }
+        }
+        for (uint32_t f = 0; f < frags_per_request; ++f)
+            for (uint32_t s = 0; s < o.inflight; ++s) _seq.push_back(by_request[s][f]);
+    }
+
+    ~dpdk_bench() {
+        _lane.reset();
+        for (rte_mbuf* m : _seq) rte_pktmbuf_free(m);
+        rte_mempool_free(_pool);
+    }
+
+    // Runs whole rounds (every request once, start to completion) for at least `seconds`.
+    dpdk_result run(stage st, double seconds) {
+        dpdk_result r;
+        const uint64_t completed0 = _lane->consumed;
+        const double cpu0 = thread_cpu_seconds();
+        const auto t0 = clock_type::now();
+        const auto limit = t0 + std::chrono::duration_cast<clock_type::duration>(
+                                    std::chrono::duration<double>(seconds));
+        auto t = t0;
+        do {
+            round(st);
+            r.packets += _seq.size();
+            ++_rounds[size_t(st)];
+            t = clock_type::now();
+        } while (t < limit);
+        r.seconds = std::chrono::duration<double>(t - t0).count();
+        r.cpu_seconds = thread_cpu_seconds() - cpu0;
+        r.completed = _lane->consumed - completed0;
+        return r;
+    }
+
+    // Everything fed must have completed, nothing dropped, every mbuf back to refcount 1,
+    // every entry back in its pool. Returns an error message or "".
+    std::string check() const {
+        std::ostringstream e;
+        const uint64_t full_rounds = _rounds[size_t(stage::full)];
+        const uint64_t want = full_rounds * _o.inflight;
+        if (_lane->consumed != want)
+            e << "completed " << _lane->consumed << " requests, expected " << want << "; ";
+        if (_lane->counters.requests_completed.get() != want)
+            e << "reassembler counted " << _lane->counters.requests_completed.get() << " completions; ";
+        if (_lane->consumed_mbufs != want * frags_per_request)
+            e << "released " << _lane->consumed_mbufs << " mbufs, expected " << want * frags_per_request << "; ";
+        if (_lane->drops_total() != 0) e << "drops:" << _lane->drops_text() << "; ";
+        if (_lane->reasm->pending() != 0) e << _lane->reasm->pending() << " requests pending; ";
+        rte_mempool* entries = _lane->reasm->entry_pool();
+        if (rte_mempool_avail_count(entries) != entries->size) e << "reassembly entries leaked; ";
+        for (const rte_mbuf* m : _seq)
+            if (rte_mbuf_refcnt_read(m) != 1) { e << "mbuf refcount " << rte_mbuf_refcnt_read(m) << " != 1; "; break; }
+        return e.str();
+    }
+
+private:
+    void round(stage st) {
+        const uint32_t n = uint32_t(_seq.size());
+        for (uint32_t off = 0; off < n; off += dp::rx_burst_size) {
+            const uint16_t k = uint16_t(std::min<uint32_t>(dp::rx_burst_size, n - off));
+            rte_mbuf** pkts = _seq.data() + off;
+            // "rx_burst": the NIC hands over filled mbufs (here: one more reference each).
+            for (uint16_t i = 0; i < k; ++i) rte_mbuf_refcnt_update(pkts[i], 1);
+            switch (st) {
+            case stage::harness: rte_pktmbuf_free_bulk(pkts, k); break;
+            case stage::parse: parse_only(pkts, k); break;
+            case stage::full: poll_rx_body(pkts, k); _lane->consume(); break;
+            }
+        }
+    }
+
+    // dataplane::poll_rx from rte_eth_rx_burst on, step for step.
+    void poll_rx_body(rte_mbuf** pkts, uint16_t n) {
+        constexpr uint16_t q = 0;
+        rx_lane& s = *_lane;
+        const uint64_t now = rte_rdtsc();
+        s.reasm->expire(now);
+        if (n == 0) {
+            s.ifs.quiescent(q);
+            return;
+        }
+        constexpr uint16_t prefetch_ahead = 4;
+        for (uint16_t i = 0; i < std::min(n, prefetch_ahead); ++i)
+            rte_prefetch0(rte_pktmbuf_mtod(pkts[i], void*));
+
+        const dp::port_map* map = s.ifs.current();
+        dp::udp_view udps[dp::rx_burst_size];
+        dp::fragment frags[dp::rx_burst_size];
+        uint16_t nf = 0;
+        uint64_t bytes = 0;
+        for (uint16_t i = 0; i < n; ++i) {
+            if (i + prefetch_ahead < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + prefetch_ahead], void*));
+            rte_mbuf* m = pkts[i];
+            bytes += m->pkt_len;
+            dp::drop_reason why;
+            if (m->nb_segs != 1) {
+                why = dp::drop_reason::multi_segment;
+            } else {
+                why = dp::parse_udp(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len,
+                                    ip_state(m->ol_flags), l4_state(m->ol_flags), udps[nf]);
+                const dp::if_binding* b = nullptr;
+                if (why == dp::drop_reason::none) {
+                    b = dp::if_table::lookup(map, udps[nf].dst_port);
+                    if (!b) why = dp::drop_reason::unknown_port;
+                }
+                if (why == dp::drop_reason::none) why = dp::parse_request(udps[nf], frags[nf].view);
+                if (why == dp::drop_reason::none) {
+                    frags[nf].mbuf = m;
+                    frags[nf].udp = &udps[nf];
+                    frags[nf].if_slot = b->slot;
+                    frags[nf].port_id = 0;
+                    ++nf;
+                    continue;
+                }
+            }
+            s.counters.drop(why);
+            rte_pktmbuf_free(m);
+        }
+        s.counters.rx_packets.add(n);
+        s.counters.rx_bytes.add(bytes);
+        s.file(map, frags, nf, now);
+        s.ifs.quiescent(q);
+    }
+
+    // Parsing and the IF lookup only, then the mbufs are freed (refcount back to 1).
+    void parse_only(rte_mbuf** pkts, uint16_t n) {
+        const dp::port_map* map = _lane->ifs.current();
+        uint32_t bad = 0;
+        for (uint16_t i = 0; i < n; ++i) {
+            if (i + 4 < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + 4], void*));
+            rte_mbuf* m = pkts[i];
+            dp::udp_view u;
+            dp::fragment_view v;
+            dp::drop_reason why = dp::parse_udp(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len,
+                                                ip_state(m->ol_flags), l4_state(m->ol_flags), u);
+            if (why == dp::drop_reason::none && !dp::if_table::lookup(map, u.dst_port))
+                why = dp::drop_reason::unknown_port;
+            if (why == dp::drop_reason::none) why = dp::parse_request(u, v);
+            bad += why != dp::drop_reason::none;
+        }
+        _parse_errors += bad;
+        rte_pktmbuf_free_bulk(pkts, n);
+    }
+
+    const options& _o;
+    rte_mempool* _pool = nullptr;
+    std::unique_ptr<rx_lane> _lane;
+    std::vector<rte_mbuf*> _seq;
+    uint64_t _rounds[3] = {0, 0, 0};
+
+public:
+    uint64_t _parse_errors = 0;
+};
+
+// ---------------------------------------------------------------------------------------
+// Socket path
+
+void pin_to(unsigned cpu) {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(cpu, &set);
+    pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+}
+
+// Udp RcvbufErrors from /proc/net/snmp (all sockets of the host; approximate).
+uint64_t udp_rcvbuf_errors() {
+    std::ifstream in("/proc/net/snmp");
+    std::string names, values;
+    while (std::getline(in, names)) {
+        if (names.rfind("Udp:", 0) != 0) continue;
+        if (!std::getline(in, values)) break;
+        std::istringstream n(names), v(values);
+        std::string key, val;
+        while (n >> key && v >> val)
+            if (key == "RcvbufErrors") return std::stoull(val);
+    }
+    return 0;
+}
+
+struct socket_result {
+    double seconds = 0;
+    uint64_t received = 0;   // datagrams processed by the receiver in the window
+    uint64_t sent = 0;       // datagrams the sender handed to the kernel in the window
+    uint64_t completed = 0;  // requests completed in the window
+    uint64_t kernel_drops = 0;
+    uint64_t busy_tsc = 0;   // receiver cycles in recvmmsg calls that returned data + processing
+    uint64_t batches = 0;    // such calls
+    bool pinned = false;
+    std::string error;
+    std::string drops;
+    double mpps() const { return received / seconds / 1e6; }
+    double ns_per_packet() const { return received ? seconds * 1e9 / received : 0; }
+    // What the receiver spends per datagram when it has work (excludes empty polls).
+    double busy_ns_per_packet() const {
+        return received ? busy_tsc * 1e9 / double(rte_get_tsc_hz()) / received : 0;
+    }
+};
+
+class socket_bench {
+public:
+    socket_bench(const options& o, if_stub& stub) : _o(o), _stub(stub), _image(make_image()) {
+        // Requests under reassembly, and the mbufs they may hold when datagrams are lost in
+        // the kernel (incomplete requests wait for their age limit or eviction).
+        _rc.entries = 2 * o.inflight;
+        _rc.age_limit_us = o.age_limit_us;
+        _pool = rte_pktmbuf_pool_create("bench_sk_mbufs", _rc.entries * frags_per_request + 1024,
+                                        256, 0, mbuf_room, SOCKET_ID_ANY);
+        if (!_pool) throw std::runtime_error("mbuf pool: " + std::string(rte_strerror(rte_errno)));
+
+        _rx_fd = socket(AF_INET, SOCK_DGRAM, 0);
+        if (_rx_fd < 0) throw std::runtime_error("socket: " + std::string(strerror(errno)));
+        const int rcvbuf = 32 << 20;
+        if (setsockopt(_rx_fd, SOL_SOCKET, SO_RCVBUFFORCE, &rcvbuf, sizeof rcvbuf) != 0)
+            setsockopt(_rx_fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof rcvbuf);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = 0;
+        if (bind(_rx_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+            throw std::runtime_error("bind: " + std::string(strerror(errno)));
+        socklen_t len = sizeof a;
+        getsockname(_rx_fd, reinterpret_cast<sockaddr*>(&a), &len);
+        _rx_port = ntohs(a.sin_port);
+        _rx_addr = a;
+    }
+
+    ~socket_bench() {
+        if (_rx_fd >= 0) close(_rx_fd);
+        rte_mempool_free(_pool);
+    }
+
+    socket_result run(double warmup, double seconds) {
+        socket_result r;
+        const unsigned ncpu = std::thread::hardware_concurrency();
+        r.pinned = ncpu >= 2;
+        std::thread receiver([&] { receive(r.pinned); });
+        std::thread sender([&] { send(r.pinned); });
+
+        std::this_thread::sleep_for(std::chrono::duration<double>(warmup));
+        const uint64_t rx0 = _received.load(), tx0 = _sent.load(), c0 = _completed.load();
+        const uint64_t b0 = _busy.load(), n0 = _batches.load();
+        const uint64_t k0 = udp_rcvbuf_errors();
+        const auto t0 = clock_type::now();
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        const uint64_t rx1 = _received.load(), tx1 = _sent.load(), c1 = _completed.load();
+        const uint64_t b1 = _busy.load(), n1 = _batches.load();
+        const uint64_t k1 = udp_rcvbuf_errors();
+        const auto t1 = clock_type::now();
+        _stop.store(true);
+        sender.join();
+        receiver.join();
+
+        r.seconds = std::chrono::duration<double>(t1 - t0).count();
+        r.received = rx1 - rx0;
+        r.sent = tx1 - tx0;
+        r.completed = c1 - c0;
+        r.kernel_drops = k1 - k0;
+        r.busy_tsc = b1 - b0;
+        r.batches = n1 - n0;
+        r.error = _error;
+        r.drops = _drops;
+        return r;
+    }
+
+private:
+    static constexpr unsigned batch = 64;      // recvmmsg
+    static constexpr unsigned send_batch = 32;  // sendmmsg
+    static constexpr unsigned sender_sockets = 4;
+
+    void send(bool pin) {
+        if (pin) pin_to(0);
+        struct flow {
+            int fd;
+            uint32_t requests;   // concurrent requests of this socket
+            uint64_t next_id;    // id of request 0 of the current round
+            uint32_t pos = 0;    // position in the round: fragment-major
+        };
+        std::vector<flow> flows;
+        const unsigned nsock = std::min<unsigned>(sender_sockets, _o.inflight);
+        for (unsigned k = 0; k < nsock; ++k) {
+            const int fd = socket(AF_INET, SOCK_DGRAM, 0);
+            if (fd < 0 || connect(fd, reinterpret_cast<const sockaddr*>(&_rx_addr), sizeof _rx_addr) != 0) {
+                _error = "sender socket: " + std::string(strerror(errno));
+                _stop.store(true);
+                return;
+            }
+            const uint32_t share = _o.inflight / nsock + (k < _o.inflight % nsock ? 1 : 0);
+            flows.push_back({fd, share, (uint64_t(k) << 48) + 1});
+        }
+        uint8_t headers[send_batch][wire::header_size];
+        iovec iov[send_batch][2];
+        mmsghdr msgs[send_batch];
+        std::memset(msgs, 0, sizeof msgs);
+        for (unsigned i = 0; i < send_batch; ++i) {
+            iov[i][0] = {headers[i], wire::header_size};
+            msgs[i].msg_hdr.msg_iov = iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 2;
+        }
+        uint64_t sent = 0;
+        while (!_stop.load(std::memory_order_relaxed)) {
+            for (flow& f : flows) {
+                const uint32_t round_len = f.requests * frags_per_request;
+                uint32_t pos = f.pos;
+                uint64_t id = f.next_id;
+                for (unsigned i = 0; i < send_batch; ++i) {
+                    const uint32_t frag = pos / f.requests, req = pos % f.requests;
+                    wire::encode(fragment_header(id + req, frag), headers[i]);
+                    iov[i][1] = {const_cast<uint8_t*>(_image.data()) + frag * frag_payload,
+                                 fragment_length(frag)};
+                    if (++pos == round_len) { pos = 0; id += f.requests; }
+                }
+                const int k = sendmmsg(f.fd, msgs, send_batch, 0);
+                if (k <= 0) continue;  // ENOBUFS and the like: try again
+                // Advance by what was taken.
+                for (int i = 0; i < k; ++i)
+                    if (++f.pos == round_len) { f.pos = 0; f.next_id += f.requests; }
+                sent += unsigned(k);
+                _sent.store(sent, std::memory_order_relaxed);
+            }
+        }
+        for (flow& f : flows) close(f.fd);
+    }
+
+    void receive(bool pin) {
+        if (pin) pin_to(1);
+        rte_thread_register();  // an lcore id, so that the mbuf pool's per-lcore cache is used
+        {
+            rx_lane lane("bench_sk", _rc, _stub, 1);
+            receive_loop(lane);
+            lane.consume();
+            lane.reasm->flush();
+            _drops = lane.drops_text();
+            // Only losses in the kernel may cost requests here: incomplete ones time out or
+            // are evicted. Anything else is a bug.
+            for (size_t i = 0; i < dp::drop_reason_count; ++i) {
+                const auto why = dp::drop_reason(i);
+                if (why != dp::drop_reason::timeout && why != dp::drop_reason::table_full &&
+                    lane.counters.drops[i].get())
+                    _error += "unexpected drops:" + lane.drops_text() + "; ";
+            }
+        }
+        if (rte_mempool_avail_count(_pool) != _pool->size) _error += "socket path leaked mbufs; ";
+        rte_thread_unregister();
+    }
+
+    void receive_loop(rx_lane& lane) {
+        rte_mbuf* slot[batch];
+        mmsghdr msgs[batch];
+        iovec iov[batch];
+        sockaddr_in from[batch];
+        std::memset(msgs, 0, sizeof msgs);
+        if (rte_pktmbuf_alloc_bulk(_pool, slot, batch) != 0) {
+            _error = "socket path: mbuf pool empty at start";
+            _stop.store(true);
+            return;
+        }
+        auto arm = [&](unsigned i) {
+            iov[i] = {rte_pktmbuf_mtod(slot[i], void*), rte_pktmbuf_tailroom(slot[i])};
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_name = &from[i];
+        };
+        for (unsigned i = 0; i < batch; ++i) arm(i);
+        // A socket has no Ethernet header; create() copies the MACs from udp_view::eth.
+        static const uint8_t no_ethernet[RTE_ETHER_HDR_LEN] = {};
+        const uint32_t local_ip_be = htonl(INADDR_LOOPBACK);
+
+        uint64_t received = 0, completed = 0, busy = 0, batches = 0;
+        while (!_stop.load(std::memory_order_relaxed)) {
+            for (unsigned i = 0; i < batch; ++i) msgs[i].msg_hdr.msg_namelen = sizeof from[i];
+            const uint64_t before = rte_rdtsc();
+            const int k = recvmmsg(_rx_fd, msgs, batch, MSG_DONTWAIT, nullptr);
+            const uint64_t now = rte_rdtsc();
+            lane.reasm->expire(now);
+            if (k <= 0) {
+                if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
+                    _error = "recvmmsg: " + std::string(strerror(errno));
+                    break;
+                }
+                continue;
+            }
+            const dp::port_map* map = lane.ifs.current();
+            dp::udp_view udps[batch];
+            dp::fragment frags[batch];
+            uint32_t nf = 0;
+            for (int i = 0; i < k; ++i) {
+                rte_mbuf* m = slot[i];
+                const uint32_t len = msgs[i].msg_len;
+                m->data_len = uint16_t(len);
+                m->pkt_len = len;
+                dp::drop_reason why = dp::drop_reason::none;
+                if (msgs[i].msg_hdr.msg_flags & MSG_TRUNC) why = dp::drop_reason::truncated;
+                dp::udp_view& u = udps[nf];
+                u.eth = no_ethernet;
+                u.payload = rte_pktmbuf_mtod(m, const uint8_t*);
+                u.payload_length = len;
+                u.src_ip_be = from[i].sin_addr.s_addr;
+                u.dst_ip_be = local_ip_be;
+                u.src_port = ntohs(from[i].sin_port);
+                u.dst_port = if_port;  // the socket's port stands for the IF's port
+                u.vlan_tci_be = 0;
+                const dp::if_binding* b = nullptr;
+                if (why == dp::drop_reason::none) {
+                    b = dp::if_table::lookup(map, u.dst_port);
+                    if (!b) why = dp::drop_reason::unknown_port;
+                }
+                if (why == dp::drop_reason::none) why = dp::parse_request(u, frags[nf].view);
+                if (why == dp::drop_reason::none) {
+                    frags[nf].mbuf = m;
+                    frags[nf].udp = &u;
+                    frags[nf].if_slot = b->slot;
+                    frags[nf].port_id = 0;
+                    ++nf;
+                    continue;
+                }
+                lane.counters.drop(why);
+                rte_pktmbuf_free(m);
+            }
+            lane.counters.rx_packets.add(unsigned(k));
+            lane.file(map, frags, nf, now);
+            lane.ifs.quiescent(1);
+            lane.consume();
+            // Fresh mbufs for the slots just used.
+            if (rte_pktmbuf_alloc_bulk(_pool, slot, unsigned(k)) != 0) {
+                // Cannot happen: the pool has room for every entry's fragments and a batch.
+                lane.reasm->flush();
+                if (rte_pktmbuf_alloc_bulk(_pool, slot, unsigned(k)) != 0) {
+                    _error = "socket path: mbuf pool empty";
+                    rte_pktmbuf_free_bulk(slot + k, batch - unsigned(k));
+                    return;
+                }
+            }
+            for (int i = 0; i < k; ++i) arm(unsigned(i));
+            received += unsigned(k);
+            completed = lane.consumed;
+            busy += rte_rdtsc() - before;
+            ++batches;
+            _received.store(received, std::memory_order_relaxed);
+            _completed.store(completed, std::memory_order_relaxed);
+            _busy.store(busy, std::memory_order_relaxed);
+            _batches.store(batches, std::memory_order_relaxed);
+        }
+        rte_pktmbuf_free_bulk(slot, batch);
+    }
+
+    const options& _o;
+    if_stub& _stub;
+    const std::vector<uint8_t> _image;
+    dp::reassembly_config _rc;
+    rte_mempool* _pool = nullptr;
+    int _rx_fd = -1;
+    uint16_t _rx_port = 0;
+    sockaddr_in _rx_addr{};
+    std::atomic<bool> _stop{false};
+    std::atomic<uint64_t> _received{0}, _sent{0}, _completed{0}, _busy{0}, _batches{0};
+    std::string _error, _drops;
+};
+
+// EAL on lcore 0, in memory; without hugepages only 256 MB (this process needs ~120 MB).
+std::vector<std::string> eal_args(bool no_huge) {
+    std::vector<std::string> a = dp::eal_default_args("0");
+    if (no_huge && std::find(a.begin(), a.end(), "--no-huge") == a.end()) {
+        std::erase(a, std::string("--in-memory"));
+        a.insert(a.end(), {"--no-shconf", "--no-huge", "-m", "256"});
+    }
+    if (std::find(a.begin(), a.end(), "--no-huge") != a.end())
+        for (size_t i = 0; i + 1 < a.size(); ++i)
+            if (a[i] == "-m") a[i + 1] = "256";
+    for (size_t i = 0; i + 1 < a.size(); ++i)
+        if (a[i] == "--log-level") a[i + 1] = "lib.eal:error";
+    return a;
+}
+
+int run(const options& o) {
+    dp::eal_init("dataplane_bench", eal_args(o.no_huge));
+    if_stub stub("bench", 2);  // readers: 0 the DPDK lane, 1 the socket receiver
+
+    std::printf("reefline dataplane_bench: %u B fragments of %ux%ux%u u8 images (%u B, %u fragments),"
+                " %u requests in flight, bursts of %u, %.2f s per path%s\n",
+                frag_payload, image_dims[0], image_dims[1], image_dims[2], image_bytes,
+                frags_per_request, o.inflight, dp::rx_burst_size, o.seconds,
+                o.nic_cksum ? ", NIC IP checksum" : ", software IP checksum");
+    std::fflush(stdout);
+
+    dpdk_result d;
+    std::string dpdk_error;
+    dpdk_result harness, parse;
+    {
+        dpdk_bench b(o, stub);
+        b.run(stage::full, o.warmup);
+        d = b.run(stage::full, o.seconds);
+        if (o.breakdown) {
+            b.run(stage::harness, o.warmup / 2);
+            harness = b.run(stage::harness, o.seconds / 2);
+            b.run(stage::parse, o.warmup / 2);
+            parse = b.run(stage::parse, o.seconds / 2);
+            if (b._parse_errors) dpdk_error += "parse errors in the parse stage; ";
+        }
+        dpdk_error += b.check();
+    }
+
+    socket_result s;
+    if (o.socket) {
+        socket_bench sb(o, stub);
+        s = sb.run(o.warmup, o.seconds);
+    }
+
+    std::printf("\n%-30s %10s %12s %12s\n", "path", "Mpps", "ns/packet", "completed");
+    std::printf("%-30s %10.3f %12.1f %12llu\n", "dpdk (1 lcore, in memory)", d.mpps(),
+                d.ns_per_packet(), (unsigned long long)d.completed);
+    if (o.socket)
+        std::printf("%-30s %10.3f %12.1f %12llu\n", "socket (loopback, receiver)", s.mpps(),
+                    s.ns_per_packet(), (unsigned long long)s.completed);
+    std::printf("\nDPDK lcore thread had the CPU %.0f%% of the window (%.3f Mpps per CPU-second)\n",
+                100 * d.cpu_share(), d.mpps_per_cpu_second());
+    if (d.cpu_share() < 0.9)
+        std::printf("WARNING: the core was shared with other processes; Mpps is understated\n");
+    if (o.breakdown) {
+        std::printf("\nDPDK path breakdown (ns/packet):\n");
+        std::printf("  harness (refcnt bump + free)          %6.1f\n", harness.ns_per_packet());
+        std::printf("  + parse_udp, IF lookup, parse_request %6.1f  (parse: %.1f)\n",
+                    parse.ns_per_packet(), parse.ns_per_packet() - harness.ns_per_packet());
+        std::printf("  + file_burst, IF ring, release        %6.1f  (reassembly: %.1f)\n",
+                    d.ns_per_packet(), d.ns_per_packet() - parse.ns_per_packet());
+    }
+    if (o.socket) {
+        std::printf("\nsocket path (%s): sender offered %.3f Mpps, receiver processed %.3f Mpps,"
+                    " kernel drops %llu (%.1f%%)\n",
+                    s.pinned ? "sender on cpu 0, receiver on cpu 1" : "unpinned, 1 cpu",
+                    s.sent / s.seconds / 1e6, s.mpps(), (unsigned long long)s.kernel_drops,
+                    s.sent ? 100.0 * s.kernel_drops / s.sent : 0.0);
+        std::printf("  receiver busy %.0f%% of the time, %.1f datagrams per recvmmsg, %.1f ns per"
+                    " datagram when busy (%.3f Mpps if never idle)\n",
+                    100.0 * s.busy_tsc / double(rte_get_tsc_hz()) / s.seconds,
+                    s.batches ? double(s.received) / s.batches : 0.0, s.busy_ns_per_packet(),
+                    s.busy_ns_per_packet() > 0 ? 1e3 / s.busy_ns_per_packet() : 0.0);
+        std::printf("  receiver drops (incl. requests cut off at the end):%s\n", s.drops.c_str());
+    }
+    int rc = 0;
+    if (!dpdk_error.empty()) {
+        std::fprintf(stderr, "dataplane_bench: DPDK path check FAILED: %s\n", dpdk_error.c_str());
+        rc = 1;
+    } else {
+        std::printf("check: DPDK path completed every request (%llu), no drops, no leaks\n",
+                    (unsigned long long)d.completed);
+    }
+    if (!s.error.empty()) {
+        std::fprintf(stderr, "dataplane_bench: socket path FAILED: %s\n", s.error.c_str());
+        rc = 1;
+    }
+    const double socket_mpps = o.socket ? s.mpps() : 0.0;
+    const double ratio = socket_mpps > 0 ? d.mpps() / socket_mpps : 0.0;
+    std::fflush(stderr);
+    std::printf("mpps_per_core=%.3f socket_mpps=%.3f ratio=%.2f\n", d.mpps(), socket_mpps, ratio);
+    std::fflush(stdout);
+    return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const options o = parse_options(argc, argv);
+    try {
+        const int rc = run(o);
+        dp::eal_cleanup();
+        return rc;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "dataplane_bench: %s\n", e.what());
+        return 1;
+    }
+}

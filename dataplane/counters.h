@@ -1,0 +1,110 @@
+// Data-plane counters: every drop reason has its own, per rx lcore, single writer.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace reefline::dp {
+
+// Packet drop reasons, each counted in packets (one packet is dropped for one reason only).
+// The X-macro keeps the enum, the counter names in JSON and docs/protocol.md's table in step.
+#define REEFLINE_DROP_REASONS(X)                                                              \
+    X(not_ipv4, "not Ethernet/IPv4 (other ethertype, or more than one VLAN tag)")             \
+    X(not_udp, "IPv4 but not UDP")                                                            \
+    X(ip_fragment, "IPv4 fragment (reefline fragments at the application layer instead)")     \
+    X(bad_ip, "IPv4 version, header length or header checksum wrong")                         \
+    X(truncated, "frame shorter than the headers it announces")                               \
+    X(multi_segment, "frame spans several mbufs (jumbo frame larger than the mbuf room)")     \
+    X(bad_length, "IPv4 total length and UDP length disagree")                                \
+    X(bad_checksum, "the NIC reported a bad IPv4 or UDP checksum")                            \
+    X(unknown_port, "no IF listens on the UDP destination port")                              \
+    X(bad_header, "reefline magic, version, kind, format, status or reserved field wrong")    \
+    X(zero_length, "total length 0 or an empty fragment")                                     \
+    X(too_large, "total length above the protocol limit")                                     \
+    X(too_many_fragments, "fragment count 0 or above the limit, or index >= count")           \
+    X(offset_out_of_range, "payload offset + fragment length beyond the total length")        \
+    X(dims_mismatch, "dimensions do not describe the total length for the format")            \
+    X(inconsistent, "disagrees with its request's other fragments, or offsets do not tile")   \
+    X(duplicate, "a fragment index that the request already has")                             \
+    X(timeout, "held by a request that did not complete within the age limit")                \
+    X(table_full, "held by the oldest request, evicted to make room for a new one")           \
+    X(no_entry, "no reassembly entry free and none to evict (all waiting on IF queues)")      \
+    X(ring_full, "held by a complete request whose IF queue was full")
+
+enum class drop_reason : uint8_t {
+#define X(name, text) name,
+    REEFLINE_DROP_REASONS(X)
+#undef X
+    count,
+    none = count,
+};
+inline constexpr size_t drop_reason_count = static_cast<size_t>(drop_reason::count);
+
+inline constexpr std::array<std::string_view, drop_reason_count> drop_reason_names = {
+#define X(name, text) #name,
+    REEFLINE_DROP_REASONS(X)
+#undef X
+};
+
+// A counter with one writer (its lcore) and any number of readers: relaxed atomics
+// compile to plain loads and stores on x86 and keep readers free of torn values.
+struct counter {
+    std::atomic<uint64_t> _value{0};
+    void add(uint64_t n = 1) {
+        _value.store(_value.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+    }
+    uint64_t get() const { return _value.load(std::memory_order_relaxed); }
+};
+
+#define REEFLINE_RX_COUNTERS(X)                                                                \
+    X(rx_packets) X(rx_bytes) X(requests_started) X(requests_completed) X(requests_timed_out) \
+    X(requests_evicted) X(requests_malformed) X(requests_ring_full)
+
+// Written by the tx poller.
+#define REEFLINE_TX_COUNTERS(X) X(tx_packets) X(tx_bytes) X(tx_dropped)
+
+// Written by the IF that answers requests (one consumer per IF).
+#define REEFLINE_IF_COUNTERS(X) \
+    X(requests_served) X(responses_sent) X(responses_failed) X(error_responses)
+
+struct alignas(64) rx_counters {
+#define X(name) counter name;
+    REEFLINE_RX_COUNTERS(X)
+#undef X
+    std::array<counter, drop_reason_count> drops;
+    void drop(drop_reason r, uint64_t packets = 1) { drops[static_cast<size_t>(r)].add(packets); }
+};
+
+struct alignas(64) tx_counters {
+#define X(name) counter name;
+    REEFLINE_TX_COUNTERS(X)
+#undef X
+};
+
+struct alignas(64) if_counters {
+#define X(name) counter name;
+    REEFLINE_IF_COUNTERS(X)
+#undef X
+};
+
+// A plain-value sum over lcores, for printing.
+struct counter_snapshot {
+#define X(name) uint64_t name = 0;
+    REEFLINE_RX_COUNTERS(X)
+    REEFLINE_TX_COUNTERS(X)
+    REEFLINE_IF_COUNTERS(X)
+#undef X
+    std::array<uint64_t, drop_reason_count> drops{};
+
+    void add(const rx_counters& c);
+    void add(const tx_counters& c);
+    void add(const if_counters& c);
+    uint64_t drops_total() const;
+    // One-line JSON object: every counter, one key per drop reason as "drop_<reason>".
+    std::string to_json() const;
+};
+
+}  // namespace reefline::dp

@@ -1,0 +1,160 @@
+#include "dataplane/engine.h"
+
+#include <rte_cycles.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_prefetch.h>
+
+#include <stdexcept>
+#include <string>
+
+namespace reefline::dp {
+
+namespace {
+
+cksum_state ip_state(uint64_t ol) {
+    switch (ol & RTE_MBUF_F_RX_IP_CKSUM_MASK) {
+    case RTE_MBUF_F_RX_IP_CKSUM_GOOD: return cksum_state::good;
+    case RTE_MBUF_F_RX_IP_CKSUM_BAD: return cksum_state::bad;
+    default: return cksum_state::unknown;
+    }
+}
+
+cksum_state l4_state(uint64_t ol) {
+    switch (ol & RTE_MBUF_F_RX_L4_CKSUM_MASK) {
+    case RTE_MBUF_F_RX_L4_CKSUM_GOOD: return cksum_state::good;
+    case RTE_MBUF_F_RX_L4_CKSUM_BAD: return cksum_state::bad;
+    default: return cksum_state::unknown;
+    }
+}
+
+}  // namespace
+
+dataplane::dataplane(const dataplane_config& config)
+    : _port(std::make_unique<dp::port>(config.port)), _ifs(config.port.rx_queues) {
+    for (uint16_t q = 0; q < config.port.rx_queues; ++q) {
+        auto s = std::make_unique<rx_queue_state>();
+        s->queue_id = q;
+        s->reasm = std::make_unique<reassembler>(
+            std::to_string(config.port.port_id) + "_" + std::to_string(q), config.reassembly,
+            s->counters);
+        _queues.push_back(std::move(s));
+    }
+    const std::string name = "tx_ring_" + std::to_string(config.port.port_id);
+    _tx_ring = rte_ring_create(name.c_str(), rte_align32pow2(config.tx_ring_size),
+                               rte_eth_dev_socket_id(config.port.port_id) < 0
+                                   ? 0 : rte_eth_dev_socket_id(config.port.port_id),
+                               RING_F_SC_DEQ);
+    if (!_tx_ring) throw std::runtime_error("dataplane: tx ring: " + std::string(rte_strerror(rte_errno)));
+}
+
+dataplane::~dataplane() {
+    // Responses not yet sent are freed; requests under reassembly go with their tables.
+    rte_mbuf* m[64];
+    while (unsigned n = rte_ring_dequeue_burst(_tx_ring, reinterpret_cast<void**>(m), 64, nullptr))
+        rte_pktmbuf_free_bulk(m, n);
+    if (_tx_staged) rte_pktmbuf_free_bulk(_tx_stage, _tx_staged);
+    rte_ring_free(_tx_ring);
+    _port->stop();
+    _queues.clear();
+    _port.reset();
+}
+
+uint16_t dataplane::poll_rx(uint16_t q) {
+    rx_queue_state& s = *_queues[q];
+    rte_mbuf* pkts[rx_burst_size];
+    const uint16_t n = rte_eth_rx_burst(_port->id(), q, pkts, rx_burst_size);
+    const uint64_t now = rte_rdtsc();
+    s.reasm->expire(now);
+    if (n == 0) {
+        _ifs.quiescent(q);
+        return 0;
+    }
+    constexpr uint16_t prefetch_ahead = 4;
+    for (uint16_t i = 0; i < std::min(n, prefetch_ahead); ++i)
+        rte_prefetch0(rte_pktmbuf_mtod(pkts[i], void*));
+
+    const port_map* map = _ifs.current();
+    udp_view udps[rx_burst_size];
+    fragment frags[rx_burst_size];
+    uint16_t nf = 0;
+    uint64_t bytes = 0;
+    for (uint16_t i = 0; i < n; ++i) {
+        if (i + prefetch_ahead < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + prefetch_ahead], void*));
+        rte_mbuf* m = pkts[i];
+        bytes += m->pkt_len;
+        drop_reason why;
+        if (m->nb_segs != 1) {
+            why = drop_reason::multi_segment;
+        } else {
+            why = parse_udp(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len, ip_state(m->ol_flags),
+                            l4_state(m->ol_flags), udps[nf]);
+            const if_binding* b = nullptr;
+            if (why == drop_reason::none) {
+                b = if_table::lookup(map, udps[nf].dst_port);
+                if (!b) why = drop_reason::unknown_port;
+            }
+            if (why == drop_reason::none) why = parse_request(udps[nf], frags[nf].view);
+            if (why == drop_reason::none) {
+                frags[nf].mbuf = m;
+                frags[nf].udp = &udps[nf];
+                frags[nf].if_slot = b->slot;
+                frags[nf].port_id = _port->id();
+                ++nf;
+                continue;
+            }
+        }
+        s.counters.drop(why);
+        rte_pktmbuf_free(m);
+    }
+    s.counters.rx_packets.add(n);
+    s.counters.rx_bytes.add(bytes);
+
+    request* done[rx_burst_size];
+    const uint32_t nd = s.reasm->file_burst(frags, nf, now, done);
+    for (uint32_t i = 0; i < nd; ++i) {
+        request* r = done[i];
+        const if_binding* b = map->by_slot[r->if_slot];
+        if (!b) {  // the IF was removed while its request was under reassembly
+            s.counters.drop(drop_reason::unknown_port, release(r));
+        } else if (rte_ring_mp_enqueue(b->ring, r) != 0) {
+            s.counters.requests_ring_full.add();
+            s.counters.drop(drop_reason::ring_full, release(r));
+        }
+    }
+    _ifs.quiescent(q);
+    return n;
+}
+
+void dataplane::flush(uint16_t q) { _queues[q]->reasm->flush(); }
+
+uint16_t dataplane::send(rte_mbuf** mbufs, uint16_t n) {
+    return uint16_t(rte_ring_mp_enqueue_burst(_tx_ring, reinterpret_cast<void**>(mbufs), n, nullptr));
+}
+
+uint16_t dataplane::poll_tx() {
+    constexpr uint16_t cap = rx_burst_size * 2;
+    if (_tx_staged < cap)
+        _tx_staged += uint16_t(rte_ring_sc_dequeue_burst(
+            _tx_ring, reinterpret_cast<void**>(_tx_stage + _tx_staged), cap - _tx_staged, nullptr));
+    if (_tx_staged == 0) return 0;
+    // Sizes are read before the burst: the driver owns (and may free) what it accepts.
+    uint64_t bytes = 0;
+    for (uint16_t i = 0; i < _tx_staged; ++i) bytes += _tx_stage[i]->pkt_len;
+    const uint16_t sent = rte_eth_tx_burst(_port->id(), 0, _tx_stage, _tx_staged);
+    for (uint16_t i = sent; i < _tx_staged; ++i) bytes -= _tx_stage[i]->pkt_len;
+    _tx.tx_packets.add(sent);
+    _tx.tx_bytes.add(bytes);
+    for (uint16_t i = sent; i < _tx_staged; ++i) _tx_stage[i - sent] = _tx_stage[i];
+    _tx_staged -= sent;
+    return sent;
+}
+
+counter_snapshot dataplane::counters() const {
+    counter_snapshot s;
+    for (const auto& q : _queues) s.add(q->counters);
+    s.add(_tx);
+    return s;
+}
+
+}  // namespace reefline::dp

@@ -1,0 +1,84 @@
+#include "dataplane/response.h"
+
+#include <netinet/in.h>
+#include <rte_ether.h>
+#include <rte_ip.h>
+#include <rte_udp.h>
+
+#include <algorithm>
+#include <cstring>
+
+namespace reefline::dp {
+
+uint16_t build_response(rte_mempool* pool, const reply_address& to, uint64_t request_id,
+                        const response_spec& spec, std::span<const uint8_t> result,
+                        uint32_t max_fragment_payload, rte_mbuf** out, uint16_t capacity) {
+    const uint32_t per = std::max<uint32_t>(1, max_fragment_payload);
+    const uint32_t count = result.empty() ? 1 : (uint32_t(result.size()) + per - 1) / per;
+    if (count > capacity || count > wire::max_fragments) return 0;
+    if (rte_pktmbuf_alloc_bulk(pool, out, count) != 0) return 0;
+
+    const bool tagged = to.vlan_tci_be != 0;
+    const uint32_t l2 = RTE_ETHER_HDR_LEN + (tagged ? 4 : 0);
+    for (uint32_t i = 0; i < count; ++i) {
+        const uint32_t offset = i * per;
+        const uint32_t length = std::min<uint32_t>(per, uint32_t(result.size()) - offset);
+        const uint32_t udp_len = sizeof(rte_udp_hdr) + wire::header_size + length;
+        const uint32_t frame_len = l2 + sizeof(rte_ipv4_hdr) + udp_len;
+        rte_mbuf* m = out[i];
+        auto* p = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(m, frame_len));
+        if (!p) {  // the mbuf's data room is smaller than the fragment
+            rte_pktmbuf_free_bulk(out, count);
+            return 0;
+        }
+        auto* eth = reinterpret_cast<rte_ether_hdr*>(p);
+        std::memcpy(&eth->dst_addr, to.requester_mac, 6);
+        std::memcpy(&eth->src_addr, to.local_mac, 6);
+        if (tagged) {
+            eth->ether_type = RTE_BE16(RTE_ETHER_TYPE_VLAN);
+            auto* vlan = reinterpret_cast<rte_vlan_hdr*>(eth + 1);
+            vlan->vlan_tci = to.vlan_tci_be;
+            vlan->eth_proto = RTE_BE16(RTE_ETHER_TYPE_IPV4);
+        } else {
+            eth->ether_type = RTE_BE16(RTE_ETHER_TYPE_IPV4);
+        }
+        auto* ip = reinterpret_cast<rte_ipv4_hdr*>(p + l2);
+        ip->version_ihl = RTE_IPV4_VHL_DEF;
+        ip->type_of_service = 0;
+        ip->total_length = rte_cpu_to_be_16(uint16_t(sizeof(rte_ipv4_hdr) + udp_len));
+        ip->packet_id = 0;
+        ip->fragment_offset = RTE_BE16(RTE_IPV4_HDR_DF_FLAG);
+        ip->time_to_live = 64;
+        ip->next_proto_id = IPPROTO_UDP;
+        ip->src_addr = to.local_ip_be;
+        ip->dst_addr = to.requester_ip_be;
+        ip->hdr_checksum = 0;
+        ip->hdr_checksum = rte_ipv4_cksum(ip);
+        auto* udp = reinterpret_cast<rte_udp_hdr*>(ip + 1);
+        udp->src_port = to.local_port_be;
+        udp->dst_port = to.requester_port_be;
+        udp->dgram_len = rte_cpu_to_be_16(uint16_t(udp_len));
+        udp->dgram_cksum = 0;
+        wire::fields f;
+        f.kind = static_cast<uint8_t>(spec.kind);
+        f.format = static_cast<uint8_t>(spec.format);
+        f.status = static_cast<uint8_t>(spec.status);
+        f.request_id = request_id;
+        f.frag_index = uint16_t(i);
+        f.frag_count = uint16_t(count);
+        f.payload_offset = offset;
+        f.total_length = uint32_t(result.size());
+        std::copy(spec.dims, spec.dims + 4, f.dims);
+        auto* h = reinterpret_cast<uint8_t*>(udp + 1);
+        wire::encode(f, h);
+        if (length) std::memcpy(h + wire::header_size, result.data() + offset, length);
+        // Software checksum: responses are small and a kernel socket on the other end
+        // drops datagrams whose checksum is wrong.
+        udp->dgram_cksum = rte_ipv4_udptcp_cksum(ip, udp);
+        m->l2_len = l2;
+        m->l3_len = sizeof(rte_ipv4_hdr);
+    }
+    return uint16_t(count);
+}
+
+}  // namespace reefline::dp

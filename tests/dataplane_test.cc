@@ -1,0 +1,546 @@
+// The data plane end to end inside one process: frames go into an rx ring behind a net_ring
+// ethdev, through parsing, reassembly and the crc32 IF, and responses come out of its tx
+// ring. Every scenario ends with every mbuf and every reassembly entry back in its pool.
+#include <gtest/gtest.h>
+#include <rte_cycles.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_ring.h>
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#include "dataplane/crc32_if.h"
+#include "dataplane/crc32c.h"
+#include "dataplane/engine.h"
+#include "dataplane/packet.h"
+#include "tools/reefgen/packet.h"
+
+namespace dp = reefline::dp;
+namespace wire = reefline::wire;
+namespace gen = reefline::reefgen;
+
+namespace {
+
+constexpr uint16_t if_port = 9000;
+
+gen::frame_addresses addresses(uint16_t src_port = 40000, uint32_t src_ip = 0xc6120001) {
+    gen::frame_addresses a;
+    a.src_mac = {0x02, 0, 0, 0, 0, 0x01};
+    a.dst_mac = {0x02, 0, 0, 0, 0, 0x02};
+    a.src_ip = src_ip;      // 198.18.0.1
+    a.dst_ip = 0xc6120002;  // 198.18.0.2
+    a.src_port = src_port;
+    a.dst_port = if_port;
+    return a;
+}
+
+std::vector<uint8_t> payload_of(size_t n, uint32_t seed) {
+    std::vector<uint8_t> p(n);
+    uint32_t x = seed * 2654435761u + 1;
+    for (auto& b : p) {
+        x ^= x << 13; x ^= x >> 17; x ^= x << 5;
+        b = uint8_t(x);
+    }
+    return p;
+}
+
+// One request cut into fragments of `frag` bytes: a frame per fragment, in index order.
+struct request_frames {
+    uint64_t id;
+    std::vector<uint8_t> payload;
+    std::vector<wire::fields> headers;
+    std::vector<std::vector<uint8_t>> frames;
+};
+
+std::vector<uint8_t> frame_for(const wire::fields& h, std::span<const uint8_t> data,
+                               const gen::frame_addresses& a = addresses()) {
+    std::vector<uint8_t> udp;
+    gen::append_udp_payload(udp, h, data);
+    return gen::build_frame(a, 1, udp);
+}
+
+request_frames make_request(uint64_t id, size_t total, size_t frag,
+                            const gen::frame_addresses& a = addresses()) {
+    request_frames r{id, payload_of(total, uint32_t(id)), {}, {}};
+    const size_t count = (total + frag - 1) / frag;
+    for (size_t i = 0; i < count; ++i) {
+        wire::fields h;
+        h.kind = uint8_t(wire::kind::request);
+        h.format = uint8_t(wire::format::raw);
+        h.request_id = id;
+        h.frag_index = uint16_t(i);
+        h.frag_count = uint16_t(count);
+        h.payload_offset = uint32_t(i * frag);
+        h.total_length = uint32_t(total);
+        const size_t len = std::min(frag, total - i * frag);
+        r.headers.push_back(h);
+        r.frames.push_back(frame_for(h, {r.payload.data() + i * frag, len}, a));
+    }
+    return r;
+}
+
+struct response {
+    wire::fields header;
+    uint32_t total = 0, crc = 0;
+    uint32_t dst_ip = 0;
+    uint16_t dst_port = 0;
+    uint16_t vlan_tci = 0;
+};
+
+class dataplane_test : public ::testing::Test {
+protected:
+    void SetUp() override { start({}); }
+
+    void start(dp::reassembly_config rc, uint32_t if_ring = 1024) {
+        static std::atomic<int> seq{0};
+        const std::string n = std::to_string(seq++);
+        _rx = rte_ring_create(("trx" + n).c_str(), 4096, 0, RING_F_SP_ENQ | RING_F_SC_DEQ);
+        _tx = rte_ring_create(("ttx" + n).c_str(), 4096, 0, RING_F_SP_ENQ | RING_F_SC_DEQ);
+        ASSERT_TRUE(_rx && _tx);
+        const int pid = rte_eth_from_rings(("tring" + n).c_str(), &_rx, 1, &_tx, 1, 0);
+        ASSERT_GE(pid, 0);
+        dp::dataplane_config c;
+        c.port.port_id = uint16_t(pid);
+        c.port.rx_mbufs = 8191;
+        c.port.tx_mbufs = 1023;
+        c.port.rx_descriptors = 512;
+        c.port.tx_descriptors = 512;
+        c.reassembly = rc;
+        _plane = std::make_unique<dp::dataplane>(c);
+        _if = std::make_unique<dp::crc32_if>(*_plane, "crc32", if_port, 0, if_ring);
+        _plane->ifs().publish({_if->binding()});
+        _plane->rx_online(0);
+    }
+
+    void TearDown() override {
+        if (!_plane) return;
+        stop_and_check_pools();
+    }
+
+    void stop_and_check_pools() {
+        drain_responses();
+        _plane->flush(0);
+        _plane->rx_offline(0);
+        _if.reset();
+        rte_mempool* rx = _plane->eth().rx_pool();
+        rte_mempool* tx = _plane->eth().tx_pool();
+        rte_mempool* entries = _plane->queue_reassembler(0).entry_pool();
+        _plane->eth().close();
+        EXPECT_EQ(rte_mempool_avail_count(rx), rx->size) << "rx mbufs leaked";
+        EXPECT_EQ(rte_mempool_avail_count(tx), tx->size) << "tx mbufs leaked";
+        EXPECT_EQ(rte_mempool_avail_count(entries), entries->size) << "entries leaked";
+        _plane.reset();
+        rte_ring_free(_rx);
+        rte_ring_free(_tx);
+    }
+
+    void inject(const std::vector<uint8_t>& frame) {
+        rte_mbuf* m = rte_pktmbuf_alloc(_plane->eth().rx_pool());
+        ASSERT_NE(m, nullptr);
+        auto* p = rte_pktmbuf_append(m, uint16_t(frame.size()));
+        ASSERT_NE(p, nullptr);
+        std::memcpy(p, frame.data(), frame.size());
+        ASSERT_EQ(rte_ring_enqueue(_rx, m), 0);
+    }
+
+    // Runs rx, the IF and tx until the rx ring is empty and nothing is left to answer.
+    void pump() {
+        for (int i = 0; i < 64; ++i) {
+            _plane->poll_rx(0);
+            _if->poll();
+            _plane->poll_tx();
+        }
+    }
+
+    std::vector<response> drain_responses() {
+        pump();
+        std::vector<response> out;
+        void* obj;
+        while (rte_ring_dequeue(_tx, &obj) == 0) {
+            auto* m = static_cast<rte_mbuf*>(obj);
+            std::span<const uint8_t> f(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len);
+            gen::parsed_frame p = gen::parse_frame(f);
+            EXPECT_EQ(p.error, gen::frame_error::none) << gen::to_string(p.error);
+            response r;
+            r.header = wire::decode(&p.header);
+            r.dst_ip = p.dst_ip;
+            r.dst_port = p.dst_port;
+            if (f.size() >= 16 && f[12] == 0x81 && f[13] == 0x00) r.vlan_tci = uint16_t(f[14] << 8 | f[15]);
+            if (p.fragment.size() == 8) {
+                r.total = uint32_t(p.fragment[0]) << 24 | p.fragment[1] << 16 | p.fragment[2] << 8 | p.fragment[3];
+                r.crc = uint32_t(p.fragment[4]) << 24 | p.fragment[5] << 16 | p.fragment[6] << 8 | p.fragment[7];
+            }
+            out.push_back(r);
+            rte_pktmbuf_free(m);
+        }
+        _responses.insert(_responses.end(), out.begin(), out.end());
+        return out;
+    }
+
+    uint64_t drops(dp::drop_reason r) const {
+        return _plane->queue_counters(0).drops[size_t(r)].get();
+    }
+    const dp::rx_counters& rx() const { return _plane->queue_counters(0); }
+
+    static void expect_answer(const response& r, const request_frames& q) {
+        EXPECT_EQ(r.header.kind, uint8_t(wire::kind::response));
+        EXPECT_EQ(r.header.status, uint8_t(wire::status::ok));
+        EXPECT_EQ(r.header.format, uint8_t(wire::format::result_crc32));
+        EXPECT_EQ(r.header.request_id, q.id);
+        EXPECT_EQ(r.total, q.payload.size());
+        EXPECT_EQ(r.crc, reefline::crc32c(q.payload.data(), q.payload.size()));
+        EXPECT_EQ(r.dst_ip, 0xc6120001u);
+        EXPECT_EQ(r.dst_port, 40000);
+    }
+
+    rte_ring* _rx = nullptr;
+    rte_ring* _tx = nullptr;
+    std::unique_ptr<dp::dataplane> _plane;
+    std::unique_ptr<dp::crc32_if> _if;
+    std::vector<response> _responses;
+};
+
+TEST_F(dataplane_test, in_order) {
+    auto q = make_request(1, 5000, 1024);
+    for (auto& f : q.frames) inject(f);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 1u);
+    expect_answer(rs[0], q);
+    EXPECT_EQ(rx().requests_completed.get(), 1u);
+    EXPECT_EQ(rx().rx_packets.get(), 5u);
+}
+
+TEST_F(dataplane_test, reordered_and_interleaved) {
+    std::vector<request_frames> qs;
+    for (uint64_t id = 10; id < 20; ++id) qs.push_back(make_request(id, 3000 + id * 7, 512));
+    std::vector<const std::vector<uint8_t>*> all;
+    for (auto& q : qs)
+        for (auto& f : q.frames) all.push_back(&f);
+    std::reverse(all.begin(), all.end());
+    std::rotate(all.begin(), all.begin() + 13, all.end());
+    for (auto* f : all) inject(*f);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), qs.size());
+    for (auto& r : rs) expect_answer(r, qs[r.header.request_id - 10]);
+}
+
+TEST_F(dataplane_test, duplicate_fragment_is_dropped) {
+    auto q = make_request(2, 4096, 1024);
+    inject(q.frames[0]);
+    inject(q.frames[1]);
+    inject(q.frames[1]);
+    inject(q.frames[2]);
+    inject(q.frames[3]);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 1u);
+    expect_answer(rs[0], q);
+    EXPECT_EQ(drops(dp::drop_reason::duplicate), 1u);
+}
+
+TEST_F(dataplane_test, missing_fragment_times_out) {
+    TearDown();
+    dp::reassembly_config rc;
+    rc.age_limit_us = 1000;
+    start(rc);
+    auto q = make_request(3, 5000, 1024);
+    for (size_t i = 0; i < q.frames.size(); ++i)
+        if (i != 2) inject(q.frames[i]);
+    pump();
+    EXPECT_EQ(rx().requests_timed_out.get(), 0u);
+    EXPECT_EQ(_plane->queue_reassembler(0).pending(), 1u);
+    rte_delay_us_block(2000);
+    pump();
+    EXPECT_EQ(rx().requests_timed_out.get(), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::timeout), 4u);
+    EXPECT_EQ(_plane->queue_reassembler(0).pending(), 0u);
+    // The late fragment starts a new request, which times out too.
+    inject(q.frames[2]);
+    pump();
+    EXPECT_TRUE(drain_responses().empty());
+}
+
+TEST_F(dataplane_test, fragments_disagreeing_on_total_or_count) {
+    auto q = make_request(4, 3072, 1024);
+    inject(q.frames[0]);
+    auto h = q.headers[1];
+    h.total_length = 4000;  // disagrees with fragment 0
+    inject(frame_for(h, {q.payload.data() + 1024, 1024}));
+    h = q.headers[1];
+    h.frag_count = 4;
+    inject(frame_for(h, {q.payload.data() + 1024, 1024}));
+    h = q.headers[1];
+    h.format = uint8_t(wire::format::tokens_i32);
+    h.dims[0] = 768;
+    inject(frame_for(h, {q.payload.data() + 1024, 1024}));
+    EXPECT_EQ(drain_responses().size(), 0u);
+    EXPECT_EQ(drops(dp::drop_reason::inconsistent), 3u);
+    inject(q.frames[1]);
+    inject(q.frames[2]);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 1u);
+    expect_answer(rs[0], q);
+}
+
+TEST_F(dataplane_test, offsets_that_do_not_tile_drop_the_request) {
+    auto q = make_request(5, 3072, 1024);
+    auto h = q.headers[1];
+    h.payload_offset = 1000;  // overlaps fragment 0 and leaves a gap
+    inject(q.frames[0]);
+    inject(frame_for(h, {q.payload.data() + 1000, 1024}));
+    inject(q.frames[2]);
+    EXPECT_TRUE(drain_responses().empty());
+    EXPECT_EQ(rx().requests_malformed.get(), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::inconsistent), 3u);
+}
+
+TEST_F(dataplane_test, offset_beyond_total) {
+    auto q = make_request(6, 2048, 1024);
+    auto h = q.headers[1];
+    h.payload_offset = 1500;
+    inject(frame_for(h, {q.payload.data() + 1024, 1024}));
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::offset_out_of_range), 1u);
+}
+
+TEST_F(dataplane_test, zero_lengths) {
+    auto q = make_request(7, 2048, 1024);
+    auto h = q.headers[0];
+    inject(frame_for(h, {}));  // empty fragment
+    h.total_length = 0;
+    inject(frame_for(h, {q.payload.data(), 16}));
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::zero_length), 2u);
+}
+
+TEST_F(dataplane_test, limits) {
+    auto q = make_request(8, 2048, 1024);
+    auto h = q.headers[0];
+    h.total_length = wire::max_total_length + 1;
+    inject(frame_for(h, {q.payload.data(), 1024}));
+    h = q.headers[0];
+    h.frag_count = wire::max_fragments + 1;
+    inject(frame_for(h, {q.payload.data(), 1024}));
+    h = q.headers[0];
+    h.frag_index = 2;  // == count
+    inject(frame_for(h, {q.payload.data(), 1024}));
+    h = q.headers[0];
+    h.format = uint8_t(wire::format::image_u8_hwc);
+    h.dims[0] = 10; h.dims[1] = 10; h.dims[2] = 3;  // 300 != 2048
+    inject(frame_for(h, {q.payload.data(), 1024}));
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::too_large), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::too_many_fragments), 2u);
+    EXPECT_EQ(drops(dp::drop_reason::dims_mismatch), 1u);
+}
+
+TEST_F(dataplane_test, bad_magic_version_kind) {
+    auto q = make_request(9, 1024, 1024);
+    for (int variant = 0; variant < 4; ++variant) {
+        auto f = q.frames[0];
+        uint8_t* h = f.data() + gen::wire_offset;
+        if (variant == 0) h[0] ^= 0xff;                 // magic
+        if (variant == 1) h[4] = 2;                     // version
+        if (variant == 2) h[5] = uint8_t(wire::kind::response);
+        if (variant == 3) h[39] = 1;                    // reserved
+        gen::refresh_checksums(f);
+        inject(f);
+    }
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::bad_header), 4u);
+}
+
+TEST_F(dataplane_test, truncated_headers) {
+    auto q = make_request(11, 1024, 1024);
+    auto f = q.frames[0];
+    f.resize(14 + 10);  // inside the IPv4 header
+    inject(f);
+    f = q.frames[0];
+    f.resize(10);  // inside the Ethernet header
+    inject(f);
+    // A UDP payload shorter than the reefline header, with consistent IP/UDP lengths.
+    std::vector<uint8_t> small(20, 0x55);
+    inject(gen::build_frame(addresses(), 1, small));
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::truncated), 3u);
+}
+
+TEST_F(dataplane_test, ip_and_udp_length_mismatches) {
+    auto q = make_request(12, 1024, 1024);
+    auto f = q.frames[0];
+    f[gen::udp_offset + 5] ^= 0x04;  // UDP length
+    gen::refresh_checksums(f);
+    inject(f);
+    f = q.frames[0];
+    f[gen::ipv4_offset + 3] += 40;  // IP total length beyond the frame
+    gen::refresh_checksums(f);
+    inject(f);
+    f = q.frames[0];
+    f[gen::ipv4_offset + 10] ^= 0x11;  // header checksum
+    inject(f);
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::bad_length), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::truncated), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::bad_ip), 1u);
+}
+
+TEST_F(dataplane_test, ip_fragments_non_ipv4_non_udp) {
+    auto q = make_request(13, 1024, 1024);
+    auto f = q.frames[0];
+    f[gen::ipv4_offset + 6] = 0x20;  // MF
+    gen::refresh_checksums(f);
+    inject(f);
+    f = q.frames[0];
+    f[12] = 0x86; f[13] = 0xdd;  // IPv6 ethertype
+    inject(f);
+    f = q.frames[0];
+    f[12] = 0x08; f[13] = 0x06;  // ARP
+    inject(f);
+    f = q.frames[0];
+    f[gen::ipv4_offset + 9] = 6;  // TCP
+    gen::refresh_checksums(f);
+    inject(f);
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::ip_fragment), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::not_ipv4), 2u);
+    EXPECT_EQ(drops(dp::drop_reason::not_udp), 1u);
+}
+
+TEST_F(dataplane_test, unknown_port) {
+    auto a = addresses();
+    a.dst_port = 9001;
+    auto q = make_request(14, 2048, 1024, a);
+    for (auto& f : q.frames) inject(f);
+    drain_responses();
+    EXPECT_EQ(drops(dp::drop_reason::unknown_port), 2u);
+}
+
+TEST_F(dataplane_test, vlan_tag_is_echoed) {
+    auto q = make_request(15, 1024, 1024);
+    auto f = q.frames[0];
+    const uint8_t tag[4] = {0x81, 0x00, 0x00, 0x2a};
+    f.insert(f.begin() + 12, tag, tag + 4);
+    inject(f);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 1u);
+    expect_answer(rs[0], q);
+    EXPECT_EQ(rs[0].vlan_tci, 0x2a);
+}
+
+TEST_F(dataplane_test, table_full_evicts_oldest) {
+    TearDown();
+    dp::reassembly_config rc;
+    rc.entries = 8;
+    start(rc);
+    std::vector<request_frames> qs;
+    for (uint64_t id = 100; id < 109; ++id) qs.push_back(make_request(id, 2048, 1024));
+    for (auto& q : qs) inject(q.frames[0]);  // nine requests open, eight entries
+    pump();
+    EXPECT_EQ(rx().requests_evicted.get(), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::table_full), 1u);
+    // The evicted request (the oldest, id 100) is not resent; a fragment of it would take
+    // an entry and evict the next oldest in turn.
+    for (size_t i = 1; i < qs.size(); ++i) inject(qs[i].frames[1]);
+    auto rs = drain_responses();
+    EXPECT_EQ(rs.size(), 8u);
+    for (auto& r : rs) EXPECT_NE(r.header.request_id, 100u);
+}
+
+TEST_F(dataplane_test, ring_full_drops_whole_requests) {
+    TearDown();
+    start({}, 4);  // ring of 4 holds 3
+    std::vector<request_frames> qs;
+    for (uint64_t id = 200; id < 206; ++id) qs.push_back(make_request(id, 2048, 1024));
+    for (auto& q : qs)
+        for (auto& f : q.frames) inject(f);
+    for (int i = 0; i < 8; ++i) _plane->poll_rx(0);  // no IF polling: the ring fills
+    EXPECT_EQ(rx().requests_ring_full.get(), 3u);
+    EXPECT_EQ(drops(dp::drop_reason::ring_full), 6u);
+    EXPECT_EQ(drain_responses().size(), 3u);
+}
+
+TEST_F(dataplane_test, many_sources_same_request_id) {
+    std::vector<request_frames> qs;
+    for (uint16_t s = 0; s < 4; ++s) qs.push_back(make_request(77, 3000, 1000, addresses(40000 + s)));
+    for (size_t i = 0; i < 3; ++i)
+        for (auto& q : qs) inject(q.frames[i]);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 4u);
+    for (auto& r : rs) EXPECT_EQ(r.crc, reefline::crc32c(qs[r.dst_port - 40000].payload.data(), 3000));
+}
+
+TEST_F(dataplane_test, if_table_replaced_while_traffic_flows) {
+    // A second IF appears and disappears while the rx loop runs on another thread.
+    std::atomic<bool> stop{false};
+    dp::crc32_if second(*_plane, "second", 9100, 1);
+    std::thread control([&] {
+        for (int i = 0; i < 200; ++i) {
+            _plane->ifs().publish({_if->binding(), second.binding()});
+            _plane->ifs().publish({_if->binding()});
+        }
+        stop = true;
+    });
+    std::vector<request_frames> qs;
+    for (uint64_t id = 300; id < 340; ++id) qs.push_back(make_request(id, 2048, 1024));
+    size_t next = 0;
+    while (!stop) {
+        if (next < qs.size()) {
+            for (auto& f : qs[next].frames) inject(f);
+            ++next;
+        }
+        pump();
+    }
+    control.join();
+    for (; next < qs.size(); ++next)
+        for (auto& f : qs[next].frames) inject(f);
+    auto rs = drain_responses();
+    EXPECT_EQ(_responses.size(), qs.size());
+    EXPECT_EQ(drops(dp::drop_reason::unknown_port), 0u);
+}
+
+TEST(if_table, rejects_port_conflicts) {
+    dp::if_table t(1);
+    dp::if_binding a{"a", 9000, 0, nullptr}, b{"b", 9000, 1, nullptr};
+    EXPECT_THROW(t.publish({a, b}), std::invalid_argument);
+    b.udp_port = 9001;
+    b.slot = 0;
+    EXPECT_THROW(t.publish({a, b}), std::invalid_argument);
+    b.slot = 1;
+    t.publish({a, b});
+    EXPECT_EQ(dp::if_table::lookup(t.current(), 9001)->name, "b");
+}
+
+TEST(memory_ranges, cover_every_mbuf_page_aligned) {
+    rte_mempool* pool = rte_pktmbuf_pool_create("mr_test", 2047, 0, 0, 2176, 0);
+    ASSERT_NE(pool, nullptr);
+    auto ranges = dp::mempool_memory_ranges(pool);
+    ASSERT_FALSE(ranges.empty());
+    std::vector<rte_mbuf*> ms(64);
+    ASSERT_EQ(rte_pktmbuf_alloc_bulk(pool, ms.data(), 64), 0);
+    for (auto* m : ms) {
+        auto* a = static_cast<uint8_t*>(m->buf_addr);
+        bool inside = false;
+        for (auto& r : ranges) {
+            EXPECT_EQ(reinterpret_cast<uintptr_t>(r.address) % r.page_size, 0u);
+            EXPECT_EQ(r.length % r.page_size, 0u);
+            inside |= a >= r.address && a + m->buf_len <= static_cast<uint8_t*>(r.address) + r.length;
+        }
+        EXPECT_TRUE(inside);
+    }
+    rte_pktmbuf_free_bulk(ms.data(), 64);
+    rte_mempool_free(pool);
+}
+
+TEST(crc32c, known_vectors_and_incremental) {
+    const char* s = "123456789";
+    EXPECT_EQ(reefline::crc32c(s, 9), 0xe3069283u);
+    EXPECT_EQ(reefline::crc32c_extend(reefline::crc32c(s, 4), s + 4, 5), 0xe3069283u);
+    std::vector<uint8_t> zeros(32, 0);
+    EXPECT_EQ(reefline::crc32c(zeros.data(), 32), 0x8a9136aau);
+}
+
+}  // namespace

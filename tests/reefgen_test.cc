@@ -1,0 +1,754 @@
+// reefgen: pcap generation (checksums, reassembly, determinism, shuffle/drop/dup/corrupt),
+// the response checker, and live sending against an in-test UDP responder on loopback.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <pcap/pcap.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "dataplane/crc32c.h"
+#include "dataplane/protocol.h"
+#include "tools/reefgen/check.h"
+#include "tools/reefgen/packet.h"
+#include "tools/reefgen/pcap_file.h"
+#include "tools/reefgen/send.h"
+
+namespace fs = std::filesystem;
+using namespace reefline;
+using namespace reefline::reefgen;
+
+namespace {
+
+// A scratch directory removed at the end of each test.
+class temp_dir {
+public:
+    temp_dir() {
+        std::string tmpl = (fs::temp_directory_path() / "reefgen_test.XXXXXX").string();
+        if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+        _path = tmpl;
+    }
+    ~temp_dir() {
+        std::error_code ec;
+        fs::remove_all(_path, ec);
+    }
+    std::string file(const std::string& name) const { return (_path / name).string(); }
+
+private:
+    fs::path _path;
+};
+
+pcap_options small_options(const std::string& out, uint64_t requests) {
+    pcap_options o;
+    o.out = out;
+    o.requests = requests;
+    o.frag_size = 100;
+    o.payload.format = wire::format::image_u8_hwc;
+    o.payload.shape = image_shape{16, 16, 3};  // 768 bytes: 8 fragments, the last of 68
+    o.payload.seed = 7;
+    o.seed = 7;
+    o.addresses.src_ip = 0xc6120001;  // 198.18.0.1
+    o.addresses.dst_ip = 0xc6120002;
+    o.addresses.src_port = 40000;
+    o.addresses.dst_port = 9000;
+    o.addresses.src_mac = parse_mac("02:00:00:00:00:01", "src");
+    o.addresses.dst_mac = parse_mac("02:00:00:00:00:02", "dst");
+    return o;
+}
+
+std::vector<std::vector<uint8_t>> read_frames(const std::string& path) {
+    std::vector<std::vector<uint8_t>> frames;
+    char err[PCAP_ERRBUF_SIZE];
+    pcap_t* p = pcap_open_offline(path.c_str(), err);
+    EXPECT_NE(p, nullptr) << err;
+    if (!p) return frames;
+    EXPECT_EQ(pcap_datalink(p), DLT_EN10MB);
+    pcap_pkthdr* h;
+    const u_char* d;
+    while (pcap_next_ex(p, &h, &d) == 1) {
+        EXPECT_EQ(h->caplen, h->len);
+        frames.emplace_back(d, d + h->caplen);
+    }
+    pcap_close(p);
+    return frames;
+}
+
+// Checksum code independent of packet.cc, straight from RFC 1071.
+uint32_t rfc1071_sum(const uint8_t* p, size_t n, uint32_t acc = 0) {
+    for (size_t i = 0; i + 1 < n; i += 2) acc += uint32_t(p[i]) << 8 | p[i + 1];
+    if (n & 1) acc += uint32_t(p[n - 1]) << 8;
+    return acc;
+}
+uint16_t rfc1071_fold(uint32_t acc) {
+    while (acc >> 16) acc = (acc & 0xffff) + (acc >> 16);
+    return uint16_t(acc);
+}
+
+struct frame_view {
+    uint32_t src_ip, dst_ip;
+    uint16_t sport, dport;
+    wire::header header;
+    std::vector<uint8_t> fragment;
+};
+
+// Verifies Ethernet/IPv4/UDP of a generated frame by hand and returns its contents.
+frame_view check_frame(const std::vector<uint8_t>& f) {
+    frame_view v{};
+    EXPECT_GE(f.size(), 42u + wire::header_size);
+    EXPECT_EQ(load_be16(&f[12]), 0x0800);
+    const uint8_t* ip = &f[14];
+    EXPECT_EQ(ip[0], 0x45);
+    EXPECT_EQ(load_be16(ip + 2), f.size() - 14);
+    EXPECT_EQ(load_be16(ip + 6) & 0x3fff, 0) << "never IP-fragmented";
+    EXPECT_EQ(ip[9], 17);
+    EXPECT_EQ(rfc1071_fold(rfc1071_sum(ip, 20)), 0xffff) << "IPv4 header checksum";
+    const uint8_t* udp = ip + 20;
+    const uint16_t ulen = load_be16(udp + 4);
+    EXPECT_EQ(ulen, f.size() - 34);
+    EXPECT_NE(load_be16(udp + 6), 0) << "generator always fills the UDP checksum";
+    uint32_t acc = rfc1071_sum(ip + 12, 8) + 17 + ulen;
+    EXPECT_EQ(rfc1071_fold(rfc1071_sum(udp, ulen, acc)), 0xffff) << "UDP checksum";
+    v.src_ip = load_be32(ip + 12);
+    v.dst_ip = load_be32(ip + 16);
+    v.sport = load_be16(udp);
+    v.dport = load_be16(udp + 2);
+    std::memcpy(&v.header, udp + 8, wire::header_size);
+    v.fragment.assign(udp + 8 + wire::header_size, udp + ulen);
+    return v;
+}
+
+// The crc32 diagnostic IF's answer to a payload: one response fragment.
+std::vector<uint8_t> crc32_response(uint64_t request_id, std::span<const uint8_t> payload) {
+    wire::fields f;
+    f.kind = uint8_t(wire::kind::response);
+    f.format = uint8_t(wire::format::result_crc32);
+    f.status = uint8_t(wire::status::ok);
+    f.request_id = request_id;
+    f.frag_index = 0;
+    f.frag_count = 1;
+    f.total_length = 8;
+    uint8_t result[8];
+    store_be32(result, uint32_t(payload.size()));
+    store_be32(result + 4, crc32c(payload.data(), payload.size()));
+    std::vector<uint8_t> out;
+    append_udp_payload(out, f, result);
+    return out;
+}
+
+// What reefline would capture on its way out: responses to every complete request of
+// `requests_pcap`, addresses swapped. `edit` may alter or drop (return false) a response.
+using response_edit = std::function<bool(size_t index, std::vector<uint8_t>& udp_payload)>;
+void write_responses(const std::string& requests_pcap, const std::string& out,
+                     const response_edit& edit = {}) {
+    std::vector<assembled_message> messages;
+    const request_capture cap = read_request_capture(requests_pcap, &messages);
+    std::map<std::pair<uint32_t, uint16_t>, const request_record*> dst_of;
+    for (const auto& r : cap.requests) dst_of[{r.key.ip, r.key.port}] = &r;
+    pcap_t* dead = pcap_open_dead(DLT_EN10MB, 65535);
+    pcap_dumper_t* d = pcap_dump_open(dead, out.c_str());
+    ASSERT_NE(d, nullptr);
+    uint16_t ip_id = 0;
+    for (size_t i = 0; i < messages.size(); ++i) {
+        const assembled_message& m = messages[i];
+        std::vector<uint8_t> udp = crc32_response(m.key.request_id, m.payload);
+        if (edit && !edit(i, udp)) continue;
+        const request_record* req = dst_of.at({m.key.ip, m.key.port});
+        frame_addresses a;
+        a.src_ip = req->dst_ip;
+        a.src_port = req->dst_port;
+        a.dst_ip = m.key.ip;
+        a.dst_port = m.key.port;
+        const std::vector<uint8_t> frame = build_frame(a, ip_id++, udp);
+        pcap_pkthdr h{};
+        h.caplen = h.len = bpf_u_int32(frame.size());
+        pcap_dump(reinterpret_cast<u_char*>(d), &h, frame.data());
+    }
+    pcap_dump_close(d);
+    pcap_close(dead);
+}
+
+check_result check_files(const std::string& req, const std::string& resp,
+                         std::string* log = nullptr) {
+    std::ostringstream out;
+    check_options o;
+    o.requests = req;
+    o.responses = resp;
+    const check_result r = run_check(o, out);
+    if (log) *log = out.str();
+    return r;
+}
+
+}  // namespace
+
+TEST(ReefgenPcap, FramesAreValidAndReassembleToTheGeneratedPayloads) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("req.pcap"), 5);
+    o.sources = 2;
+    const pcap_summary s = write_request_pcap(o);
+    EXPECT_EQ(s.requests, 5u);
+    EXPECT_EQ(s.fragments, 40u);
+    EXPECT_EQ(s.packets, 40u);
+
+    const payload_source source(o.payload);
+    std::map<uint64_t, std::vector<uint8_t>> rebuilt;
+    std::map<uint64_t, std::set<uint16_t>> indices;
+    for (const auto& frame : read_frames(o.out)) {
+        const frame_view v = check_frame(frame);
+        ASSERT_EQ(wire::validate_request(v.header, uint32_t(v.fragment.size())),
+                  wire::header_error::none);
+        const wire::fields f = wire::decode(&v.header);
+        const uint64_t n = f.request_id - s.first_request_id;
+        ASSERT_LT(n, 5u);
+        EXPECT_EQ(v.src_ip, o.addresses.src_ip);
+        EXPECT_EQ(v.dst_ip, o.addresses.dst_ip);
+        EXPECT_EQ(v.sport, 40000 + n % 2) << "round-robin over sources";
+        EXPECT_EQ(v.dport, 9000);
+        EXPECT_EQ(f.format, uint8_t(wire::format::image_u8_hwc));
+        EXPECT_EQ(f.dims[0], 16);
+        EXPECT_EQ(f.dims[1], 16);
+        EXPECT_EQ(f.dims[2], 3);
+        EXPECT_EQ(f.dims[3], 0);
+        EXPECT_EQ(f.frag_count, 8);
+        EXPECT_EQ(f.total_length, 768u);
+        EXPECT_EQ(f.payload_offset, f.frag_index * 100u);
+        EXPECT_EQ(v.fragment.size(), f.frag_index == 7 ? 68u : 100u);
+        auto& buf = rebuilt[n];
+        buf.resize(f.total_length);
+        std::copy(v.fragment.begin(), v.fragment.end(), buf.begin() + f.payload_offset);
+        indices[n].insert(f.frag_index);
+    }
+    ASSERT_EQ(rebuilt.size(), 5u);
+    for (auto& [n, bytes] : rebuilt) {
+        EXPECT_EQ(indices[n].size(), 8u);
+        const request_payload expected = source.make(n);
+        EXPECT_EQ(bytes, expected.bytes) << "request " << n;
+    }
+    EXPECT_NE(rebuilt[0], rebuilt[1]) << "requests differ";
+
+    // The checker's reassembly agrees, CRCs included.
+    std::vector<assembled_message> messages;
+    const request_capture cap = read_request_capture(o.out, &messages);
+    EXPECT_EQ(cap.good, 40u);
+    ASSERT_EQ(messages.size(), 5u);
+    for (const auto& r : cap.requests) {
+        EXPECT_TRUE(r.complete);
+        const auto& bytes = rebuilt[r.key.request_id - s.first_request_id];
+        EXPECT_EQ(r.crc, crc32c(bytes.data(), bytes.size()));
+    }
+}
+
+TEST(ReefgenPcap, DeterministicForASeed) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("a.pcap"), 20);
+    o.shuffle = true;
+    o.drop = 0.1;
+    o.dup = 0.1;
+    o.corrupt = 0.1;
+    write_request_pcap(o);
+    o.out = dir.file("b.pcap");
+    write_request_pcap(o);
+    EXPECT_EQ(read_frames(dir.file("a.pcap")), read_frames(dir.file("b.pcap")));
+    o.out = dir.file("c.pcap");
+    o.seed = o.payload.seed = 8;
+    write_request_pcap(o);
+    EXPECT_NE(read_frames(dir.file("a.pcap")), read_frames(dir.file("c.pcap")));
+}
+
+TEST(ReefgenPcap, TokensAndRawFormats) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("t.pcap"), 3);
+    o.payload.format = wire::format::tokens_i32;
+    o.payload.tokens = 128;
+    o.payload.vocab = 1000;
+    write_request_pcap(o);
+    std::vector<assembled_message> messages;
+    read_request_capture(o.out, &messages);
+    ASSERT_EQ(messages.size(), 3u);
+    for (const auto& m : messages) {
+        EXPECT_EQ(m.head.format, uint8_t(wire::format::tokens_i32));
+        EXPECT_EQ(m.head.dims[0], 128);
+        ASSERT_EQ(m.payload.size(), 512u);
+        for (size_t i = 0; i < m.payload.size(); i += 4) {
+            const int32_t t = load_token(&m.payload[i]);
+            EXPECT_GE(t, 0);
+            EXPECT_LT(t, 1000);
+        }
+    }
+
+    // --raw FILE in format raw: every request carries the file's bytes.
+    const std::string raw = dir.file("blob.bin");
+    {
+        std::ofstream f(raw, std::ios::binary);
+        for (int i = 0; i < 333; ++i) f.put(char(i * 7));
+    }
+    o = small_options(dir.file("r.pcap"), 2);
+    o.payload.format = wire::format::raw;
+    o.payload.raw_file = raw;
+    write_request_pcap(o);
+    messages.clear();
+    read_request_capture(o.out, &messages);
+    ASSERT_EQ(messages.size(), 2u);
+    for (const auto& m : messages) {
+        EXPECT_EQ(m.head.format, uint8_t(wire::format::raw));
+        ASSERT_EQ(m.payload.size(), 333u);
+        EXPECT_EQ(m.payload[10], uint8_t(70));
+    }
+
+    // --image FILE: a PGM with a comment in its header.
+    const std::string pgm = dir.file("img.pgm");
+    {
+        std::ofstream f(pgm, std::ios::binary);
+        f << "P5\n# a comment\n5 4\n255\n";
+        for (int i = 0; i < 20; ++i) f.put(char(i));
+    }
+    o = small_options(dir.file("i.pcap"), 1);
+    o.payload.image_file = pgm;
+    write_request_pcap(o);
+    messages.clear();
+    read_request_capture(o.out, &messages);
+    ASSERT_EQ(messages.size(), 1u);
+    EXPECT_EQ(messages[0].head.dims[0], 4);
+    EXPECT_EQ(messages[0].head.dims[1], 5);
+    EXPECT_EQ(messages[0].head.dims[2], 1);
+    EXPECT_EQ(messages[0].payload[19], 19);
+
+    o.payload.image_file = dir.file("missing.ppm");
+    EXPECT_THROW(write_request_pcap(o), usage_error);
+}
+
+TEST(ReefgenPcap, ShuffleInterleavesWithinWindowsAndKeepsEveryFragment) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("plain.pcap"), 40);
+    write_request_pcap(o);
+    o.out = dir.file("shuffled.pcap");
+    o.shuffle = true;
+    write_request_pcap(o);
+    auto plain = read_frames(dir.file("plain.pcap"));
+    auto shuffled = read_frames(dir.file("shuffled.pcap"));
+    ASSERT_EQ(plain.size(), shuffled.size());
+    EXPECT_NE(plain, shuffled);
+    // Same fragments (ignoring the IP id, which follows emission order), and each window's
+    // fragments stay in that window.
+    const auto key = [](const std::vector<uint8_t>& f) {
+        const frame_view v = check_frame(f);
+        const wire::fields h = wire::decode(&v.header);
+        return std::pair<uint64_t, uint16_t>(h.request_id, h.frag_index);
+    };
+    const uint64_t base = request_id_base(o.seed);
+    std::set<std::pair<uint64_t, uint16_t>> a, b;
+    for (size_t i = 0; i < plain.size(); ++i) {
+        a.insert(key(plain[i]));
+        const auto k = key(shuffled[i]);
+        b.insert(k);
+        EXPECT_EQ((k.first - base) / window_requests,
+                  (key(plain[i]).first - base) / window_requests);
+    }
+    EXPECT_EQ(a, b);
+    const request_capture cap = read_request_capture(o.out);
+    EXPECT_EQ(cap.requests.size(), 40u);
+    for (const auto& r : cap.requests) EXPECT_TRUE(r.complete);
+}
+
+TEST(ReefgenPcap, EveryCorruptionIsDetectableFromThePacketAlone) {
+    rng r(1);
+    frame_addresses a;
+    a.src_ip = 0xc6120001;
+    a.dst_ip = 0xc6120002;
+    a.src_port = 40000;
+    a.dst_port = 9000;
+    request_payload p;
+    p.format = wire::format::image_u8_hwc;
+    p.dims[0] = 10;
+    p.dims[1] = 10;
+    p.dims[2] = 3;
+    p.bytes.assign(300, 0x5a);
+    const auto plan = plan_fragments(p, 42, 128);
+    ASSERT_EQ(plan.size(), 3u);
+    for (size_t k = 0; k < corruption_kinds; ++k) {
+        for (int trial = 0; trial < 50; ++trial) {
+            const wire::fields& f = plan[trial % 3];
+            std::vector<uint8_t> udp;
+            append_udp_payload(udp, f,
+                               std::span<const uint8_t>(p.bytes.data() + f.payload_offset,
+                                                        fragment_length(f, 128)));
+            std::vector<uint8_t> frame = build_frame(a, 1, udp);
+            const auto kind = static_cast<corruption>(k);
+            corrupt_frame(frame, kind, r);
+            const parsed_frame pf = parse_frame(frame);
+            switch (kind) {
+            case corruption::ip_checksum: EXPECT_EQ(pf.error, frame_error::bad_ip_checksum); break;
+            case corruption::udp_length: EXPECT_EQ(pf.error, frame_error::bad_udp_length); break;
+            default: {
+                ASSERT_EQ(pf.error, frame_error::none)
+                    << to_string(kind) << ": checksums stay valid";
+                const auto e = wire::validate_request(pf.header, uint32_t(pf.fragment.size()));
+                EXPECT_NE(e, wire::header_error::none) << to_string(kind);
+                // Fields that identify the reassembly entry are untouched.
+                const wire::fields got = wire::decode(&pf.header);
+                EXPECT_EQ(got.total_length, f.total_length);
+                EXPECT_EQ(got.frag_count, f.frag_count);
+                EXPECT_EQ(got.format, f.format);
+                EXPECT_EQ(got.request_id, f.request_id);
+                break;
+            }
+            }
+        }
+    }
+}
+
+TEST(ReefgenPcap, CorruptDropDupAreCountedAndSeenByTheChecker) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("c.pcap"), 64);
+    o.corrupt = 1.0;
+    pcap_summary s = write_request_pcap(o);
+    EXPECT_EQ(s.corrupted, s.packets);
+    for (size_t k = 0; k < corruption_kinds; ++k) EXPECT_GT(s.by_corruption[k], 0u) << k;
+    request_capture cap = read_request_capture(o.out);
+    EXPECT_EQ(cap.good, 0u);
+    EXPECT_EQ(cap.requests.size(), 0u);
+
+    o.out = dir.file("d.pcap");
+    o.corrupt = 0;
+    o.drop = 0.2;
+    s = write_request_pcap(o);
+    EXPECT_GT(s.dropped, 0u);
+    EXPECT_EQ(s.packets, s.fragments - s.dropped);
+    cap = read_request_capture(o.out);
+    uint64_t complete = 0;
+    for (const auto& r : cap.requests) complete += r.complete;
+    EXPECT_LT(complete, cap.requests.size()) << "some requests lost a fragment";
+    EXPECT_GT(complete, 0u);
+    write_responses(o.out, dir.file("d_resp.pcap"));
+    const check_result cr = check_files(o.out, dir.file("d_resp.pcap"));
+    EXPECT_EQ(cr.requests, cap.requests.size());
+    EXPECT_EQ(cr.complete, complete);
+    EXPECT_EQ(cr.ok, complete);
+    EXPECT_TRUE(cr.passed());
+
+    o.out = dir.file("u.pcap");
+    o.drop = 0;
+    o.dup = 0.3;
+    o.shuffle = true;
+    s = write_request_pcap(o);
+    EXPECT_GT(s.duplicated, 0u);
+    EXPECT_EQ(s.packets, s.fragments + s.duplicated);
+    cap = read_request_capture(o.out);
+    EXPECT_EQ(cap.duplicates, s.duplicated);
+    EXPECT_EQ(cap.requests.size(), 64u);
+    // A copy always follows its original, within the original's window.
+    std::map<std::pair<uint64_t, uint16_t>, size_t> first_seen;
+    const auto frames = read_frames(o.out);
+    const uint64_t base = request_id_base(o.seed);
+    uint64_t window_of_previous = 0;
+    for (size_t i = 0; i < frames.size(); ++i) {
+        const frame_view v = check_frame(frames[i]);
+        const wire::fields f = wire::decode(&v.header);
+        const uint64_t window = (f.request_id - base) / window_requests;
+        EXPECT_GE(window, window_of_previous) << "windows are emitted in order";
+        window_of_previous = window;
+        first_seen.try_emplace({f.request_id, f.frag_index}, i);
+    }
+    EXPECT_EQ(first_seen.size(), s.fragments);
+}
+
+TEST(ReefgenCheck, CorrectResponsesPassAndMistakesFail) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("req.pcap"), 10);
+    o.sources = 3;
+    o.shuffle = true;
+    write_request_pcap(o);
+
+    write_responses(o.out, dir.file("good.pcap"));
+    check_result r = check_files(o.out, dir.file("good.pcap"));
+    EXPECT_EQ(r.requests, 10u);
+    EXPECT_EQ(r.complete, 10u);
+    EXPECT_EQ(r.responses, 10u);
+    EXPECT_EQ(r.ok, 10u);
+    EXPECT_EQ(r.bad, 0u);
+    EXPECT_TRUE(r.passed());
+
+    // One wrong CRC.
+    write_responses(o.out, dir.file("flip.pcap"), [](size_t i, std::vector<uint8_t>& udp) {
+        if (i == 3) udp[wire::header_size + 7] ^= 1;
+        return true;
+    });
+    std::string log;
+    r = check_files(o.out, dir.file("flip.pcap"), &log);
+    EXPECT_EQ(r.ok, 9u);
+    EXPECT_EQ(r.bad, 1u);
+    EXPECT_FALSE(r.passed());
+    EXPECT_NE(log.find("crc="), std::string::npos) << log;
+    EXPECT_NE(log.find("requests=10 complete=10 responses=10 ok=9 bad=1\n"), std::string::npos)
+        << log;
+
+    // One response missing.
+    write_responses(o.out, dir.file("omit.pcap"),
+                    [](size_t i, std::vector<uint8_t>&) { return i != 5; });
+    r = check_files(o.out, dir.file("omit.pcap"), &log);
+    EXPECT_EQ(r.responses, 9u);
+    EXPECT_EQ(r.bad, 0u);
+    EXPECT_EQ(r.missing, 1u);
+    EXPECT_FALSE(r.passed());
+    EXPECT_NE(log.find("missing:"), std::string::npos) << log;
+
+    // An error status, and a response for a request that was never sent.
+    write_responses(o.out, dir.file("err.pcap"), [](size_t i, std::vector<uint8_t>& udp) {
+        if (i == 0) udp[7] = uint8_t(wire::status::overloaded), udp[5] = uint8_t(wire::kind::error);
+        if (i == 1) udp[15] ^= 0x80;  // request id
+        return true;
+    });
+    r = check_files(o.out, dir.file("err.pcap"), &log);
+    EXPECT_EQ(r.bad, 2u) << log;
+    EXPECT_EQ(r.missing, 1u) << "the renamed response leaves its request unanswered";
+    EXPECT_FALSE(r.passed());
+}
+
+TEST(ReefgenCheck, ReassemblesFragmentedResponses) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("req.pcap"), 3);
+    write_request_pcap(o);
+    std::vector<assembled_message> messages;
+    const request_capture cap = read_request_capture(o.out, &messages);
+    pcap_t* dead = pcap_open_dead(DLT_EN10MB, 65535);
+    pcap_dumper_t* d = pcap_dump_open(dead, dir.file("resp.pcap").c_str());
+    ASSERT_NE(d, nullptr);
+    for (const auto& m : messages) {
+        // The 8-byte result in two fragments of 4, last one first.
+        std::vector<uint8_t> one = crc32_response(m.key.request_id, m.payload);
+        for (int idx : {1, 0}) {
+            wire::fields f = wire::decode(one.data());
+            f.frag_index = uint16_t(idx);
+            f.frag_count = 2;
+            f.payload_offset = uint32_t(4 * idx);
+            std::vector<uint8_t> udp;
+            append_udp_payload(
+                udp, f, std::span<const uint8_t>(one.data() + wire::header_size + 4 * idx, 4));
+            frame_addresses a;
+            a.src_ip = cap.requests[0].dst_ip;
+            a.src_port = cap.requests[0].dst_port;
+            a.dst_ip = m.key.ip;
+            a.dst_port = m.key.port;
+            const auto frame = build_frame(a, 0, udp);
+            pcap_pkthdr h{};
+            h.caplen = h.len = bpf_u_int32(frame.size());
+            pcap_dump(reinterpret_cast<u_char*>(d), &h, frame.data());
+        }
+    }
+    pcap_dump_close(d);
+    pcap_close(dead);
+    const check_result r = check_files(o.out, dir.file("resp.pcap"));
+    EXPECT_EQ(r.responses, 3u);
+    EXPECT_EQ(r.ok, 3u);
+    EXPECT_TRUE(r.passed());
+}
+
+namespace {
+
+// The crc32 IF in miniature: a UDP socket on 127.0.0.1 that reassembles requests and answers
+// each with its length and CRC32C. `wrong_every` > 0 corrupts every n-th answer's CRC,
+// `ignore_every` > 0 leaves every n-th request unanswered.
+class loopback_responder {
+public:
+    explicit loopback_responder(int wrong_every = 0, int ignore_every = 0)
+            : _wrong_every(wrong_every), _ignore_every(ignore_every) {
+        _fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+        const int big = 8 << 20;
+        setsockopt(_fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        if (::bind(_fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+            throw std::runtime_error("bind");
+        socklen_t len = sizeof a;
+        getsockname(_fd, reinterpret_cast<sockaddr*>(&a), &len);
+        _port = ntohs(a.sin_port);
+        _thread = std::thread([this] { run(); });
+    }
+    ~loopback_responder() {
+        _stop = true;
+        _thread.join();
+        ::close(_fd);
+    }
+    uint16_t port() const { return _port; }
+
+private:
+    void run() {
+        message_assembler assembler(false);
+        assembled_message m;
+        std::vector<uint8_t> buf(65536);
+        int completed = 0;
+        while (!_stop) {
+            pollfd p{_fd, POLLIN, 0};
+            if (::poll(&p, 1, 10) <= 0) continue;
+            sockaddr_in from{};
+            socklen_t fl = sizeof from;
+            const ssize_t n =
+                ::recvfrom(_fd, buf.data(), buf.size(), 0, reinterpret_cast<sockaddr*>(&from), &fl);
+            if (n < ssize_t(wire::header_size)) continue;
+            wire::header h;
+            std::memcpy(&h, buf.data(), sizeof h);
+            const std::span<const uint8_t> frag(buf.data() + wire::header_size,
+                                                size_t(n) - wire::header_size);
+            if (wire::validate_request(h, uint32_t(frag.size())) != wire::header_error::none)
+                continue;
+            const wire::fields f = wire::decode(&h);
+            const flow_key key{ntohl(from.sin_addr.s_addr), ntohs(from.sin_port), f.request_id};
+            if (assembler.add(key, f, frag, m) != message_assembler::outcome::completed) continue;
+            ++completed;
+            if (_ignore_every && completed % _ignore_every == 0) continue;
+            std::vector<uint8_t> out = crc32_response(f.request_id, m.payload);
+            if (_wrong_every && completed % _wrong_every == 0) out.back() ^= 0xff;
+            ::sendto(_fd, out.data(), out.size(), 0, reinterpret_cast<sockaddr*>(&from), fl);
+        }
+    }
+
+    int _wrong_every, _ignore_every;
+    int _fd = -1;
+    uint16_t _port = 0;
+    std::atomic<bool> _stop{false};
+    std::thread _thread;
+};
+
+send_options loopback_options(uint16_t port) {
+    send_options o;
+    o.dst_ip = INADDR_LOOPBACK;
+    o.dst_port = port;
+    o.bind_ip = INADDR_LOOPBACK;
+    o.requests = 50;
+    o.payload.format = wire::format::image_u8_hwc;
+    o.payload.shape = image_shape{32, 32, 3};  // 3072 bytes: 6 fragments of 512
+    o.frag_size = 512;
+    o.timeout_ms = 2000;  // ends as soon as everything is answered
+    return o;
+}
+
+}  // namespace
+
+TEST(ReefgenSend, ClosedLoopAgainstALoopbackResponder) {
+    loopback_responder responder;
+    send_options o = loopback_options(responder.port());
+    o.closed_loop = 4;
+    std::ostringstream log;
+    const send_result r = run_send(o, log);
+    EXPECT_EQ(r.sent, 50u);
+    EXPECT_EQ(r.responses, 50u) << log.str();
+    EXPECT_EQ(r.ok, 50u) << log.str();
+    EXPECT_EQ(r.bad, 0u);
+    EXPECT_EQ(r.lost, 0u);
+    EXPECT_GT(r.p50_us, 0);
+    EXPECT_LE(r.p50_us, r.p99_us);
+    EXPECT_LE(r.p99_us, r.p999_us);
+    const std::string line = format_send_result(r, false);
+    EXPECT_EQ(line.rfind("sent=50 responses=50 ok=50 bad=0 lost=0 p50_us=", 0), 0u) << line;
+    const std::string json = format_send_result(r, true);
+    EXPECT_EQ(
+        json.rfind("{\"sent\":50,\"responses\":50,\"ok\":50,\"bad\":0,\"lost\":0,\"p50_us\":", 0),
+        0u)
+        << json;
+}
+
+TEST(ReefgenSend, OpenLoopPoissonTokens) {
+    loopback_responder responder;
+    send_options o = loopback_options(responder.port());
+    o.rate = 5000;
+    o.poisson = true;
+    o.payload.format = wire::format::tokens_i32;
+    o.payload.tokens = 64;
+    std::ostringstream log;
+    const send_result r = run_send(o, log);
+    EXPECT_EQ(r.ok, 50u) << log.str();
+    EXPECT_EQ(r.lost, 0u);
+}
+
+TEST(ReefgenSend, WrongAndMissingAnswersAreReported) {
+    loopback_responder responder(/*wrong_every=*/10, /*ignore_every=*/7);
+    send_options o = loopback_options(responder.port());
+    o.closed_loop = 8;
+    o.timeout_ms = 200;
+    std::ostringstream log;
+    const send_result r = run_send(o, log);
+    EXPECT_EQ(r.sent, 50u);
+    EXPECT_GE(r.lost, 7u);  // the 7th, 14th, ..., 49th request the responder completes
+    EXPECT_GT(r.bad, 0u);
+    EXPECT_EQ(r.ok + r.bad, r.responses);
+    EXPECT_NE(log.str().find("bad: request id="), std::string::npos) << log.str();
+}
+
+// The tool itself: exit statuses and --help, when the build tells us where it is.
+namespace {
+
+int run_tool(const std::string& args, std::string* output = nullptr) {
+    const char* tool = std::getenv("REEFGEN");
+    std::string cmd = std::string(tool) + " " + args + " 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    if (!p) return -1;
+    std::string out;
+    char buf[4096];
+    size_t n;
+    while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+    const int st = ::pclose(p);
+    if (output) *output = out;
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace
+
+TEST(ReefgenCli, ExitStatusesAndHelp) {
+    if (!std::getenv("REEFGEN")) GTEST_SKIP() << "REEFGEN not set (run through meson test)";
+    temp_dir dir;
+    const std::string req = dir.file("req.pcap");
+    std::string out;
+    ASSERT_EQ(run_tool("pcap --out " + req +
+                           " --requests 4 --shape 8x8x3 --frag-size 64 --seed 3 --shuffle",
+                       &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("requests=4 fragments=12 packets=12 dropped=0 duplicated=0 corrupted=0"),
+              std::string::npos)
+        << out;
+    write_responses(req, dir.file("good.pcap"));
+    EXPECT_EQ(run_tool("check --requests " + req + " --responses " + dir.file("good.pcap"), &out),
+              0)
+        << out;
+    EXPECT_NE(out.find("requests=4 complete=4 responses=4 ok=4 bad=0\n"), std::string::npos) << out;
+    write_responses(req, dir.file("bad.pcap"), [](size_t i, std::vector<uint8_t>& udp) {
+        if (i == 0) udp.back() ^= 1;
+        return true;
+    });
+    EXPECT_EQ(run_tool("check --requests " + req + " --responses " + dir.file("bad.pcap"), &out), 1)
+        << out;
+
+    for (const char* sub : {"", "pcap ", "check ", "send "})
+        EXPECT_EQ(run_tool(std::string(sub) + "--help", &out), 0) << sub << out;
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --shape 8x8", &out), 2)
+        << out;
+    EXPECT_NE(out.find("--shape"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --drop 2", &out), 2)
+        << out;
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --frag-size 16", &out),
+              2)
+        << out;
+    EXPECT_NE(out.find("fragments"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("check --requests " + dir.file("none.pcap") + " --responses " + req, &out),
+              2)
+        << out;
+    EXPECT_NE(out.find("none.pcap"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("send --dst not-an-ip --requests 1", &out), 2) << out;
+    EXPECT_EQ(run_tool("bogus", &out), 2) << out;
+}
+
+int main(int argc, char** argv) {
+    testing::InitGoogleTest(&argc, argv);
+    return RUN_ALL_TESTS();
+}

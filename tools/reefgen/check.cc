@@ -1,0 +1,305 @@
+#include "tools/reefgen/check.h"
+
+#include <arpa/inet.h>
+
+#include <cstdio>
+#include <string_view>
+#include <unordered_map>
+
+#include "dataplane/crc32c.h"
+#include "tools/reefgen/packet.h"
+#include "tools/reefgen/pcap_file.h"
+
+namespace reefline::reefgen {
+namespace {
+
+std::string_view to_string(wire::header_error e) {
+    switch (e) {
+    case wire::header_error::none: return "none";
+    case wire::header_error::bad_header: return "bad_header";
+    case wire::header_error::zero_length: return "zero_length";
+    case wire::header_error::too_large: return "too_large";
+    case wire::header_error::too_many_fragments: return "too_many_fragments";
+    case wire::header_error::offset_out_of_range: return "offset_out_of_range";
+    case wire::header_error::dims_mismatch: return "dims_mismatch";
+    }
+    return "unknown";
+}
+
+std::string describe(const flow_key& k) {
+    return format_ipv4(k.ip) + ":" + std::to_string(k.port) + " id=" + std::to_string(k.request_id);
+}
+
+std::string hex32(uint32_t v) {
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "0x%08x", v);
+    return buf;
+}
+
+// Per-packet checks on a response fragment, the counterpart of validate_request() (which only
+// accepts requests). Returns an empty string when acceptable, else the reason.
+std::string_view response_header_problem(const wire::header& h, size_t fragment_length) {
+    if (h.magic_be != htonl(wire::magic) || h.version != wire::version || h.reserved_be != 0)
+        return "bad_header";
+    const wire::fields f = wire::decode(&h);
+    if (f.frag_count == 0 || f.frag_count > wire::max_fragments || f.frag_index >= f.frag_count)
+        return "too_many_fragments";
+    if (f.total_length > wire::max_total_length) return "too_large";
+    if (uint64_t(f.payload_offset) + fragment_length > f.total_length) return "offset_out_of_range";
+    return {};
+}
+
+// Prints at most `limit` lines of one kind, then how many more there were.
+class limited_report {
+public:
+    limited_report(std::ostream& out, size_t limit) : _out(out), _limit(limit) {}
+    void line(const std::string& text) {
+        if (_count++ < _limit) _out << text << '\n';
+    }
+    void finish(std::string_view what) {
+        if (_count > _limit) _out << "... and " << (_count - _limit) << " more " << what << '\n';
+    }
+    uint64_t count() const { return _count; }
+
+private:
+    std::ostream& _out;
+    size_t _limit;
+    uint64_t _count = 0;
+};
+
+}  // namespace
+
+std::string response_problem(const assembled_message& m, uint32_t length, uint32_t crc,
+                             bool require_crc32) {
+    const auto st = static_cast<wire::status>(m.head.status);
+    if (m.head.kind != uint8_t(wire::kind::response) || st != wire::status::ok) {
+        std::string p =
+            "kind=" + std::to_string(m.head.kind) + " status=" + std::string(wire::to_string(st));
+        if (m.head.kind == uint8_t(wire::kind::error))
+            p += " message='" + std::string(m.payload.begin(), m.payload.end()) + "'";
+        return p;
+    }
+    if (!m.tiles) return "response fragments do not tile its payload";
+    if (m.head.format != uint8_t(wire::format::result_crc32))
+        return require_crc32
+                   ? "format=" + std::to_string(m.head.format) + ", expected result_crc32 (16)"
+                   : std::string();
+    if (m.payload.size() != 8)
+        return "result_crc32 of " + std::to_string(m.payload.size()) + " bytes, expected 8";
+    const uint32_t got_length = load_be32(m.payload.data());
+    const uint32_t got_crc = load_be32(m.payload.data() + 4);
+    if (got_length != length || got_crc != crc)
+        return "length=" + std::to_string(got_length) + " crc=" + hex32(got_crc) +
+               ", expected length=" + std::to_string(length) + " crc=" + hex32(crc);
+    return {};
+}
+
+request_capture read_request_capture(const std::string& path,
+                                     std::vector<assembled_message>* messages) {
+    request_capture cap;
+    std::unordered_map<flow_key, size_t, flow_key_hash> index;  // key -> cap.requests position
+    message_assembler assembler(/*remember_completed=*/true);
+    assembled_message done;
+    for_each_frame(path, "--requests", [&](std::span<const uint8_t> data, bool complete) {
+        ++cap.frames;
+        if (!complete) {
+            ++cap.rejected["snapped"];
+            return;
+        }
+        const parsed_frame pf = parse_frame(data);
+        if (pf.error != frame_error::none) {
+            ++cap.rejected[std::string(to_string(pf.error))];
+            return;
+        }
+        const wire::header_error he =
+            wire::validate_request(pf.header, static_cast<uint32_t>(pf.fragment.size()));
+        if (he != wire::header_error::none) {
+            ++cap.rejected[std::string(to_string(he))];
+            return;
+        }
+        ++cap.good;
+        const wire::fields f = wire::decode(&pf.header);
+        const flow_key key{pf.src_ip, pf.src_port, f.request_id};
+        auto [it, inserted] = index.try_emplace(key, cap.requests.size());
+        if (inserted) {
+            request_record r;
+            r.key = key;
+            r.dst_ip = pf.dst_ip;
+            r.dst_port = pf.dst_port;
+            r.head = f;
+            cap.requests.push_back(r);
+        }
+        request_record& r = cap.requests[it->second];
+        switch (assembler.add(key, f, pf.fragment, done)) {
+        case message_assembler::outcome::accepted: ++r.received; break;
+        case message_assembler::outcome::completed:
+            ++r.received;
+            r.complete = done.tiles;
+            r.length = done.head.total_length;
+            r.crc = crc32c(done.payload.data(), done.payload.size());
+            if (done.tiles && messages) messages->push_back(std::move(done));
+            break;
+        case message_assembler::outcome::duplicate:
+        case message_assembler::outcome::after_completion: ++cap.duplicates; break;
+        case message_assembler::outcome::inconsistent: ++cap.inconsistent; break;
+        }
+    });
+    return cap;
+}
+
+check_result run_check(const check_options& o, std::ostream& out) {
+    const request_capture cap = read_request_capture(o.requests);
+    check_result res;
+    res.requests = cap.requests.size();
+
+    std::unordered_map<flow_key, size_t, flow_key_hash> by_key;
+    for (size_t i = 0; i < cap.requests.size(); ++i) {
+        by_key.emplace(cap.requests[i].key, i);
+        if (cap.requests[i].complete) ++res.complete;
+    }
+    out << "requests: frames=" << cap.frames << " good=" << cap.good
+        << " duplicate=" << cap.duplicates << " inconsistent=" << cap.inconsistent;
+    uint64_t rejected = 0;
+    for (const auto& [why, n] : cap.rejected) rejected += n;
+    out << " rejected=" << rejected;
+    for (const auto& [why, n] : cap.rejected) out << ' ' << why << '=' << n;
+    out << '\n';
+
+    // Responses: reassemble by the requester's address (their destination) and request id.
+    std::vector<uint32_t> answered(cap.requests.size(), 0);
+    message_assembler assembler(/*remember_completed=*/false);
+    assembled_message msg;
+    uint64_t frames = 0, ignored = 0, duplicate_responses = 0, errors_for_incomplete = 0;
+    std::map<std::string, uint64_t> response_rejected;
+    limited_report bad_lines(out, o.max_report);
+    size_t shown = 0;
+
+    const auto judge = [&](const assembled_message& m, uint32_t src_ip, uint16_t src_port) {
+        const auto it = by_key.find(m.key);
+        const std::string who = describe(m.key);
+        if (it == by_key.end()) {
+            ++res.responses;
+            ++res.bad;
+            bad_lines.line("bad: response for unknown request " + who);
+            return;
+        }
+        const request_record& req = cap.requests[it->second];
+        const bool again = answered[it->second]++ > 0;
+        const auto st = static_cast<wire::status>(m.head.status);
+        std::string problem;
+        if (src_ip != req.dst_ip || src_port != req.dst_port) {
+            problem = "comes from " + format_ipv4(src_ip) + ":" + std::to_string(src_port) +
+                      ", request went to " + format_ipv4(req.dst_ip) + ":" +
+                      std::to_string(req.dst_port);
+        } else if (!req.complete) {
+            // An IF may answer an unfinished request with an error (e.g. reassembly timeout);
+            // claiming a result for it means it accepted a fragment the checks reject.
+            if (m.head.kind == uint8_t(wire::kind::error) && st != wire::status::ok) {
+                if (!again) {
+                    ++res.responses;
+                    ++errors_for_incomplete;
+                }
+                return;
+            }
+            problem = "answered, but the capture never completes this request";
+        } else {
+            problem = response_problem(m, req.length, req.crc, o.expect == expectation::crc32);
+        }
+        if (again) {
+            // Replies to a retransmitted single-fragment request are legitimate; only count
+            // them against the IF if they differ from what was expected.
+            ++duplicate_responses;
+            if (!problem.empty()) {
+                ++res.bad;
+                bad_lines.line("bad: duplicate response for " + who + ": " + problem);
+            }
+            return;
+        }
+        ++res.responses;
+        if (problem.empty()) {
+            ++res.ok;
+            if (shown++ < o.show) {
+                char line[200];
+                const uint32_t crc = m.payload.size() == 8
+                    ? uint32_t(m.payload[4]) << 24 | uint32_t(m.payload[5]) << 16 |
+                      uint32_t(m.payload[6]) << 8 | m.payload[7] : 0;
+                std::snprintf(line, sizeof line, "%s: %u B -> %s crc32c=%08x  [matches]",
+                              who.c_str(), req.length, std::string(wire::to_string(st)).c_str(), crc);
+                out << line << '\n';
+            }
+        } else {
+            ++res.bad;
+            bad_lines.line("bad: response for " + who + ": " + problem);
+        }
+    };
+
+    for_each_frame(o.responses, "--responses", [&](std::span<const uint8_t> data, bool complete) {
+        ++frames;
+        if (!complete) {
+            ++response_rejected["snapped"];
+            return;
+        }
+        const parsed_frame pf = parse_frame(data);
+        if (pf.error == frame_error::not_ipv4) {
+            ++ignored;
+            return;
+        }
+        if (pf.error != frame_error::none) {
+            ++response_rejected[std::string(to_string(pf.error))];
+            return;
+        }
+        if (pf.header.kind == uint8_t(wire::kind::request)) {
+            ++ignored;  // a capture of both directions: requests are not ours to judge here
+            return;
+        }
+        if (pf.header.kind != uint8_t(wire::kind::response) &&
+            pf.header.kind != uint8_t(wire::kind::error)) {
+            ++response_rejected["bad_kind"];
+            return;
+        }
+        if (const auto why = response_header_problem(pf.header, pf.fragment.size()); !why.empty()) {
+            ++response_rejected[std::string(why)];
+            return;
+        }
+        const wire::fields f = wire::decode(&pf.header);
+        const flow_key key{pf.dst_ip, pf.dst_port, f.request_id};
+        const auto outcome = assembler.add(key, f, pf.fragment, msg);
+        if (outcome == message_assembler::outcome::completed)
+            judge(msg, pf.src_ip, pf.src_port);
+        else if (outcome == message_assembler::outcome::inconsistent)
+            ++response_rejected["inconsistent"];
+    });
+
+    uint64_t rejected_responses = 0;
+    for (const auto& [why, n] : response_rejected) rejected_responses += n;
+    const auto unfinished = assembler.pending();
+    out << "responses: frames=" << frames << " ignored=" << ignored
+        << " incomplete=" << unfinished.size() << " duplicate=" << duplicate_responses
+        << " errors_for_incomplete_requests=" << errors_for_incomplete
+        << " rejected=" << rejected_responses;
+    for (const auto& [why, n] : response_rejected) out << ' ' << why << '=' << n;
+    out << '\n';
+    bad_lines.finish("bad responses");
+    {
+        limited_report lines(out, o.max_report);
+        for (const auto& p : unfinished)
+            lines.line("incomplete response for " + describe(p.key) + ": " +
+                       std::to_string(p.received) + " of " + std::to_string(p.head.frag_count) +
+                       " fragments");
+        lines.finish("incomplete responses");
+    }
+    {
+        limited_report lines(out, o.max_report);
+        for (size_t i = 0; i < cap.requests.size(); ++i)
+            if (cap.requests[i].complete && !answered[i])
+                lines.line("missing: no response for complete request " +
+                           describe(cap.requests[i].key));
+        lines.finish("missing responses");
+        res.missing = lines.count();
+    }
+    out << "requests=" << res.requests << " complete=" << res.complete
+        << " responses=" << res.responses << " ok=" << res.ok << " bad=" << res.bad << '\n';
+    return res;
+}
+
+}  // namespace reefline::reefgen

@@ -1,0 +1,75 @@
+// reefgen check: reads a requests pcap and a responses pcap and verifies that every request
+// the capture completes got exactly the answer the IF must give.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "dataplane/protocol.h"
+#include "tools/reefgen/common.h"
+#include "tools/reefgen/reassembly.h"
+
+namespace reefline::reefgen {
+
+// What the responses are expected to contain. Only the crc32 diagnostic IF exists so far;
+// top-k checks against a reference come with the model IFs.
+enum class expectation : uint8_t { crc32 };
+
+// One request as the capture presents it to a receiver.
+struct request_record {
+    flow_key key;         // source address, source port, request id
+    uint32_t dst_ip = 0;  // where it was sent: the response must come from there
+    uint16_t dst_port = 0;
+    wire::fields head;      // first good fragment
+    uint32_t received = 0;  // distinct fragment indices present
+    bool complete = false;  // every index present, offsets tile the payload
+    uint32_t length = 0;    // total_length, when complete
+    uint32_t crc = 0;       // CRC32C of the reassembled payload, when complete
+};
+
+struct request_capture {
+    std::vector<request_record> requests;  // in order of first good fragment
+    uint64_t frames = 0;
+    uint64_t good = 0;                         // fragments that pass every per-packet check
+    uint64_t duplicates = 0;                   // good fragments whose index was already present
+    uint64_t inconsistent = 0;                 // good but disagreeing with the request's first
+    std::map<std::string, uint64_t> rejected;  // reason -> frames (frame and header checks)
+};
+
+// Parses every frame of `path` with the receiver's per-packet rules and reassembles. When
+// `messages` is given, the payloads of completed requests are appended to it (for tests).
+request_capture read_request_capture(const std::string& path,
+                                     std::vector<assembled_message>* messages = nullptr);
+
+// Why a reassembled response is not the right answer to a request whose payload had `length`
+// bytes and CRC32C `crc`; empty when it is. A result_crc32 response is always verified; with
+// require_crc32 false, an ok response in another format passes unverified (send's view: the
+// IF may be a model), with it true that is a problem (check --expect crc32).
+std::string response_problem(const assembled_message& response, uint32_t length, uint32_t crc,
+                             bool require_crc32);
+
+struct check_options {
+    std::string requests;
+    std::string responses;
+    expectation expect = expectation::crc32;
+    size_t max_report = 5;  // detail lines per kind of problem
+    size_t show = 0;        // print the first N verified responses, one line each
+};
+
+struct check_result {
+    uint64_t requests = 0;  // distinct requests seen, complete or not
+    uint64_t complete = 0;
+    uint64_t responses = 0;  // distinct responses reassembled
+    uint64_t ok = 0;
+    uint64_t bad = 0;
+    uint64_t missing = 0;  // complete requests without a response
+    bool passed() const { return bad == 0 && missing == 0; }
+};
+
+// Writes detail lines and, last, "requests=N complete=C responses=R ok=K bad=B" to `out`.
+check_result run_check(const check_options& options, std::ostream& out);  // throws usage_error
+
+}  // namespace reefline::reefgen

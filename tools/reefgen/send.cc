@@ -1,0 +1,447 @@
+#include "tools/reefgen/send.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <sstream>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "dataplane/crc32c.h"
+#include "tools/reefgen/check.h"
+#include "tools/reefgen/packet.h"
+#include "tools/reefgen/reassembly.h"
+
+namespace reefline::reefgen {
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               clock_type::now().time_since_epoch())
+        .count();
+}
+
+[[noreturn]] void throw_errno(const std::string& what) {
+    throw std::system_error(errno, std::generic_category(), what);
+}
+
+// Owns the socket descriptor so every exit path closes it.
+class socket_fd {
+public:
+    socket_fd() : _fd(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0)) {
+        if (_fd < 0) throw_errno("socket");
+    }
+    ~socket_fd() { ::close(_fd); }
+    socket_fd(const socket_fd&) = delete;
+    socket_fd& operator=(const socket_fd&) = delete;
+    int get() const { return _fd; }
+
+private:
+    int _fd;
+};
+
+// Large buffers: a burst of fragments (or of responses while we are busy sending) must not
+// overflow the default ~200 KiB. The FORCE variants need CAP_NET_ADMIN; fall back quietly.
+void enlarge_buffers(int fd) {
+    const int bytes = 8 << 20;
+    if (setsockopt(fd, SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes) != 0)
+        setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &bytes, sizeof bytes);
+    if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes) != 0)
+        setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
+}
+
+// A request's datagrams, built once by append_udp_payload() and reused: sending only patches
+// the request id (bytes 8..15 of each header), so the pacing loop does no payload copies.
+struct prepared_request {
+    std::vector<uint8_t> datagrams;  // concatenated UDP payloads
+    std::vector<size_t> offsets;     // start of each datagram in `datagrams`
+    std::vector<size_t> lengths;
+    uint32_t total_length = 0;
+    uint32_t crc = 0;
+};
+
+// Distinct payloads cycled through: enough variety that a wrong-request answer is caught,
+// few enough that building them does not dominate start-up for large N.
+constexpr uint64_t payload_pool_size = 16;
+
+prepared_request prepare(const request_payload& p, uint32_t frag_size) {
+    prepared_request r;
+    r.total_length = static_cast<uint32_t>(p.bytes.size());
+    r.crc = crc32c(p.bytes.data(), p.bytes.size());
+    for (const wire::fields& f : plan_fragments(p, 0, frag_size)) {
+        const size_t at = r.datagrams.size();
+        append_udp_payload(r.datagrams, f,
+                           std::span<const uint8_t>(p.bytes.data() + f.payload_offset,
+                                                    fragment_length(f, frag_size)));
+        r.offsets.push_back(at);
+        r.lengths.push_back(r.datagrams.size() - at);
+    }
+    return r;
+}
+
+struct request_state {
+    int64_t sent_ns = 0;
+    int64_t done_ns = 0;
+    bool answered = false;
+    bool released = false;  // no longer counted as outstanding (answered or timed out)
+};
+
+// Everything the sender and the receiver thread share, under one mutex.
+struct shared_state {
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::vector<request_state> requests;
+    uint64_t sent = 0;
+    uint64_t answered = 0;
+    uint64_t outstanding = 0;
+    uint64_t ok = 0, bad = 0, duplicates = 0, stray = 0;
+    std::vector<std::string> problems;  // the first few, for the log
+    std::vector<std::string> shown;     // per-request result lines (--show)
+    std::string receive_error;
+};
+
+constexpr size_t max_problem_lines = 5;
+
+// One line for --show: what was sent, what came back, and whether it checked out.
+std::string describe_result(const assembled_message& msg, const prepared_request& sent,
+                            const request_state& rs, const std::string& problem) {
+    char line[256];
+    const auto status = static_cast<wire::status>(msg.head.status);
+    uint32_t crc = 0;
+    if (msg.head.format == uint8_t(wire::format::result_crc32) && msg.payload.size() == 8)
+        crc = uint32_t(msg.payload[4]) << 24 | uint32_t(msg.payload[5]) << 16 |
+              uint32_t(msg.payload[6]) << 8 | msg.payload[7];
+    std::snprintf(line, sizeof line,
+                  "request %llu: %u B in %zu fragments -> %s crc32c=%08x in %.0f us  %s",
+                  static_cast<unsigned long long>(msg.head.request_id), sent.total_length,
+                  sent.offsets.size(), std::string(wire::to_string(status)).c_str(), crc,
+                  double(rs.done_ns - rs.sent_ns) / 1e3,
+                  problem.empty() ? "[matches]" : ("[WRONG: " + problem + "]").c_str());
+    return line;
+}
+
+// Receives and reassembles responses until `stop`, and judges each completed one.
+void receive_loop(int fd, const send_options& o, uint64_t id_base,
+                  const std::vector<prepared_request>& pool, shared_state& st,
+                  const std::atomic<bool>& stop) {
+    constexpr unsigned batch = 64;
+    constexpr size_t buffer_size = 65536;
+    std::vector<uint8_t> buffers(batch * buffer_size);
+    std::vector<mmsghdr> msgs(batch);
+    std::vector<iovec> iovs(batch);
+    std::vector<sockaddr_in> from(batch);
+    message_assembler assembler(/*remember_completed=*/false);
+    assembled_message msg;
+
+    const auto note = [&](std::string text) {  // caller holds the lock
+        if (st.problems.size() < max_problem_lines) st.problems.push_back(std::move(text));
+    };
+    while (!stop.load(std::memory_order_relaxed)) {
+        pollfd pfd{fd, POLLIN, 0};
+        const int pr = ::poll(&pfd, 1, 20);
+        if (pr < 0 && errno != EINTR) {
+            std::lock_guard lock(st.mutex);
+            st.receive_error = std::string("poll: ") + std::strerror(errno);
+            return;
+        }
+        if (pr <= 0) continue;
+        for (unsigned i = 0; i < batch; ++i) {
+            iovs[i] = {buffers.data() + i * buffer_size, buffer_size};
+            msgs[i] = {};
+            msgs[i].msg_hdr.msg_iov = &iovs[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+            msgs[i].msg_hdr.msg_name = &from[i];
+            msgs[i].msg_hdr.msg_namelen = sizeof(sockaddr_in);
+        }
+        const int n = ::recvmmsg(fd, msgs.data(), batch, MSG_DONTWAIT, nullptr);
+        if (n < 0) {
+            if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+            std::lock_guard lock(st.mutex);
+            st.receive_error = std::string("recvmmsg: ") + std::strerror(errno);
+            return;
+        }
+        const int64_t t = now_ns();
+        std::lock_guard lock(st.mutex);
+        for (int i = 0; i < n; ++i) {
+            const uint8_t* data = buffers.data() + size_t(i) * buffer_size;
+            const size_t len = msgs[i].msg_len;
+            const bool from_dst = msgs[i].msg_hdr.msg_namelen >= sizeof(sockaddr_in) &&
+                                  ntohl(from[i].sin_addr.s_addr) == o.dst_ip &&
+                                  ntohs(from[i].sin_port) == o.dst_port;
+            if (!from_dst || len < wire::header_size || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+                ++st.stray;
+                continue;
+            }
+            wire::header h;
+            std::memcpy(&h, data, sizeof h);
+            const wire::fields f = wire::decode(&h);
+            if (h.magic_be != htonl(wire::magic) || h.version != wire::version ||
+                (f.kind != uint8_t(wire::kind::response) && f.kind != uint8_t(wire::kind::error))) {
+                ++st.stray;
+                continue;
+            }
+            const std::span<const uint8_t> frag(data + wire::header_size, len - wire::header_size);
+            if (assembler.add(flow_key{0, 0, f.request_id}, f, frag, msg) !=
+                message_assembler::outcome::completed)
+                continue;
+            const uint64_t idx = msg.head.request_id - id_base;
+            if (msg.head.request_id < id_base || idx >= st.sent) {
+                ++st.stray;  // e.g. a late answer to an earlier run on the same port
+                continue;
+            }
+            request_state& rs = st.requests[idx];
+            if (rs.answered) {
+                ++st.duplicates;
+                continue;
+            }
+            rs.answered = true;
+            rs.done_ns = t;
+            ++st.answered;
+            if (!rs.released) {
+                rs.released = true;
+                --st.outstanding;
+            }
+            const prepared_request& expect = pool[idx % pool.size()];
+            const std::string problem =
+                response_problem(msg, expect.total_length, expect.crc, false);
+            if (problem.empty()) {
+                ++st.ok;
+            } else {
+                ++st.bad;
+                note("bad: request id=" + std::to_string(msg.head.request_id) + ": " + problem);
+            }
+            if (st.shown.size() < o.show) st.shown.push_back(describe_result(msg, expect, rs, problem));
+        }
+        st.changed.notify_all();
+    }
+}
+
+// Sends all datagrams of one request, retrying what the kernel did not take.
+void send_request(int fd, const sockaddr_in& dst, prepared_request& r, uint64_t request_id) {
+    const uint64_t id_be = wire::hton64(request_id);
+    for (size_t off : r.offsets)
+        std::memcpy(r.datagrams.data() + off + offsetof(wire::header, request_id_be), &id_be, 8);
+    constexpr size_t batch = 64;
+    iovec iov[batch];
+    mmsghdr msgs[batch];
+    size_t next = 0;
+    while (next < r.offsets.size()) {
+        const size_t n = std::min(batch, r.offsets.size() - next);
+        for (size_t i = 0; i < n; ++i) {
+            iov[i] = {r.datagrams.data() + r.offsets[next + i], r.lengths[next + i]};
+            msgs[i] = {};
+            msgs[i].msg_hdr.msg_name = const_cast<sockaddr_in*>(&dst);
+            msgs[i].msg_hdr.msg_namelen = sizeof dst;
+            msgs[i].msg_hdr.msg_iov = &iov[i];
+            msgs[i].msg_hdr.msg_iovlen = 1;
+        }
+        const int sent = ::sendmmsg(fd, msgs, static_cast<unsigned>(n), 0);
+        if (sent < 0) {
+            // ENOBUFS: the device queue is full, back off briefly. ECONNREFUSED reports an
+            // ICMP error caused by an earlier datagram (nobody listening yet), not this batch.
+            // Either way retry the batch: a request nobody answers shows up as lost.
+            if (errno == EINTR || errno == EAGAIN || errno == ENOBUFS) {
+                std::this_thread::sleep_for(std::chrono::microseconds(50));
+                continue;
+            }
+            if (errno == ECONNREFUSED) continue;
+            throw_errno("sendmmsg");
+        }
+        next += static_cast<size_t>(sent);
+    }
+}
+
+void wait_until_ns(int64_t target) {
+    // Sleep most of the way (timer slack is ~50 us), then spin for precise spacing.
+    const int64_t remaining = target - now_ns();
+    if (remaining > 200'000)
+        std::this_thread::sleep_for(std::chrono::nanoseconds(remaining - 100'000));
+    while (now_ns() < target) {
+    }
+}
+
+double percentile(const std::vector<double>& sorted, double p) {
+    if (sorted.empty()) return 0;
+    // Nearest rank: the smallest value with at least p of the samples at or below it.
+    const size_t rank = static_cast<size_t>(std::ceil(p * double(sorted.size())));
+    return sorted[std::min(sorted.size(), std::max<size_t>(rank, 1)) - 1];
+}
+
+}  // namespace
+
+send_result run_send(const send_options& o, std::ostream& log) {
+    if (o.requests == 0) throw usage_error("--requests: must be at least 1");
+    if (o.dst_ip == 0) throw usage_error("--dst: required");
+    if (o.dst_port == 0) throw usage_error("--dport: must be 1..65535");
+    if (!(o.rate >= 0) || !std::isfinite(o.rate)) throw usage_error("--rate: must be >= 0");
+    if (o.poisson && o.rate == 0) throw usage_error("--poisson: needs --rate");
+
+    const payload_source source(o.payload);
+    std::vector<prepared_request> pool;
+    for (uint64_t i = 0; i < std::min(o.requests, payload_pool_size); ++i)
+        pool.push_back(prepare(source.make(i), o.frag_size));
+
+    socket_fd sock;
+    enlarge_buffers(sock.get());
+    sockaddr_in local{};
+    local.sin_family = AF_INET;
+    local.sin_addr.s_addr = htonl(o.bind_ip);
+    local.sin_port = htons(o.src_port);
+    if (::bind(sock.get(), reinterpret_cast<const sockaddr*>(&local), sizeof local) != 0)
+        throw_errno("bind " + format_ipv4(o.bind_ip) + ":" + std::to_string(o.src_port));
+    sockaddr_in dst{};
+    dst.sin_family = AF_INET;
+    dst.sin_addr.s_addr = htonl(o.dst_ip);
+    dst.sin_port = htons(o.dst_port);
+
+    // Ids are unique per source address and port across runs: a time-derived base keeps a
+    // fresh run on a fixed --sport from matching entries an earlier run left in reefline.
+    const uint64_t id_base =
+        ((splitmix64(uint64_t(now_ns()) ^ splitmix64(o.seed)) >> 24) << 16) + 1;
+
+    log << "send: " << format_ipv4(o.dst_ip) << ':' << o.dst_port << " requests=" << o.requests
+        << " bytes/request=" << pool[0].total_length
+        << " fragments/request=" << pool[0].offsets.size() << " mode="
+        << (o.closed_loop ? "closed-loop(" + std::to_string(o.closed_loop) + ")"
+                          : std::string("open-loop"))
+        << " rate=";
+    if (o.rate > 0)
+        log << o.rate << "/s " << (o.poisson ? "poisson" : "uniform");
+    else
+        log << "max";
+    log << '\n';
+
+    shared_state st;
+    st.requests.resize(o.requests);
+    std::atomic<bool> stop{false};
+    std::thread receiver(receive_loop, sock.get(), std::cref(o), id_base, std::cref(pool),
+                         std::ref(st), std::cref(stop));
+    // Stop and join the receiver on every exit path, exceptions included.
+    struct joiner {
+        std::atomic<bool>& stop;
+        std::thread& t;
+        ~joiner() {
+            stop = true;
+            if (t.joinable()) t.join();
+        }
+    } join_receiver{stop, receiver};
+
+    const int64_t timeout_ns = int64_t(o.timeout_ms) * 1'000'000;
+    rng arrivals(o.seed, 0xa221);
+    std::deque<uint64_t> in_flight;  // closed loop: sent, not yet released, oldest first
+    const int64_t start = now_ns();
+    int64_t next_at = start;
+    for (uint64_t i = 0; i < o.requests; ++i) {
+        if (o.closed_loop) {
+            std::unique_lock lock(st.mutex);
+            while (st.outstanding >= o.closed_loop) {
+                while (!in_flight.empty() && st.requests[in_flight.front()].released)
+                    in_flight.pop_front();
+                if (in_flight.empty()) break;
+                request_state& oldest = st.requests[in_flight.front()];
+                const int64_t expires = oldest.sent_ns + timeout_ns;
+                if (now_ns() >= expires) {
+                    // Give up on it for pacing purposes; a late answer still counts.
+                    oldest.released = true;
+                    --st.outstanding;
+                    continue;
+                }
+                st.changed.wait_for(lock, std::chrono::nanoseconds(expires - now_ns()));
+            }
+        }
+        if (o.rate > 0) {
+            wait_until_ns(next_at);
+            const double gap_s =
+                o.poisson ? -std::log1p(-arrivals.uniform()) / o.rate : 1.0 / o.rate;
+            next_at += static_cast<int64_t>(gap_s * 1e9);
+        }
+        {
+            std::lock_guard lock(st.mutex);
+            st.requests[i].sent_ns = now_ns();
+            ++st.sent;
+            ++st.outstanding;
+            if (o.closed_loop) in_flight.push_back(i);
+        }
+        send_request(sock.get(), dst, pool[i % pool.size()], id_base + i);
+    }
+    {
+        std::unique_lock lock(st.mutex);
+        st.changed.wait_until(lock, clock_type::now() + std::chrono::nanoseconds(timeout_ns),
+                              [&] { return st.answered == st.sent || !st.receive_error.empty(); });
+    }
+    stop = true;
+    receiver.join();
+    const int64_t end = now_ns();
+
+    send_result r;
+    std::vector<double> lat;
+    {
+        std::lock_guard lock(st.mutex);
+        if (!st.receive_error.empty()) throw std::runtime_error(st.receive_error);
+        r.sent = st.sent;
+        r.responses = st.answered;
+        r.ok = st.ok;
+        r.bad = st.bad;
+        r.duplicates = st.duplicates;
+        r.stray = st.stray;
+        for (const auto& rs : st.requests)
+            if (rs.answered) lat.push_back(double(rs.done_ns - rs.sent_ns) / 1e3);
+        for (const auto& l : st.shown) log << l << '\n';
+        for (const auto& p : st.problems) log << p << '\n';
+        if (st.bad > st.problems.size())
+            log << "... and " << (st.bad - st.problems.size()) << " more bad responses\n";
+    }
+    r.lost = r.sent - r.responses;
+    r.elapsed_s = double(end - start) / 1e9;
+    std::sort(lat.begin(), lat.end());
+    r.p50_us = percentile(lat, 0.50);
+    r.p90_us = percentile(lat, 0.90);
+    r.p99_us = percentile(lat, 0.99);
+    r.p999_us = percentile(lat, 0.999);
+    if (!lat.empty()) {
+        r.min_us = lat.front();
+        r.max_us = lat.back();
+        double s = 0;
+        for (double v : lat) s += v;
+        r.mean_us = s / double(lat.size());
+    }
+    log << "latency_us: min=" << std::llround(r.min_us) << " mean=" << std::llround(r.mean_us)
+        << " max=" << std::llround(r.max_us)
+        << " (first fragment sent -> last response fragment received)\n"
+        << "elapsed_s=" << r.elapsed_s << " duplicates=" << r.duplicates << " stray=" << r.stray
+        << " loss=" << r.loss() << '\n';
+    return r;
+}
+
+std::string format_send_result(const send_result& r, bool json) {
+    std::ostringstream s;
+    const auto us = [](double v) { return std::llround(v); };
+    if (json) {
+        s << "{\"sent\":" << r.sent << ",\"responses\":" << r.responses << ",\"ok\":" << r.ok
+          << ",\"bad\":" << r.bad << ",\"lost\":" << r.lost << ",\"p50_us\":" << us(r.p50_us)
+          << ",\"p90_us\":" << us(r.p90_us) << ",\"p99_us\":" << us(r.p99_us)
+          << ",\"p999_us\":" << us(r.p999_us) << '}';
+    } else {
+        s << "sent=" << r.sent << " responses=" << r.responses << " ok=" << r.ok << " bad=" << r.bad
+          << " lost=" << r.lost << " p50_us=" << us(r.p50_us) << " p90_us=" << us(r.p90_us)
+          << " p99_us=" << us(r.p99_us) << " p999_us=" << us(r.p999_us);
+    }
+    return s.str();
+}
+
+}  // namespace reefline::reefgen

@@ -1,0 +1,52 @@
+// reefgen send: live traffic over a kernel UDP socket, open loop (uniform or Poisson
+// arrivals) or closed loop (K outstanding), with response verification and latency
+// percentiles.
+#pragma once
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+
+#include "tools/reefgen/payload.h"
+
+namespace reefline::reefgen {
+
+struct send_options {
+    uint32_t dst_ip = 0;  // host order
+    uint16_t dst_port = 9000;
+    uint32_t bind_ip = 0;   // 0: any
+    uint16_t src_port = 0;  // 0: ephemeral
+    uint64_t requests = 1;
+    double rate = 0;           // requests/s; 0: as fast as the loop allows
+    bool poisson = false;      // exponential inter-arrival times instead of uniform spacing
+    uint32_t closed_loop = 0;  // > 0: at most this many requests outstanding
+    payload_options payload;
+    uint32_t frag_size = 1024;
+    uint32_t timeout_ms = 1000;  // wait after the last send; in closed loop also per request
+    uint64_t seed = 1;
+    uint32_t show = 0;  // print the first N requests' results, one line each
+};
+
+struct send_result {
+    uint64_t sent = 0;
+    uint64_t responses = 0;  // requests answered (reassembled response, first one counts)
+    uint64_t ok = 0;
+    uint64_t bad = 0;
+    uint64_t lost = 0;        // sent - responses
+    uint64_t duplicates = 0;  // further responses for an answered request
+    uint64_t stray = 0;       // datagrams not from the destination or for no request of ours
+    double p50_us = 0, p90_us = 0, p99_us = 0, p999_us = 0;
+    double min_us = 0, mean_us = 0, max_us = 0;
+    double elapsed_s = 0;  // first send to the end of the wait
+    double loss() const { return sent ? double(lost) / double(sent) : 0; }
+};
+
+// Runs the exchange; detail lines (configuration, first problems, latency summary) go to
+// `log`. Throws usage_error on bad options, std::system_error on socket failures.
+send_result run_send(const send_options& options, std::ostream& log);
+
+// The line the tools print last: "sent=N responses=R ok=K bad=B lost=L p50_us=X ..." or, with
+// json, the same keys as one JSON object.
+std::string format_send_result(const send_result& r, bool json);
+
+}  // namespace reefline::reefgen
