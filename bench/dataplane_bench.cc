@@ -15,6 +15,7 @@
 // Exit status 1 when a correctness check fails (wrong completion count, drops, leaks).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/udp.h>
 #include <pthread.h>
 #include <sched.h>
 #include <sys/socket.h>
@@ -83,18 +84,21 @@ struct options {
     bool socket = true;
     bool no_huge = false;    // force EAL's --no-huge (valgrind, or to compare)
     uint64_t age_limit_us = dp::reassembly_config{}.age_limit_us;
+    bool gso = false;        // socket sender: UDP_SEGMENT, to offer the receiver more load
 };
 
 [[noreturn]] void usage(const char* prog, int status) {
     std::fprintf(status ? stderr : stdout,
                  "usage: %s [--seconds S] [--inflight N] [--quick] [--breakdown] [--nic-cksum]"
-                 " [--no-socket] [--no-huge] [--age-ms MS]\n"
+                 " [--no-socket] [--gso] [--no-huge] [--age-ms MS]\n"
                  "  --seconds S   measurement time per path (default 1.0)\n"
                  "  --inflight N  concurrent requests under reassembly (default 64)\n"
                  "  --quick       0.5 s per path, 0.1 s warm-up\n"
                  "  --breakdown   also time the parts of the DPDK path (harness, parse, full)\n"
                  "  --nic-cksum   mark mbufs IP-checksum-good, as a NIC with rx offload would\n"
                  "  --no-socket   skip the socket path (socket_mpps=0, ratio=0)\n"
+                 "  --gso         socket sender uses UDP GSO (the receiver still gets one datagram\n"
+                 "                per fragment); offers the receiver more than sendmmsg alone\n"
                  "  --no-huge     EAL without hugepages even when some are free\n"
                  "  --age-ms MS   reassembly age limit (default 100; raise it under valgrind)\n",
                  prog);
@@ -118,6 +122,7 @@ options parse_options(int argc, char** argv) {
             else if (a == "--nic-cksum") o.nic_cksum = true;
             else if (a == "--no-socket") o.socket = false;
             else if (a == "--no-huge") o.no_huge = true;
+            else if (a == "--gso") o.gso = true;
             else if (a == "--age-ms") o.age_limit_us = uint64_t(std::stod(value()) * 1000);
             else if (a == "--help" || a == "-h") usage(argv[0], 0);
             else usage(argv[0], 2);
@@ -275,7 +280,10 @@ dp::cksum_state l4_state(uint64_t ol) {
     }
 }
 
-enum class stage { harness, parse, full };
+// harness: the refcount bump and the free only; parse: + parse_udp, IF lookup, parse_request;
+// full: the whole path; full_timed: the whole path with the rx side (poll_rx's work) and the
+// IF side (release) timed apart.
+enum class stage { harness, parse, full, full_timed };
 
 class dpdk_bench {
 public:
@@ -349,7 +357,7 @@ public:
     // every entry back in its pool. Returns an error message or "".
     std::string check() const {
         std::ostringstream e;
-        const uint64_t full_rounds = _rounds[size_t(stage::full)];
+        const uint64_t full_rounds = _rounds[size_t(stage::full)] + _rounds[size_t(stage::full_timed)];
         const uint64_t want = full_rounds * _o.inflight;
         if (_lane->consumed != want)
             e << "completed " << _lane->consumed << " requests, expected " << want << "; ";
@@ -378,6 +386,15 @@ private:
             case stage::harness: rte_pktmbuf_free_bulk(pkts, k); break;
             case stage::parse: parse_only(pkts, k); break;
             case stage::full: poll_rx_body(pkts, k); _lane->consume(); break;
+            case stage::full_timed: {
+                const uint64_t t0 = rte_rdtsc();
+                poll_rx_body(pkts, k);
+                const uint64_t t1 = rte_rdtsc();
+                _lane->consume();
+                rx_tsc += t1 - t0;
+                release_tsc += rte_rdtsc() - t1;
+                break;
+            }
             }
         }
     }
@@ -459,10 +476,11 @@ private:
     rte_mempool* _pool = nullptr;
     std::unique_ptr<rx_lane> _lane;
     std::vector<rte_mbuf*> _seq;
-    uint64_t _rounds[3] = {0, 0, 0};
+    uint64_t _rounds[4] = {0, 0, 0, 0};
 
 public:
     uint64_t _parse_errors = 0;
+    uint64_t rx_tsc = 0, release_tsc = 0;  // full_timed: poll_rx's part, the IF's part
 };
 
 // ---------------------------------------------------------------------------------------
@@ -577,7 +595,9 @@ public:
 
 private:
     static constexpr unsigned batch = 64;      // recvmmsg
-    static constexpr unsigned send_batch = 32;  // sendmmsg
+    static constexpr unsigned send_batch = 64;  // datagrams per sendmmsg
+    static constexpr unsigned gso_segments = 32;  // --gso: datagrams per message
+    static_assert(image_bytes % frag_payload == 0, "GSO needs equal segments");
     static constexpr unsigned sender_sockets = 4;
 
     void send(bool pin) {
@@ -600,14 +620,26 @@ private:
             const uint32_t share = _o.inflight / nsock + (k < _o.inflight % nsock ? 1 : 0);
             flows.push_back({fd, share, (uint64_t(k) << 48) + 1});
         }
+        // send_batch datagrams per sendmmsg: one per message, or with --gso gso_segments
+        // per message (UDP_SEGMENT: the kernel cuts each message into datagrams).
+        const unsigned per_msg = _o.gso ? gso_segments : 1;
+        const unsigned nmsgs = send_batch / per_msg;
+        if (_o.gso) {
+            const int seg = int(wire::header_size + frag_payload);
+            for (flow& f : flows)
+                if (setsockopt(f.fd, SOL_UDP, UDP_SEGMENT, &seg, sizeof seg) != 0) {
+                    _error = "UDP_SEGMENT: " + std::string(strerror(errno));
+                    _stop.store(true);
+                }
+        }
         uint8_t headers[send_batch][wire::header_size];
         iovec iov[send_batch][2];
         mmsghdr msgs[send_batch];
         std::memset(msgs, 0, sizeof msgs);
-        for (unsigned i = 0; i < send_batch; ++i) {
-            iov[i][0] = {headers[i], wire::header_size};
-            msgs[i].msg_hdr.msg_iov = iov[i];
-            msgs[i].msg_hdr.msg_iovlen = 2;
+        for (unsigned i = 0; i < send_batch; ++i) iov[i][0] = {headers[i], wire::header_size};
+        for (unsigned m = 0; m < nmsgs; ++m) {
+            msgs[m].msg_hdr.msg_iov = iov[m * per_msg];
+            msgs[m].msg_hdr.msg_iovlen = 2 * per_msg;
         }
         uint64_t sent = 0;
         while (!_stop.load(std::memory_order_relaxed)) {
@@ -622,9 +654,10 @@ private:
                                  fragment_length(frag)};
                     if (++pos == round_len) { pos = 0; id += f.requests; }
                 }
-                const int k = sendmmsg(f.fd, msgs, send_batch, 0);
-                if (k <= 0) continue;  // ENOBUFS and the like: try again
+                const int sent_msgs = sendmmsg(f.fd, msgs, nmsgs, 0);
+                if (sent_msgs <= 0) continue;  // ENOBUFS and the like: try again
                 // Advance by what was taken.
+                const int k = sent_msgs * int(per_msg);
                 for (int i = 0; i < k; ++i)
                     if (++f.pos == round_len) { f.pos = 0; f.next_id += f.requests; }
                 sent += unsigned(k);
@@ -797,7 +830,8 @@ int run(const options& o) {
 
     dpdk_result d;
     std::string dpdk_error;
-    dpdk_result harness, parse;
+    dpdk_result harness, parse, timed;
+    double rx_ns = 0, release_ns = 0;
     {
         dpdk_bench b(o, stub);
         b.run(stage::full, o.warmup);
@@ -807,6 +841,12 @@ int run(const options& o) {
             harness = b.run(stage::harness, o.seconds / 2);
             b.run(stage::parse, o.warmup / 2);
             parse = b.run(stage::parse, o.seconds / 2);
+            b.run(stage::full_timed, o.warmup / 2);
+            b.rx_tsc = b.release_tsc = 0;
+            timed = b.run(stage::full_timed, o.seconds / 2);
+            const double ns_per_tsc = 1e9 / double(rte_get_tsc_hz());
+            rx_ns = b.rx_tsc * ns_per_tsc / timed.packets;
+            release_ns = b.release_tsc * ns_per_tsc / timed.packets;
             if (b._parse_errors) dpdk_error += "parse errors in the parse stage; ";
         }
         dpdk_error += b.check();
@@ -835,6 +875,10 @@ int run(const options& o) {
                     parse.ns_per_packet(), parse.ns_per_packet() - harness.ns_per_packet());
         std::printf("  + file_burst, IF ring, release        %6.1f  (reassembly: %.1f)\n",
                     d.ns_per_packet(), d.ns_per_packet() - parse.ns_per_packet());
+        std::printf("  full path timed apart (%.1f ns/packet in all): poll_rx's steps %.1f,"
+                    " IF release() %.1f, refcount bump + loop %.1f\n",
+                    timed.ns_per_packet(), rx_ns, release_ns,
+                    timed.ns_per_packet() - rx_ns - release_ns);
     }
     if (o.socket) {
         std::printf("\nsocket path (%s): sender offered %.3f Mpps, receiver processed %.3f Mpps,"

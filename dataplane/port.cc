@@ -1,6 +1,7 @@
 #include "dataplane/port.h"
 
 #include <rte_errno.h>
+#include <rte_log.h>
 #include <rte_mbuf.h>
 #include <rte_memory.h>
 #include <unistd.h>
@@ -82,11 +83,17 @@ port::port(const port_config& config) : _config(config) {
 
     rte_eth_conf conf{};
     if (config.rx_queues > 1) {
-        conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
         conf.rx_adv_conf.rss_conf.rss_hf =
             (RTE_ETH_RSS_NONFRAG_IPV4_UDP | RTE_ETH_RSS_IPV4) & info.flow_type_rss_offloads;
-        if (!conf.rx_adv_conf.rss_conf.rss_hf)
-            throw std::runtime_error("port: " + _driver + " cannot spread UDP flows over rx queues (no RSS)");
+        if (conf.rx_adv_conf.rss_conf.rss_hf) {
+            conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+        } else {
+            // Virtual ports spread by their own rule: net_af_packet's kernel fanout hashes on
+            // the flow (so a request's fragments still meet on one queue); net_pcap and
+            // net_ring queues carry whatever their inputs carry.
+            RTE_LOG(WARNING, USER1, "port %u (%s): no RSS; rx queues follow the driver's own distribution\n",
+                    pid, _driver.c_str());
+        }
     }
     if ((info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_IPV4_CKSUM) &&
         (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_UDP_CKSUM)) {

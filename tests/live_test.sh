@@ -39,7 +39,7 @@ cam_mac=$(ip netns exec "$ns" cat /sys/class/net/$cam_if/address)
 # reefline answers no ARP yet: the camera gets the appliance's MAC statically.
 ip netns exec "$ns" ip neigh add 198.18.0.2 lladdr "$host_mac" dev "$cam_if"
 
-"$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if" \
+"$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=8192" \
   --builtin crc32:9000 --age-ms 500 > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
 pid=$!
 for _ in $(seq 100); do
@@ -52,11 +52,17 @@ done
 "$reefgen" pcap --out "$tmp/req.pcap" --requests 50 --shape 224x224x3 --frag-size 1024 \
   --dport 9000 --seed 11 --shuffle --dup 0.02 --src 198.18.0.1 --dst 198.18.0.2 \
   --src-mac "$cam_mac" --dst-mac "$host_mac" > /dev/null
-ip netns exec "$ns" tshark -i "$cam_if" -f "udp src port 9000" -w "$tmp/resp.pcap" -q 2>/dev/null &
+ip netns exec "$ns" tshark -i "$cam_if" -f "udp src port 9000" -w "$tmp/resp.pcap" 2> "$tmp/tshark.err" &
 cap=$!
-sleep 1.5
+for _ in $(seq 300); do grep -q "Capturing on" "$tmp/tshark.err" 2>/dev/null && break; sleep 0.1; done
+grep -q "Capturing on" "$tmp/tshark.err" || { cat "$tmp/tshark.err"; echo "FAIL: tshark did not start"; exit 1; }
 ip netns exec "$ns" tcpreplay -q -i "$cam_if" --pps 50000 "$tmp/req.pcap" > "$tmp/tcpreplay.txt" 2>&1
-sleep 1
+# Responses lag the last request by at most the age limit; then stop the capture.
+for _ in $(seq 50); do
+  sleep 0.1
+  n=$(ip netns exec "$ns" tshark -r "$tmp/resp.pcap" 2>/dev/null | wc -l || echo 0)
+  [ "$n" -ge 50 ] && break
+done
 kill -INT "$cap"; wait "$cap" 2>/dev/null || true
 "$reefgen" check --requests "$tmp/req.pcap" --responses "$tmp/resp.pcap" | tee "$tmp/check.txt" | tail -n 1
 tail -n 1 "$tmp/check.txt" | grep -q "requests=50 complete=50 responses=50 ok=50 bad=0" \
@@ -84,5 +90,38 @@ assert c["drop_ring_full"] == 0 and c["drop_table_full"] == 0, "unexpected drops
 # Late duplicates (a copy arriving after its request completed) open an entry that expires;
 # every request started is either completed or timed out.
 assert c["requests_started"] == c["requests_completed"] + c["requests_timed_out"], c
+PY
+
+# 3. Two lcores and two rx queues: rx runs on the worker lcore, net_af_packet's fanout spreads
+# flows over its queues, and two cameras send at once from different ports.
+"$reefline" --eal "-l 0-1 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,qpairs=2,framecnt=8192" \
+  --builtin crc32:9000 --rx-queues 2 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
+pid=$!
+for _ in $(seq 100); do
+  grep -q "IF crc32:9000" "$tmp/reefline2.err" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || { cat "$tmp/reefline2.err"; echo "FAIL: reefline (2 queues) did not start"; exit 1; }
+  sleep 0.1
+done
+grep -q "2 rx queue" "$tmp/reefline2.err" || { cat "$tmp/reefline2.err"; echo "FAIL: expected 2 rx queues"; exit 1; }
+for sport in 42000 42001 42002 42003; do
+  ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport 9000 --requests 60 --rate 150 \
+    --shape 224x224x3 --frag-size 1024 --sport $sport --timeout-ms 2000 --max-loss 0 \
+    --seed $sport > "$tmp/send.$sport.txt" &
+done
+wait $(jobs -p | grep -v "^$pid$") 2>/dev/null || true
+for sport in 42000 42001 42002 42003; do
+  tail -n 1 "$tmp/send.$sport.txt"
+  tail -n 1 "$tmp/send.$sport.txt" | grep -q "sent=60 responses=60 ok=60 bad=0 lost=0" \
+    || { echo "FAIL: camera $sport with 2 rx queues"; exit 1; }
+done
+kill -INT "$pid"
+wait "$pid" || { cat "$tmp/reefline2.err"; echo "FAIL: reefline (2 queues) exit status"; exit 1; }
+pid=
+python3 - "$(tail -n 1 "$tmp/reefline2.out")" <<'PY'
+import json, sys
+c = json.loads(sys.argv[1])
+assert c["mbufs_in_use_at_exit"] == 0, "mbufs leaked"
+assert c["requests_completed"] == 240 and c["responses_sent"] == 240, c
+assert c["requests_timed_out"] == 0, c
 PY
 echo "live integration: ok"
