@@ -37,7 +37,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <memory>
 #include <sstream>
 #include <stdexcept>
@@ -493,27 +492,15 @@ void pin_to(unsigned cpu) {
     pthread_setaffinity_np(pthread_self(), sizeof set, &set);
 }
 
-// Udp RcvbufErrors from /proc/net/snmp (all sockets of the host; approximate).
-uint64_t udp_rcvbuf_errors() {
-    std::ifstream in("/proc/net/snmp");
-    std::string names, values;
-    while (std::getline(in, names)) {
-        if (names.rfind("Udp:", 0) != 0) continue;
-        if (!std::getline(in, values)) break;
-        std::istringstream n(names), v(values);
-        std::string key, val;
-        while (n >> key && v >> val)
-            if (key == "RcvbufErrors") return std::stoull(val);
-    }
-    return 0;
-}
-
 struct socket_result {
     double seconds = 0;
     uint64_t received = 0;   // datagrams processed by the receiver in the window
     uint64_t sent = 0;       // datagrams the sender handed to the kernel in the window
     uint64_t completed = 0;  // requests completed in the window
-    uint64_t kernel_drops = 0;
+    uint64_t sent_total = 0;      // whole run, warm-up included
+    uint64_t received_total = 0;  // the receiver drains the socket after the sender stops
+    double rx_cpu_seconds = 0;    // receiver / sender thread CPU time in the window
+    double tx_cpu_seconds = 0;
     uint64_t busy_tsc = 0;   // receiver cycles in recvmmsg calls that returned data + processing
     uint64_t batches = 0;    // such calls
     bool pinned = false;
@@ -521,6 +508,7 @@ struct socket_result {
     std::string drops;
     double mpps() const { return received / seconds / 1e6; }
     double ns_per_packet() const { return received ? seconds * 1e9 / received : 0; }
+    uint64_t lost() const { return sent_total - received_total; }  // in the kernel
     // What the receiver spends per datagram when it has work (excludes empty polls).
     double busy_ns_per_packet() const {
         return received ? busy_tsc * 1e9 / double(rte_get_tsc_hz()) / received : 0;
@@ -566,26 +554,38 @@ public:
         r.pinned = ncpu >= 2;
         std::thread receiver([&] { receive(r.pinned); });
         std::thread sender([&] { send(r.pinned); });
+        clockid_t rx_clock, tx_clock;
+        pthread_getcpuclockid(receiver.native_handle(), &rx_clock);
+        pthread_getcpuclockid(sender.native_handle(), &tx_clock);
+        auto cpu = [](clockid_t c) {
+            timespec ts;
+            clock_gettime(c, &ts);
+            return ts.tv_sec + ts.tv_nsec * 1e-9;
+        };
 
         std::this_thread::sleep_for(std::chrono::duration<double>(warmup));
         const uint64_t rx0 = _received.load(), tx0 = _sent.load(), c0 = _completed.load();
         const uint64_t b0 = _busy.load(), n0 = _batches.load();
-        const uint64_t k0 = udp_rcvbuf_errors();
+        const double rc0 = cpu(rx_clock), tc0 = cpu(tx_clock);
         const auto t0 = clock_type::now();
         std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
         const uint64_t rx1 = _received.load(), tx1 = _sent.load(), c1 = _completed.load();
         const uint64_t b1 = _busy.load(), n1 = _batches.load();
-        const uint64_t k1 = udp_rcvbuf_errors();
+        const double rc1 = cpu(rx_clock), tc1 = cpu(tx_clock);
         const auto t1 = clock_type::now();
         _stop.store(true);
         sender.join();
+        _stop_rx.store(true);  // the receiver drains what the kernel still holds, then stops
         receiver.join();
 
         r.seconds = std::chrono::duration<double>(t1 - t0).count();
         r.received = rx1 - rx0;
         r.sent = tx1 - tx0;
         r.completed = c1 - c0;
-        r.kernel_drops = k1 - k0;
+        r.sent_total = _sent.load();
+        r.received_total = _received.load();
+        r.rx_cpu_seconds = rc1 - rc0;
+        r.tx_cpu_seconds = tc1 - tc0;
         r.busy_tsc = b1 - b0;
         r.batches = n1 - n0;
         r.error = _error;
@@ -712,7 +712,7 @@ private:
         const uint32_t local_ip_be = htonl(INADDR_LOOPBACK);
 
         uint64_t received = 0, completed = 0, busy = 0, batches = 0;
-        while (!_stop.load(std::memory_order_relaxed)) {
+        for (;;) {
             for (unsigned i = 0; i < batch; ++i) msgs[i].msg_hdr.msg_namelen = sizeof from[i];
             const uint64_t before = rte_rdtsc();
             const int k = recvmmsg(_rx_fd, msgs, batch, MSG_DONTWAIT, nullptr);
@@ -721,8 +721,10 @@ private:
             if (k <= 0) {
                 if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) {
                     _error = "recvmmsg: " + std::string(strerror(errno));
+                    _stop.store(true);
                     break;
                 }
+                if (_stop_rx.load(std::memory_order_relaxed)) break;  // drained
                 continue;
             }
             const dp::port_map* map = lane.ifs.current();
@@ -797,7 +799,8 @@ private:
     int _rx_fd = -1;
     uint16_t _rx_port = 0;
     sockaddr_in _rx_addr{};
-    std::atomic<bool> _stop{false};
+    std::atomic<bool> _stop{false};     // the sender stops
+    std::atomic<bool> _stop_rx{false};  // the receiver stops once the socket is empty
     std::atomic<uint64_t> _received{0}, _sent{0}, _completed{0}, _busy{0}, _batches{0};
     std::string _error, _drops;
 };
@@ -881,11 +884,16 @@ int run(const options& o) {
                     timed.ns_per_packet() - rx_ns - release_ns);
     }
     if (o.socket) {
-        std::printf("\nsocket path (%s): sender offered %.3f Mpps, receiver processed %.3f Mpps,"
-                    " kernel drops %llu (%.1f%%)\n",
+        std::printf("\nsocket path (%s%s): sender offered %.3f Mpps, receiver processed %.3f Mpps;"
+                    " lost in the kernel %llu of %llu (%.2f%%)\n",
                     s.pinned ? "sender on cpu 0, receiver on cpu 1" : "unpinned, 1 cpu",
-                    s.sent / s.seconds / 1e6, s.mpps(), (unsigned long long)s.kernel_drops,
-                    s.sent ? 100.0 * s.kernel_drops / s.sent : 0.0);
+                    o.gso ? ", sender with UDP GSO" : "",
+                    s.sent / s.seconds / 1e6, s.mpps(), (unsigned long long)s.lost(),
+                    (unsigned long long)s.sent_total,
+                    s.sent_total ? 100.0 * s.lost() / s.sent_total : 0.0);
+        std::printf("  CPU time in the window: receiver %.0f%%, sender %.0f%% (the sender's core also"
+                    " runs the kernel's loopback receive path)\n",
+                    100 * s.rx_cpu_seconds / s.seconds, 100 * s.tx_cpu_seconds / s.seconds);
         std::printf("  receiver busy %.0f%% of the time, %.1f datagrams per recvmmsg, %.1f ns per"
                     " datagram when busy (%.3f Mpps if never idle)\n",
                     100.0 * s.busy_tsc / double(rte_get_tsc_hz()) / s.seconds,

@@ -61,7 +61,7 @@ struct counter {
 
 #define REEFLINE_RX_COUNTERS(X)                                                                \
     X(rx_packets) X(rx_bytes) X(requests_started) X(requests_completed) X(requests_timed_out) \
-    X(requests_evicted) X(requests_malformed) X(requests_ring_full)
+    X(requests_evicted) X(requests_malformed) X(requests_ring_full) X(arp_replies)
 
 // Written by the tx poller.
 #define REEFLINE_TX_COUNTERS(X) X(tx_packets) X(tx_bytes) X(tx_dropped)

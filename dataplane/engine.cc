@@ -1,9 +1,12 @@
 #include "dataplane/engine.h"
+#include "dataplane/response.h"
 
 #include <rte_cycles.h>
 #include <rte_errno.h>
 #include <rte_ethdev.h>
 #include <rte_prefetch.h>
+
+#include <cstring>
 
 #include <stdexcept>
 #include <string>
@@ -46,6 +49,24 @@ dataplane::dataplane(const dataplane_config& config)
                                    ? 0 : rte_eth_dev_socket_id(config.port.port_id),
                                RING_F_SC_DEQ);
     if (!_tx_ring) throw std::runtime_error("dataplane: tx ring: " + std::string(rte_strerror(rte_errno)));
+    _local_ip_be = config.local_ip_be;
+    rte_ether_addr mac{};
+    rte_eth_macaddr_get(config.port.port_id, &mac);
+    std::memcpy(_local_mac, mac.addr_bytes, 6);
+}
+
+bool dataplane::answer_arp(rx_queue_state& s, rte_mbuf* m) {
+    if (!_local_ip_be ||
+        !is_arp_request_for(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len, _local_ip_be))
+        return false;
+    rte_mbuf* reply = build_arp_reply(_port->tx_pool(), rte_pktmbuf_mtod(m, const uint8_t*), _local_mac);
+    if (reply && send(&reply, 1) == 1) {
+        s.counters.arp_replies.add();
+    } else if (reply) {
+        rte_pktmbuf_free(reply);
+    }
+    rte_pktmbuf_free(m);
+    return true;
 }
 
 dataplane::~dataplane() {
@@ -94,6 +115,7 @@ uint16_t dataplane::poll_rx(uint16_t q) {
                 b = if_table::lookup(map, udps[nf].dst_port);
                 if (!b) why = drop_reason::unknown_port;
             }
+            if (why == drop_reason::not_ipv4 && answer_arp(s, m)) continue;
             if (why == drop_reason::none) why = parse_request(udps[nf], frags[nf].view);
             if (why == drop_reason::none) {
                 frags[nf].mbuf = m;

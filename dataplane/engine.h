@@ -22,6 +22,7 @@ struct dataplane_config {
     port_config port;
     reassembly_config reassembly;  // per rx queue
     uint32_t tx_ring_size = 4096;
+    uint32_t local_ip_be = 0;  // answer ARP requests for this address (0: none)
 };
 
 inline constexpr uint16_t rx_burst_size = 32;
@@ -67,7 +68,12 @@ private:
     std::unique_ptr<dp::port> _port;
     if_table _ifs;
     std::vector<std::unique_ptr<rx_queue_state>> _queues;
+    // Answers an ARP request for our address; false when `m` is no such request.
+    bool answer_arp(rx_queue_state& s, rte_mbuf* m);
+
     rte_ring* _tx_ring = nullptr;
+    uint32_t _local_ip_be = 0;
+    uint8_t _local_mac[6] = {};
     tx_counters _tx;
     // Transmit staging for packets the NIC did not take on the last poll.
     rte_mbuf* _tx_stage[rx_burst_size * 2];

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <rte_byteorder.h>
+#include <rte_arp.h>
 #include <rte_ether.h>
 #include <rte_ip.h>
 #include <rte_udp.h>
@@ -62,6 +63,18 @@ drop_reason parse_udp(const uint8_t* frame, uint32_t len, cksum_state ip_cksum,
     out.src_port = rte_be_to_cpu_16(udp->src_port);
     out.dst_port = rte_be_to_cpu_16(udp->dst_port);
     return drop_reason::none;
+}
+
+bool is_arp_request_for(const uint8_t* frame, uint32_t len, uint32_t ip_be) {
+    if (len < RTE_ETHER_HDR_LEN + sizeof(rte_arp_hdr) ||
+        load_be16(frame + 12) != RTE_BE16(RTE_ETHER_TYPE_ARP))
+        return false;
+    rte_arp_hdr arp;
+    std::memcpy(&arp, frame + RTE_ETHER_HDR_LEN, sizeof arp);
+    return arp.arp_hardware == RTE_BE16(RTE_ARP_HRD_ETHER) &&
+           arp.arp_protocol == RTE_BE16(RTE_ETHER_TYPE_IPV4) && arp.arp_hlen == 6 &&
+           arp.arp_plen == 4 && arp.arp_opcode == RTE_BE16(RTE_ARP_OP_REQUEST) &&
+           arp.arp_data.arp_tip == ip_be;
 }
 
 drop_reason to_drop_reason(wire::header_error e) {

@@ -49,4 +49,7 @@ drop_reason parse_request(const udp_view& udp, fragment_view& out);
 
 drop_reason to_drop_reason(wire::header_error e);
 
+// True when the frame is an Ethernet ARP request (IPv4 over Ethernet) asking for `ip_be`.
+bool is_arp_request_for(const uint8_t* frame, uint32_t frame_length, uint32_t ip_be);
+
 }  // namespace reefline::dp

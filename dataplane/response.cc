@@ -1,6 +1,7 @@
 #include "dataplane/response.h"
 
 #include <netinet/in.h>
+#include <rte_arp.h>
 #include <rte_ether.h>
 #include <rte_ip.h>
 #include <rte_udp.h>
@@ -79,6 +80,28 @@ uint16_t build_response(rte_mempool* pool, const reply_address& to, uint64_t req
         m->l3_len = sizeof(rte_ipv4_hdr);
     }
     return uint16_t(count);
+}
+
+rte_mbuf* build_arp_reply(rte_mempool* pool, const uint8_t* request, const uint8_t local_mac[6]) {
+    rte_mbuf* m = rte_pktmbuf_alloc(pool);
+    if (!m) return nullptr;
+    constexpr uint16_t len = RTE_ETHER_HDR_LEN + sizeof(rte_arp_hdr);
+    auto* p = rte_pktmbuf_mtod(m, uint8_t*);
+    rte_arp_hdr req;
+    std::memcpy(&req, request + RTE_ETHER_HDR_LEN, sizeof req);
+    auto* eth = reinterpret_cast<rte_ether_hdr*>(p);
+    std::memcpy(&eth->dst_addr, &req.arp_data.arp_sha, 6);
+    std::memcpy(&eth->src_addr, local_mac, 6);
+    eth->ether_type = RTE_BE16(RTE_ETHER_TYPE_ARP);
+    rte_arp_hdr rep = req;
+    rep.arp_opcode = RTE_BE16(RTE_ARP_OP_REPLY);
+    std::memcpy(&rep.arp_data.arp_sha, local_mac, 6);
+    rep.arp_data.arp_sip = req.arp_data.arp_tip;
+    rep.arp_data.arp_tha = req.arp_data.arp_sha;
+    rep.arp_data.arp_tip = req.arp_data.arp_sip;
+    std::memcpy(p + RTE_ETHER_HDR_LEN, &rep, sizeof rep);
+    m->data_len = m->pkt_len = len;
+    return m;
 }
 
 }  // namespace reefline::dp

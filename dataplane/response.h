@@ -26,4 +26,8 @@ uint16_t build_response(rte_mempool* pool, const reply_address& to, uint64_t req
                         const response_spec& spec, std::span<const uint8_t> result,
                         uint32_t max_fragment_payload, rte_mbuf** out, uint16_t capacity);
 
+// Turns an ARP request (checked by is_arp_request_for) into the reply from `local_mac`,
+// in a new mbuf from `pool`; nullptr when the pool is dry.
+rte_mbuf* build_arp_reply(rte_mempool* pool, const uint8_t* request, const uint8_t local_mac[6]);
+
 }  // namespace reefline::dp

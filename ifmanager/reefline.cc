@@ -9,6 +9,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <arpa/inet.h>
+
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -86,7 +88,7 @@ int rx_worker(void* arg) {
 
 int main(int argc, char** argv) {
     CLI::App app{"reefline: network inference appliance (data plane with built-in IFs)"};
-    std::string offline, responses, eal_args, lcores = "0";
+    std::string offline, responses, eal_args, lcores = "0", local_ip;
     std::vector<std::string> builtins;
     uint16_t port_id = 0, rx_queues = 1;
     uint32_t entries = 1024, mbufs = 16383;
@@ -106,6 +108,7 @@ int main(int argc, char** argv) {
     app.add_option("--mbufs", mbufs, "rx mbufs")->capture_default_str()->check(CLI::Range(1023u, 1u << 24));
     app.add_option("--age-ms", age_ms, "reassembly age limit in milliseconds")
         ->capture_default_str()->check(CLI::Range(1, 60000));
+    app.add_option("--ip", local_ip, "the appliance's IPv4 address on the port (answers ARP for it)");
     app.add_option("--duration", duration, "live: stop after this many seconds (0: until SIGINT)");
     app.add_option("--stats-interval", stats_interval, "print counters every N seconds (0: never)");
     CLI11_PARSE(app, argc, argv);
@@ -155,6 +158,11 @@ int main(int argc, char** argv) {
         config.reassembly.entries = entries;
         config.reassembly.age_limit_us = age_ms * 1000;
         config.reassembly.socket_id = int(rte_socket_id());
+        if (!local_ip.empty() && inet_pton(AF_INET, local_ip.c_str(), &config.local_ip_be) != 1) {
+            std::cerr << "reefline: --ip: '" << local_ip << "' is not an IPv4 address\n";
+            dp::eal_cleanup();
+            return 2;
+        }
 
         std::unique_ptr<dp::dataplane> plane;
         std::vector<std::unique_ptr<dp::crc32_if>> ifs;

@@ -7,6 +7,8 @@
 #include <rte_ethdev.h>
 #include <rte_ring.h>
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -111,6 +113,7 @@ protected:
         c.port.rx_descriptors = 512;
         c.port.tx_descriptors = 512;
         c.reassembly = rc;
+        c.local_ip_be = htonl(0xc6120002);  // 198.18.0.2
         _plane = std::make_unique<dp::dataplane>(c);
         _if = std::make_unique<dp::crc32_if>(*_plane, "crc32", if_port, 0, if_ring);
         _plane->ifs().publish({_if->binding()});
@@ -500,6 +503,44 @@ TEST_F(dataplane_test, if_table_replaced_while_traffic_flows) {
     auto rs = drain_responses();
     EXPECT_EQ(_responses.size(), qs.size());
     EXPECT_EQ(drops(dp::drop_reason::unknown_port), 0u);
+}
+
+std::vector<uint8_t> arp_request(uint32_t target_ip) {
+    std::vector<uint8_t> f(42, 0);
+    const uint8_t bcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
+    const uint8_t sha[6] = {0x02, 0, 0, 0, 0, 0x01};
+    std::memcpy(f.data(), bcast, 6);
+    std::memcpy(f.data() + 6, sha, 6);
+    f[12] = 0x08; f[13] = 0x06;
+    const uint8_t fixed[8] = {0, 1, 0x08, 0x00, 6, 4, 0, 1};  // Ethernet, IPv4, request
+    std::memcpy(f.data() + 14, fixed, 8);
+    std::memcpy(f.data() + 22, sha, 6);
+    const uint32_t sip = htonl(0xc6120001), tip = htonl(target_ip);
+    std::memcpy(f.data() + 28, &sip, 4);
+    std::memcpy(f.data() + 38, &tip, 4);
+    return f;
+}
+
+TEST_F(dataplane_test, answers_arp_for_its_address_only) {
+    inject(arp_request(0xc6120002));
+    inject(arp_request(0xc6120003));
+    pump();
+    EXPECT_EQ(rx().arp_replies.get(), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::not_ipv4), 1u);
+    void* obj;
+    ASSERT_EQ(rte_ring_dequeue(_tx, &obj), 0);
+    auto* m = static_cast<rte_mbuf*>(obj);
+    const uint8_t* p = rte_pktmbuf_mtod(m, const uint8_t*);
+    ASSERT_EQ(m->data_len, 42);
+    EXPECT_EQ(p[0], 0x02);   // to the asker
+    EXPECT_EQ(p[21], 2);     // opcode reply
+    EXPECT_EQ(std::memcmp(p + 6, p + 22, 6), 0);  // sender hardware address = our source MAC
+    uint32_t sip, tip;
+    std::memcpy(&sip, p + 28, 4);
+    std::memcpy(&tip, p + 38, 4);
+    EXPECT_EQ(ntohl(sip), 0xc6120002u);
+    EXPECT_EQ(ntohl(tip), 0xc6120001u);
+    rte_pktmbuf_free(m);
 }
 
 TEST(if_table, rejects_port_conflicts) {

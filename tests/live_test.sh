@@ -36,11 +36,9 @@ ip netns exec "$ns" ethtool -K "$cam_if" tx off >/dev/null 2>&1 || true
 ethtool -K "$host_if" tx off >/dev/null 2>&1 || true
 host_mac=$(cat /sys/class/net/$host_if/address)
 cam_mac=$(ip netns exec "$ns" cat /sys/class/net/$cam_if/address)
-# reefline answers no ARP yet: the camera gets the appliance's MAC statically.
-ip netns exec "$ns" ip neigh add 198.18.0.2 lladdr "$host_mac" dev "$cam_if"
 
 "$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=8192" \
-  --builtin crc32:9000 --age-ms 500 > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
+  --builtin crc32:9000 --ip 198.18.0.2 --age-ms 500 > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
 pid=$!
 for _ in $(seq 100); do
   grep -q "IF crc32:9000" "$tmp/reefline.err" 2>/dev/null && break
@@ -85,6 +83,7 @@ import json, sys
 c = json.loads(sys.argv[1])
 assert c["mbufs_in_use_at_exit"] == 0, "mbufs leaked"
 assert c["requests_completed"] == 150, c["requests_completed"]
+assert c["arp_replies"] >= 1, "the camera should have resolved the appliance by ARP"
 assert c["responses_sent"] == 150, c["responses_sent"]
 assert c["drop_ring_full"] == 0 and c["drop_table_full"] == 0, "unexpected drops"
 # Late duplicates (a copy arriving after its request completed) open an entry that expires;
@@ -95,7 +94,7 @@ PY
 # 3. Two lcores and two rx queues: rx runs on the worker lcore, net_af_packet's fanout spreads
 # flows over its queues, and two cameras send at once from different ports.
 "$reefline" --eal "-l 0-1 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,qpairs=2,framecnt=8192" \
-  --builtin crc32:9000 --rx-queues 2 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
+  --builtin crc32:9000 --ip 198.18.0.2 --rx-queues 2 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
 pid=$!
 for _ in $(seq 100); do
   grep -q "IF crc32:9000" "$tmp/reefline2.err" 2>/dev/null && break
