@@ -186,8 +186,8 @@ struct if_stub {
 // IF lookup, parse_request, file_burst, completed requests onto the IF's ring.
 struct rx_lane {
     rx_lane(const std::string& name, const dp::reassembly_config& rc, if_stub& stub, uint32_t reader)
-        : reasm(std::make_unique<dp::reassembler>(name, rc, counters)), ifs(stub.ifs),
-          ring(stub.ring), reader(reader) {
+        : ifs(stub.ifs), ring(stub.ring), reader(reader) {
+        queue.reasm = std::make_unique<dp::reassembler>(name, rc, queue.counters);
         ifs.reader_online(reader);
     }
     ~rx_lane() {
@@ -196,28 +196,18 @@ struct rx_lane {
         ifs.reader_offline(reader);
     }
 
-    dp::rx_counters counters;
-    std::unique_ptr<dp::reassembler> reasm;
+    dp::rx_queue queue;  // the data plane's own per-queue state and receive path
+    dp::rx_counters& counters = queue.counters;
+    std::unique_ptr<dp::reassembler>& reasm = queue.reasm;
     dp::if_table& ifs;
     rte_ring* ring;
     uint32_t reader;
     uint64_t consumed = 0;        // requests the IF stand-in released
     uint64_t consumed_mbufs = 0;  // mbufs those requests held
 
-    // Validated fragments -> reassembly -> IF ring (the tail of poll_rx).
+    // Validated fragments -> reassembly -> IF ring (the tail of the receive path).
     void file(const dp::port_map* map, dp::fragment* frags, uint32_t nf, uint64_t now) {
-        dp::request* done[64];
-        const uint32_t nd = reasm->file_burst(frags, nf, now, done);
-        for (uint32_t i = 0; i < nd; ++i) {
-            dp::request* r = done[i];
-            const dp::if_binding* b = map->by_slot[r->if_slot];
-            if (!b) {
-                counters.drop(dp::drop_reason::unknown_port, dp::release(r));
-            } else if (rte_ring_mp_enqueue(b->ring, r) != 0) {
-                counters.requests_ring_full.add();
-                counters.drop(dp::drop_reason::ring_full, dp::release(r));
-            }
-        }
+        queue.file(map, frags, nf, now);
     }
 
     // The IF consumer: takes complete requests off its ring and releases them.
@@ -398,56 +388,13 @@ private:
         }
     }
 
-    // dataplane::poll_rx from rte_eth_rx_burst on, step for step.
+    // dataplane::poll_rx from rte_eth_rx_burst on: the same calls, on in-memory mbufs.
     void poll_rx_body(rte_mbuf** pkts, uint16_t n) {
         constexpr uint16_t q = 0;
         rx_lane& s = *_lane;
         const uint64_t now = rte_rdtsc();
         s.reasm->expire(now);
-        if (n == 0) {
-            s.ifs.quiescent(q);
-            return;
-        }
-        constexpr uint16_t prefetch_ahead = 4;
-        for (uint16_t i = 0; i < std::min(n, prefetch_ahead); ++i)
-            rte_prefetch0(rte_pktmbuf_mtod(pkts[i], void*));
-
-        const dp::port_map* map = s.ifs.current();
-        dp::udp_view udps[dp::rx_burst_size];
-        dp::fragment frags[dp::rx_burst_size];
-        uint16_t nf = 0;
-        uint64_t bytes = 0;
-        for (uint16_t i = 0; i < n; ++i) {
-            if (i + prefetch_ahead < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + prefetch_ahead], void*));
-            rte_mbuf* m = pkts[i];
-            bytes += m->pkt_len;
-            dp::drop_reason why;
-            if (m->nb_segs != 1) {
-                why = dp::drop_reason::multi_segment;
-            } else {
-                why = dp::parse_udp(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len,
-                                    ip_state(m->ol_flags), l4_state(m->ol_flags), udps[nf]);
-                const dp::if_binding* b = nullptr;
-                if (why == dp::drop_reason::none) {
-                    b = dp::if_table::lookup(map, udps[nf].dst_port);
-                    if (!b) why = dp::drop_reason::unknown_port;
-                }
-                if (why == dp::drop_reason::none) why = dp::parse_request(udps[nf], frags[nf].view);
-                if (why == dp::drop_reason::none) {
-                    frags[nf].mbuf = m;
-                    frags[nf].udp = &udps[nf];
-                    frags[nf].if_slot = b->slot;
-                    frags[nf].port_id = 0;
-                    ++nf;
-                    continue;
-                }
-            }
-            s.counters.drop(why);
-            rte_pktmbuf_free(m);
-        }
-        s.counters.rx_packets.add(n);
-        s.counters.rx_bytes.add(bytes);
-        s.file(map, frags, nf, now);
+        if (n) s.queue.process(s.ifs.current(), pkts, n, now, nullptr);
         s.ifs.quiescent(q);
     }
 
@@ -467,7 +414,7 @@ private:
             if (why == dp::drop_reason::none) why = dp::parse_request(u, v);
             bad += why != dp::drop_reason::none;
         }
-        _parse_errors += bad;
+        parse_errors += bad;
         rte_pktmbuf_free_bulk(pkts, n);
     }
 
@@ -478,7 +425,7 @@ private:
     uint64_t _rounds[4] = {0, 0, 0, 0};
 
 public:
-    uint64_t _parse_errors = 0;
+    uint64_t parse_errors = 0;             // parse stage: frames that did not parse (none)
     uint64_t rx_tsc = 0, release_tsc = 0;  // full_timed: poll_rx's part, the IF's part
 };
 
@@ -539,7 +486,6 @@ public:
             throw std::runtime_error("bind: " + std::string(strerror(errno)));
         socklen_t len = sizeof a;
         getsockname(_rx_fd, reinterpret_cast<sockaddr*>(&a), &len);
-        _rx_port = ntohs(a.sin_port);
         _rx_addr = a;
     }
 
@@ -797,7 +743,6 @@ private:
     dp::reassembly_config _rc;
     rte_mempool* _pool = nullptr;
     int _rx_fd = -1;
-    uint16_t _rx_port = 0;
     sockaddr_in _rx_addr{};
     std::atomic<bool> _stop{false};     // the sender stops
     std::atomic<bool> _stop_rx{false};  // the receiver stops once the socket is empty
@@ -805,30 +750,36 @@ private:
     std::string _error, _drops;
 };
 
-// EAL on lcore 0, in memory; without hugepages only 256 MB (this process needs ~120 MB).
-std::vector<std::string> eal_args(bool no_huge) {
+// EAL on lcore 0, in memory (eal_default_args). Without hugepages, -m only as large as this
+// process needs: the bigger of the two paths' mbuf pools (the socket path's holds two
+// requests' worth of fragments per request in flight, ~0.75 MB) plus entries and slack.
+std::vector<std::string> eal_args(const options& o) {
     std::vector<std::string> a = dp::eal_default_args("0");
-    if (no_huge && std::find(a.begin(), a.end(), "--no-huge") == a.end()) {
+    if (o.no_huge && std::find(a.begin(), a.end(), "--no-huge") == a.end()) {
         std::erase(a, std::string("--in-memory"));
-        a.insert(a.end(), {"--no-shconf", "--no-huge", "-m", "256"});
+        a.insert(a.end(), {"--no-shconf", "--no-huge", "-m", "0"});
     }
+    const unsigned mb = std::max(256u, 128u + o.inflight * 3 / 4);
     if (std::find(a.begin(), a.end(), "--no-huge") != a.end())
         for (size_t i = 0; i + 1 < a.size(); ++i)
-            if (a[i] == "-m") a[i + 1] = "256";
+            if (a[i] == "-m") a[i + 1] = std::to_string(mb);
     for (size_t i = 0; i + 1 < a.size(); ++i)
         if (a[i] == "--log-level") a[i + 1] = "lib.eal:error";
     return a;
 }
 
 int run(const options& o) {
-    dp::eal_init("dataplane_bench", eal_args(o.no_huge));
+    const std::vector<std::string> args = eal_args(o);
+    const bool huge = std::find(args.begin(), args.end(), "--no-huge") == args.end();
+    dp::eal_init("dataplane_bench", args);
     if_stub stub("bench", 2);  // readers: 0 the DPDK lane, 1 the socket receiver
 
     std::printf("reefline dataplane_bench: %u B fragments of %ux%ux%u u8 images (%u B, %u fragments),"
-                " %u requests in flight, bursts of %u, %.2f s per path%s\n",
+                " %u requests in flight, bursts of %u, %.2f s per path%s, %s\n",
                 frag_payload, image_dims[0], image_dims[1], image_dims[2], image_bytes,
                 frags_per_request, o.inflight, dp::rx_burst_size, o.seconds,
-                o.nic_cksum ? ", NIC IP checksum" : ", software IP checksum");
+                o.nic_cksum ? ", NIC IP checksum" : ", software IP checksum",
+                huge ? "hugepages" : "no hugepages (4 KiB pages: TLB misses cost the DPDK path)");
     std::fflush(stdout);
 
     dpdk_result d;
@@ -850,7 +801,7 @@ int run(const options& o) {
             const double ns_per_tsc = 1e9 / double(rte_get_tsc_hz());
             rx_ns = b.rx_tsc * ns_per_tsc / timed.packets;
             release_ns = b.release_tsc * ns_per_tsc / timed.packets;
-            if (b._parse_errors) dpdk_error += "parse errors in the parse stage; ";
+            if (b.parse_errors) dpdk_error += "parse errors in the parse stage; ";
         }
         dpdk_error += b.check();
     }

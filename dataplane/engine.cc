@@ -36,8 +36,9 @@ cksum_state l4_state(uint64_t ol) {
 dataplane::dataplane(const dataplane_config& config)
     : _port(std::make_unique<dp::port>(config.port)), _ifs(config.port.rx_queues) {
     for (uint16_t q = 0; q < config.port.rx_queues; ++q) {
-        auto s = std::make_unique<rx_queue_state>();
+        auto s = std::make_unique<rx_queue>();
         s->queue_id = q;
+        s->port_id = config.port.port_id;
         s->reasm = std::make_unique<reassembler>(
             std::to_string(config.port.port_id) + "_" + std::to_string(q), config.reassembly,
             s->counters);
@@ -55,7 +56,7 @@ dataplane::dataplane(const dataplane_config& config)
     std::memcpy(_local_mac, mac.addr_bytes, 6);
 }
 
-bool dataplane::answer_arp(rx_queue_state& s, rte_mbuf* m) {
+bool dataplane::answer_arp(rx_queue& s, rte_mbuf* m) {
     if (!_local_ip_be ||
         !is_arp_request_for(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len, _local_ip_be))
         return false;
@@ -82,26 +83,33 @@ dataplane::~dataplane() {
 }
 
 uint16_t dataplane::poll_rx(uint16_t q) {
-    rx_queue_state& s = *_queues[q];
+    rx_queue& s = *_queues[q];
     rte_mbuf* pkts[rx_burst_size];
     const uint16_t n = rte_eth_rx_burst(_port->id(), q, pkts, rx_burst_size);
     const uint64_t now = rte_rdtsc();
     s.reasm->expire(now);
-    if (n == 0) {
-        _ifs.quiescent(q);
-        return 0;
-    }
-    constexpr uint16_t prefetch_ahead = 4;
-    for (uint16_t i = 0; i < std::min(n, prefetch_ahead); ++i)
-        rte_prefetch0(rte_pktmbuf_mtod(pkts[i], void*));
+    if (n) s.process(_ifs.current(), pkts, n, now, this);
+    _ifs.quiescent(q);
+    return n;
+}
 
-    const port_map* map = _ifs.current();
+void rx_queue::process(const port_map* map, rte_mbuf** pkts, uint16_t n, uint64_t now,
+                       dataplane* arp) {
+    // A request frame's headers (Ethernet, IPv4, UDP, reefline: 82 bytes untagged) span two
+    // cache lines; parse_request reads the second one, so prefetch both.
+    constexpr uint16_t prefetch_ahead = 4;
+    auto prefetch_headers = [](const rte_mbuf* m) {
+        rte_prefetch0(rte_pktmbuf_mtod(m, const char*));
+        rte_prefetch0(rte_pktmbuf_mtod(m, const char*) + RTE_CACHE_LINE_SIZE);
+    };
+    for (uint16_t i = 0; i < std::min(n, prefetch_ahead); ++i) prefetch_headers(pkts[i]);
+
     udp_view udps[rx_burst_size];
     fragment frags[rx_burst_size];
     uint16_t nf = 0;
     uint64_t bytes = 0;
     for (uint16_t i = 0; i < n; ++i) {
-        if (i + prefetch_ahead < n) rte_prefetch0(rte_pktmbuf_mtod(pkts[i + prefetch_ahead], void*));
+        if (i + prefetch_ahead < n) prefetch_headers(pkts[i + prefetch_ahead]);
         rte_mbuf* m = pkts[i];
         bytes += m->pkt_len;
         drop_reason why;
@@ -115,37 +123,41 @@ uint16_t dataplane::poll_rx(uint16_t q) {
                 b = if_table::lookup(map, udps[nf].dst_port);
                 if (!b) why = drop_reason::unknown_port;
             }
-            if (why == drop_reason::not_ipv4 && answer_arp(s, m)) continue;
+            if (why == drop_reason::not_ipv4 && arp && arp->answer_arp(*this, m)) continue;
             if (why == drop_reason::none) why = parse_request(udps[nf], frags[nf].view);
             if (why == drop_reason::none) {
                 frags[nf].mbuf = m;
                 frags[nf].udp = &udps[nf];
                 frags[nf].if_slot = b->slot;
-                frags[nf].port_id = _port->id();
+                frags[nf].port_id = port_id;
                 ++nf;
                 continue;
             }
         }
-        s.counters.drop(why);
+        counters.drop(why);
         rte_pktmbuf_free(m);
     }
-    s.counters.rx_packets.add(n);
-    s.counters.rx_bytes.add(bytes);
+    counters.rx_packets.add(n);
+    counters.rx_bytes.add(bytes);
+    file(map, frags, nf, now);
+}
 
-    request* done[rx_burst_size];
-    const uint32_t nd = s.reasm->file_burst(frags, nf, now, done);
-    for (uint32_t i = 0; i < nd; ++i) {
-        request* r = done[i];
-        const if_binding* b = map->by_slot[r->if_slot];
-        if (!b) {  // the IF was removed while its request was under reassembly
-            s.counters.drop(drop_reason::unknown_port, release(r));
-        } else if (rte_ring_mp_enqueue(b->ring, r) != 0) {
-            s.counters.requests_ring_full.add();
-            s.counters.drop(drop_reason::ring_full, release(r));
+void rx_queue::file(const port_map* map, const fragment* frags, uint32_t n, uint64_t now) {
+    request* done[rx_burst_size * 2];
+    for (uint32_t base = 0; base < n; base += rx_burst_size * 2) {
+        const uint32_t m = std::min<uint32_t>(rx_burst_size * 2, n - base);
+        const uint32_t nd = reasm->file_burst(frags + base, m, now, done);
+        for (uint32_t i = 0; i < nd; ++i) {
+            request* r = done[i];
+            const if_binding* b = map->by_slot[r->if_slot];
+            if (!b) {  // the IF was removed while its request was under reassembly
+                counters.drop(drop_reason::unknown_port, release(r));
+            } else if (rte_ring_mp_enqueue(b->ring, r) != 0) {
+                counters.requests_ring_full.add();
+                counters.drop(drop_reason::ring_full, release(r));
+            }
         }
     }
-    _ifs.quiescent(q);
-    return n;
 }
 
 void dataplane::flush(uint16_t q) { _queues[q]->reasm->flush(); }

@@ -27,6 +27,24 @@ struct dataplane_config {
 
 inline constexpr uint16_t rx_burst_size = 32;
 
+class dataplane;
+
+// One rx queue's state, owned by the lcore that polls it, and the receive path after
+// rte_eth_rx_burst. Public so that benchmarks drive exactly this code with in-memory mbufs.
+struct alignas(64) rx_queue {
+    uint16_t queue_id = 0;
+    uint16_t port_id = 0;
+    rx_counters counters;
+    std::unique_ptr<reassembler> reasm;
+
+    // Parses, looks up the IF, files into reassembly and hands complete requests to their
+    // IF's ring. Takes ownership of every mbuf. `arp`: where ARP requests are answered
+    // (null: counted as not_ipv4).
+    void process(const port_map* map, rte_mbuf** pkts, uint16_t n, uint64_t now_tsc, dataplane* arp);
+    // Files validated fragments; complete requests go to their IF's ring.
+    void file(const port_map* map, const fragment* frags, uint32_t n, uint64_t now_tsc);
+};
+
 class dataplane {
 public:
     explicit dataplane(const dataplane_config& config);
@@ -58,18 +76,13 @@ public:
     const rx_counters& queue_counters(uint16_t q) const { return _queues[q]->counters; }
     const reassembler& queue_reassembler(uint16_t q) const { return *_queues[q]->reasm; }
 
-private:
-    struct alignas(64) rx_queue_state {
-        uint16_t queue_id;
-        rx_counters counters;
-        std::unique_ptr<reassembler> reasm;
-    };
+    // Answers an ARP request for our address; false when `m` is no such request.
+    bool answer_arp(rx_queue& q, rte_mbuf* m);
 
+private:
     std::unique_ptr<dp::port> _port;
     if_table _ifs;
-    std::vector<std::unique_ptr<rx_queue_state>> _queues;
-    // Answers an ARP request for our address; false when `m` is no such request.
-    bool answer_arp(rx_queue_state& s, rte_mbuf* m);
+    std::vector<std::unique_ptr<rx_queue>> _queues;
 
     rte_ring* _tx_ring = nullptr;
     uint32_t _local_ip_be = 0;

@@ -57,6 +57,16 @@ private:
     void drop_request(request* r, drop_reason why);  // removes from table, frees, counts
     request* file_one(const fragment& f, request* r, uint64_t now_tsc, bool& malformed);
 
+    // A direct-mapped cache in front of _table, indexed by the key's hash: a fragment of a
+    // request that is under reassembly finds it here without the rte_hash lookup. Filled
+    // when a request is created or found in _table, cleared when it leaves the table.
+    struct recent_slot {
+        uint64_t key[2];  // flow_key as two words
+        request* r;
+    };
+    static constexpr uint32_t recent_size = 1024;
+    recent_slot _recent[recent_size] = {};
+
     rte_hash* _table = nullptr;
     rte_mempool* _entries = nullptr;
     rx_counters& _counters;

@@ -44,6 +44,11 @@ struct alignas(64) request {
     uint16_t dims[4];
     uint8_t format;
     uint16_t if_slot;  // which IF the request was filed for
+    // The first fragment's frag_count, total_length and dims as on the wire, so that later
+    // fragments are checked against it without byte swaps.
+    uint16_t frag_count_be;
+    uint32_t total_length_be;
+    uint64_t dims_be;
     request* older;    // age list (oldest first), while in the table
     request* newer;
     rte_mempool* pool;  // where release() returns the entry
