@@ -1,0 +1,291 @@
+// CPU implementations of the element-wise, copy, row, pooling, LRN and axis-gather blocks.
+// Blocks are small (a few thousand elements or rows), so the preemption flag is checked at
+// block start; row kernels also check between rows.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "libml/kernels/kernels.h"
+
+namespace reefline::ml::kernels {
+
+namespace {
+
+// Walks output elements [e0, e1) of `shape`, keeping the offsets of up to three strided views
+// incrementally (an odometer), so the inner loop has no divisions.
+template <int Views, typename F>
+void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int64_t* base,
+                 int64_t e0, int64_t e1, F&& f) {
+    if (e0 >= e1) return;
+    int64_t idx[max_dims] = {};
+    int64_t off[Views];
+    int64_t rem = e0;
+    for (int d = shape.rank - 1; d >= 0; --d) {
+        idx[d] = rem % shape.dims[d];
+        rem /= shape.dims[d];
+    }
+    for (int v = 0; v < Views; ++v) {
+        off[v] = base[v];
+        for (int d = 0; d < shape.rank; ++d) off[v] += idx[d] * strides[v][d];
+    }
+    const int last = shape.rank - 1;
+    for (int64_t e = e0; e < e1; ++e) {
+        f(off);
+        if (last < 0) continue;
+        // Advance the odometer by one element.
+        int d = last;
+        for (; d >= 0; --d) {
+            for (int v = 0; v < Views; ++v) off[v] += strides[v][d];
+            if (++idx[d] < shape.dims[d]) break;
+            for (int v = 0; v < Views; ++v) off[v] -= strides[v][d] * shape.dims[d];
+            idx[d] = 0;
+        }
+    }
+}
+
+bool copy_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const copy_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t e0 = int64_t(ctx.block) * a.per_block;
+    const int64_t e1 = std::min(nd_count(a.shape), e0 + a.per_block);
+    const int64_t* strides[2] = {a.x_strides, a.y_strides};
+    const int64_t base[2] = {a.x_offset, a.y_offset};
+    const auto* x = static_cast<const uint8_t*>(a.x);
+    auto* y = static_cast<uint8_t*>(a.y);
+    const int64_t eb = a.element_bytes;
+    for_each_nd<2>(a.shape, strides, base, e0, e1, [&](const int64_t* o) {
+        std::memcpy(y + o[1] * eb, x + o[0] * eb, size_t(eb));
+    });
+    return true;
+}
+
+inline float binary(binary_op op, float x, float y) {
+    switch (op) {
+    case binary_op::add: return x + y;
+    case binary_op::sub: return x - y;
+    case binary_op::mul: return x * y;
+    case binary_op::div: return x / y;
+    case binary_op::pow: return std::pow(x, y);
+    case binary_op::max: return x > y || std::isnan(x) ? x : y;
+    case binary_op::min: return x < y || std::isnan(x) ? x : y;
+    case binary_op::equal: return x == y ? 1.0f : 0.0f;
+    case binary_op::greater: return x > y ? 1.0f : 0.0f;
+    case binary_op::less: return x < y ? 1.0f : 0.0f;
+    }
+    return 0;
+}
+
+bool binary_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const binary_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t e0 = int64_t(ctx.block) * a.per_block;
+    const int64_t e1 = std::min(nd_count(a.shape), e0 + a.per_block);
+    const int64_t* strides[2] = {a.a_strides, a.b_strides};
+    const int64_t base[2] = {0, 0};
+    float* y = a.y + e0;
+    const binary_op op = a.op;
+    for_each_nd<2>(a.shape, strides, base, e0, e1,
+                   [&](const int64_t* o) { *y++ = binary(op, a.a[o[0]], a.b[o[1]]); });
+    if (a.ep.act != activation::none) apply_epilogue(a.y + e0, e1 - e0, a.ep);
+    return true;
+}
+
+inline float unary(unary_op op, float x) {
+    switch (op) {
+    case unary_op::identity: return x;
+    case unary_op::neg: return -x;
+    case unary_op::abs: return std::fabs(x);
+    case unary_op::sqrt: return std::sqrt(x);
+    case unary_op::exp: return std::exp(x);
+    case unary_op::log: return std::log(x);
+    case unary_op::erf: return std::erf(x);
+    case unary_op::sin: return std::sin(x);
+    case unary_op::cos: return std::cos(x);
+    case unary_op::reciprocal: return 1.0f / x;
+    case unary_op::floor: return std::floor(x);
+    case unary_op::ceil: return std::ceil(x);
+    }
+    return x;
+}
+
+bool unary_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const unary_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t e0 = int64_t(ctx.block) * a.per_block;
+    const int64_t e1 = std::min(a.count, e0 + a.per_block);
+    if (a.op == unary_op::identity) {
+        std::memcpy(a.y + e0, a.x + e0, size_t(e1 - e0) * sizeof(float));
+    } else {
+        for (int64_t e = e0; e < e1; ++e) a.y[e] = unary(a.op, a.x[e]);
+    }
+    if (a.ep.act != activation::none) apply_epilogue(a.y + e0, e1 - e0, a.ep);
+    return true;
+}
+
+bool where_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const where_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t e0 = int64_t(ctx.block) * a.per_block;
+    const int64_t e1 = std::min(nd_count(a.shape), e0 + a.per_block);
+    const int64_t* strides[3] = {a.c_strides, a.a_strides, a.b_strides};
+    const int64_t base[3] = {0, 0, 0};
+    float* y = a.y + e0;
+    for_each_nd<3>(a.shape, strides, base, e0, e1,
+                   [&](const int64_t* o) { *y++ = a.cond[o[0]] != 0 ? a.a[o[1]] : a.b[o[2]]; });
+    return true;
+}
+
+bool row_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const row_args*>(p);
+    const int64_t u0 = int64_t(ctx.block) * a.rows_per_block;
+    const int64_t u1 = std::min(row_units(a), u0 + a.rows_per_block);
+    for (int64_t u = u0; u < u1; ++u) {
+        if (ctx.preempted()) return false;
+        if (a.op == row_op::layer_norm) {
+            const int64_t n = a.axis * a.inner;
+            const float* x = a.x + u * n;
+            float* y = a.y + u * n;
+            double mean = 0, var = 0;
+            for (int64_t i = 0; i < n; ++i) mean += x[i];
+            mean /= double(n);
+            for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+            var /= double(n);
+            const float inv = float(1.0 / std::sqrt(var + a.epsilon));
+            for (int64_t i = 0; i < n; ++i)
+                y[i] = float(x[i] - mean) * inv * a.scale[i] + (a.bias ? a.bias[i] : 0.0f);
+            continue;
+        }
+        // softmax-like and reductions: one (outer, inner) line along the axis.
+        const int64_t o = u / a.inner, in = u % a.inner;
+        const float* x = a.x + o * a.axis * a.inner + in;
+        const int64_t st = a.inner;
+        switch (a.op) {
+        case row_op::softmax:
+        case row_op::log_softmax: {
+            float* y = a.y + o * a.axis * a.inner + in;
+            float mx = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < a.axis; ++i) mx = std::max(mx, x[i * st]);
+            double sum = 0;
+            for (int64_t i = 0; i < a.axis; ++i) sum += std::exp(double(x[i * st] - mx));
+            if (a.op == row_op::softmax) {
+                const double inv = 1.0 / sum;
+                for (int64_t i = 0; i < a.axis; ++i) y[i * st] = float(std::exp(double(x[i * st] - mx)) * inv);
+            } else {
+                const double l = std::log(sum);
+                for (int64_t i = 0; i < a.axis; ++i) y[i * st] = float(double(x[i * st] - mx) - l);
+            }
+            break;
+        }
+        case row_op::reduce_mean:
+        case row_op::reduce_sum: {
+            double s = 0;
+            for (int64_t i = 0; i < a.axis; ++i) s += x[i * st];
+            a.y[o * a.inner + in] = float(a.op == row_op::reduce_mean ? s / double(a.axis) : s);
+            break;
+        }
+        case row_op::reduce_max: {
+            float m = -std::numeric_limits<float>::infinity();
+            for (int64_t i = 0; i < a.axis; ++i) m = std::max(m, x[i * st]);
+            a.y[o * a.inner + in] = m;
+            break;
+        }
+        case row_op::layer_norm: break;
+        }
+    }
+    return true;
+}
+
+bool pool2d_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const pool2d_args*>(p);
+    const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
+    const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
+    for (int64_t plane = p0; plane < p1; ++plane) {
+        if (ctx.preempted()) return false;
+        const float* x = a.x + plane * a.h * a.w;
+        float* y = a.y + plane * a.h_out * a.w_out;
+        for (int64_t oy = 0; oy < a.h_out; ++oy) {
+            for (int64_t ox = 0; ox < a.w_out; ++ox) {
+                const int64_t y0 = oy * a.stride_h - a.pad_top, x0 = ox * a.stride_w - a.pad_left;
+                float m = -std::numeric_limits<float>::infinity();
+                double s = 0;
+                int64_t inside = 0, in_padded = 0;
+                for (int64_t r = 0; r < a.kh; ++r) {
+                    const int64_t iy = y0 + r * a.dil_h;
+                    for (int64_t q = 0; q < a.kw; ++q) {
+                        const int64_t ix = x0 + q * a.dil_w;
+                        // The window's positions inside the padded input count when
+                        // count_include_pad; positions beyond the padding (ceil_mode) never do.
+                        if (iy < a.h + a.pad_bottom && ix < a.w + a.pad_right) ++in_padded;
+                        if (iy < 0 || iy >= a.h || ix < 0 || ix >= a.w) continue;
+                        const float v = x[iy * a.w + ix];
+                        m = std::max(m, v);
+                        s += v;
+                        ++inside;
+                    }
+                }
+                if (a.op == pool_op::max) {
+                    y[oy * a.w_out + ox] = m;
+                } else {
+                    const int64_t div = a.count_include_pad ? in_padded : inside;
+                    y[oy * a.w_out + ox] = div ? float(s / double(div)) : 0.0f;
+                }
+            }
+        }
+    }
+    return true;
+}
+
+bool lrn_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const lrn_args*>(p);
+    const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
+    const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
+    const int64_t lo = (a.size - 1) / 2, hi = a.size - 1 - lo;  // ONNX: floor / ceil halves
+    for (int64_t plane = p0; plane < p1; ++plane) {
+        if (ctx.preempted()) return false;
+        const int64_t n = plane / a.c, c = plane % a.c;
+        const int64_t c0 = std::max<int64_t>(0, c - lo), c1 = std::min(a.c - 1, c + hi);
+        const float* xs = a.x + n * a.c * a.hw;
+        for (int64_t i = 0; i < a.hw; ++i) {
+            double sq = 0;
+            for (int64_t k = c0; k <= c1; ++k) sq += double(xs[k * a.hw + i]) * xs[k * a.hw + i];
+            a.y[plane * a.hw + i] =
+                float(xs[c * a.hw + i] / std::pow(a.bias + a.alpha / double(a.size) * sq, double(a.beta)));
+        }
+    }
+    return true;
+}
+
+bool gather_axis_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const gather_axis_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t r0 = int64_t(ctx.block) * a.rows_per_block;
+    const int64_t r1 = std::min(a.outer * a.count, r0 + a.rows_per_block);
+    const size_t row = size_t(a.inner) * size_t(a.element_bytes);
+    const auto* x = static_cast<const uint8_t*>(a.x);
+    auto* y = static_cast<uint8_t*>(a.y);
+    for (int64_t r = r0; r < r1; ++r) {
+        const int64_t o = r / a.count, j = r % a.count;
+        int64_t idx = a.indices[j];
+        if (idx < 0) idx += a.axis;
+        if (idx < 0 || idx >= a.axis) {  // out of range: zeros, never a wild read
+            std::memset(y + size_t(r) * row, 0, row);
+            continue;
+        }
+        std::memcpy(y + size_t(r) * row, x + (size_t(o * a.axis + idx)) * row, row);
+    }
+    return true;
+}
+
+}  // namespace
+
+const gpu::kernel_info copy_kernel = {"copy", copy_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info binary_kernel = {"binary", binary_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info unary_kernel = {"unary", unary_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info where_kernel = {"where", where_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info row_kernel = {"row", row_block, nullptr, 256, 40, 0, 0};
+const gpu::kernel_info pool2d_kernel = {"pool2d", pool2d_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info lrn_kernel = {"lrn", lrn_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info gather_axis_kernel = {"gather_axis", gather_axis_block, nullptr, 256, 32, 0, 0};
+
+}  // namespace reefline::ml::kernels

@@ -1,0 +1,169 @@
+// CPU implementations of the GEMM and convolution blocks: each block hands its output tile
+// to single-threaded OpenBLAS sgemm in K chunks, checking the preemption flag between
+// chunks, then applies the fused epilogue (bias, residual, activation) to the tile.
+#include <cblas.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "libml/kernels/kernels.h"
+
+namespace reefline::ml::kernels {
+
+namespace {
+
+inline float act(float x, const epilogue& ep) {
+    switch (ep.act) {
+    case activation::none: return x;
+    case activation::relu: return x > 0 ? x : 0;
+    case activation::leaky_relu: return x >= 0 ? x : ep.alpha * x;
+    case activation::sigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case activation::tanh: return std::tanh(x);
+    case activation::clip: return x < ep.alpha ? ep.alpha : (x > ep.beta ? ep.beta : x);
+    case activation::hard_sigmoid: {
+        const float v = ep.alpha * x + ep.beta;
+        return v < 0 ? 0 : (v > 1 ? 1 : v);
+    }
+    case activation::hard_swish: {
+        const float v = x / 6.0f + 0.5f;
+        return x * (v < 0 ? 0 : (v > 1 ? 1 : v));
+    }
+    case activation::gelu_erf: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case activation::gelu_tanh:
+        return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    }
+    return x;
+}
+
+// One-time: OpenBLAS must not spawn its own threads; parallelism is the device's blocks.
+struct blas_single_threaded {
+    blas_single_threaded() { openblas_set_num_threads(1); }
+} const blas_init;
+
+bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
+    const auto& g = *static_cast<const gemm_args*>(p);
+    const gemm_tile t = gemm_block(g, ctx.block);
+    const float* a = g.a + t.batch * g.stride_a;
+    const float* b = g.b + t.batch * g.stride_b;
+    float* c = g.c + t.batch * g.stride_c + t.m0 * g.ldc + t.n0;
+    const int64_t mt = t.m1 - t.m0, nt = t.n1 - t.n0;
+    for (int64_t k0 = 0; k0 < g.k; k0 += g.tile_k) {
+        if (ctx.preempted()) return false;
+        const int64_t kc = k0 + g.tile_k < g.k ? g.tile_k : g.k - k0;
+        const float* ap = g.trans_a ? a + k0 * g.lda + t.m0 : a + t.m0 * g.lda + k0;
+        const float* bp = g.trans_b ? b + t.n0 * g.ldb + k0 : b + k0 * g.ldb + t.n0;
+        cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                    g.trans_b ? CblasTrans : CblasNoTrans, int(mt), int(nt), int(kc), g.alpha,
+                    ap, int(g.lda), bp, int(g.ldb), k0 == 0 ? 0.0f : 1.0f, c, int(g.ldc));
+    }
+    if (g.k == 0)
+        for (int64_t i = 0; i < mt; ++i) std::memset(c + i * g.ldc, 0, size_t(nt) * sizeof(float));
+    const float* bias = g.bias ? g.bias + t.batch * g.stride_bias : nullptr;
+    for (int64_t i = 0; i < mt; ++i) {
+        float* row = c + i * g.ldc;
+        const int64_t m = t.m0 + i;
+        switch (g.bias_mode) {
+        case bias_kind::none: break;
+        case bias_kind::scalar:
+            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[0];
+            break;
+        case bias_kind::per_col:
+            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[t.n0 + j];
+            break;
+        case bias_kind::per_row:
+            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[m];
+            break;
+        case bias_kind::full:
+            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[m * g.ldbias + t.n0 + j];
+            break;
+        }
+        if (g.ep.act != activation::none) apply_epilogue(row, nt, g.ep);
+    }
+    return true;
+}
+
+// cols[k][p] for output pixels [p0, p1) of one image and group; K = ci*kh*kw rows.
+void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float* cols) {
+    const int64_t np = p1 - p0, ci = conv2d_ci_per_group(c);
+    for (int64_t ch = 0; ch < ci; ++ch) {
+        const float* xc = x + ch * c.h * c.w_in;
+        for (int64_t r = 0; r < c.kh; ++r) {
+            for (int64_t s = 0; s < c.kw; ++s) {
+                float* out = cols + ((ch * c.kh + r) * c.kw + s) * np;
+                int64_t oy = p0 / c.w_out, ox = p0 % c.w_out;
+                for (int64_t q = 0; q < np; ++q) {
+                    const int64_t iy = oy * c.stride_h - c.pad_top + r * c.dil_h;
+                    const int64_t ix = ox * c.stride_w - c.pad_left + s * c.dil_w;
+                    out[q] = (iy >= 0 && iy < c.h && ix >= 0 && ix < c.w_in) ? xc[iy * c.w_in + ix] : 0.0f;
+                    if (++ox == c.w_out) { ox = 0; ++oy; }
+                }
+            }
+        }
+    }
+}
+
+bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
+    const auto& c = *static_cast<const conv2d_args*>(p);
+    const conv2d_tile t = conv2d_block(c, ctx.block);
+    if (ctx.preempted()) return false;
+    const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
+    const int64_t hw_out = c.h_out * c.w_out, np = t.p1 - t.p0, nco = t.co1 - t.co0;
+    const float* x = c.x + (t.image * c.c_in + t.group * ci) * c.h * c.w_in;
+    const int64_t co_abs = t.group * co_g + t.co0;
+    const float* w = c.w + co_abs * K;
+    float* y = c.y + (t.image * c.c_out + co_abs) * hw_out + t.p0;
+    const float* cols;
+    int64_t ldb;
+    if (conv2d_is_pointwise(c)) {
+        cols = x + t.p0;
+        ldb = c.h * c.w_in;
+    } else {
+        auto* scratch = static_cast<float*>(ctx.scratch);
+        im2col(c, x, t.p0, t.p1, scratch);
+        cols = scratch;
+        ldb = np;
+    }
+    for (int64_t k0 = 0; k0 < K; k0 += c.tile_k) {
+        if (ctx.preempted()) return false;
+        const int64_t kc = k0 + c.tile_k < K ? c.tile_k : K - k0;
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nco), int(np), int(kc), 1.0f,
+                    w + k0, int(K), cols + k0 * ldb, int(ldb), k0 == 0 ? 0.0f : 1.0f, y, int(hw_out));
+    }
+    const float* res = c.residual ? c.residual + (t.image * c.c_out + co_abs) * hw_out + t.p0 : nullptr;
+    for (int64_t i = 0; i < nco; ++i) {
+        float* row = y + i * hw_out;
+        const float b = c.bias ? c.bias[co_abs + i] : 0.0f;
+        if (res) {
+            const float* rr = res + i * hw_out;
+            for (int64_t j = 0; j < np; ++j) row[j] += b + rr[j];
+        } else if (b != 0.0f) {
+            for (int64_t j = 0; j < np; ++j) row[j] += b;
+        }
+        if (c.ep.act != activation::none) apply_epilogue(row, np, c.ep);
+    }
+    return true;
+}
+
+}  // namespace
+
+void apply_epilogue(float* v, int64_t n, const epilogue& ep) {
+    if (ep.act == activation::relu) {  // the common case, kept vectorisable
+        for (int64_t i = 0; i < n; ++i) v[i] = v[i] > 0 ? v[i] : 0;
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) v[i] = act(v[i], ep);
+}
+
+bool conv2d_is_pointwise(const conv2d_args& c) {
+    return c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.pad_top == 0 &&
+           c.pad_left == 0 && c.h_out == c.h && c.w_out == c.w_in;
+}
+
+size_t conv2d_scratch_bytes(const conv2d_args& c) {
+    return conv2d_is_pointwise(c) ? 0 : size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
+}
+
+const gpu::kernel_info gemm_kernel = {"gemm", gemm_block_cpu, nullptr, 256, 128, 32768, 0};
+const gpu::kernel_info conv2d_kernel = {"conv2d", conv2d_block_cpu, nullptr, 256, 128, 32768, 0};
+
+}  // namespace reefline::ml::kernels

@@ -1,0 +1,278 @@
+// Kernel argument structs and their block decompositions, shared by every backend.
+//
+// This header is compiled by the host compiler and (issue 6) by nvcc and hipcc: plain data
+// and RL_HD inline functions only. A kernel's grid and the work of block b are computed here
+// and nowhere else, so the cpu backend runs exactly the block decomposition the GPU does,
+// and a padded launch (DKP) can run any slice of blocks on either.
+#pragma once
+
+#include <stdint.h>
+
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define RL_HD __host__ __device__
+#else
+#define RL_HD
+#endif
+
+namespace reefline::ml::kernels {
+
+// Activation fused into the epilogue of conv, gemm and elementwise kernels.
+enum class activation : uint8_t {
+    none, relu, leaky_relu, sigmoid, tanh, clip, hard_sigmoid, hard_swish, gelu_erf, gelu_tanh,
+};
+
+struct epilogue {
+    activation act = activation::none;
+    float alpha = 0;  // leaky_relu slope, clip min, hard_sigmoid alpha
+    float beta = 0;   // clip max, hard_sigmoid beta
+};
+
+RL_HD inline int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// ---- GEMM: C[b] = act(alpha * op(A[b]) * op(B[b]) + bias) ---------------------------------
+// Batched with strides (0 = broadcast). Bias broadcasts per column (n), per row (m), scalar or
+// full (m x n), scaled by beta.
+enum class bias_kind : uint8_t { none, scalar, per_col, per_row, full };
+
+struct gemm_args {
+    const float* a;
+    const float* b;
+    const float* bias;
+    float* c;
+    int64_t batch;
+    int64_t m, n, k;
+    int64_t lda, ldb, ldc, ldbias;
+    int64_t stride_a, stride_b, stride_c, stride_bias;  // per batch item, elements
+    bool trans_a, trans_b;
+    bias_kind bias_mode;
+    float alpha, beta;
+    epilogue ep;
+    int32_t tile_m, tile_n;  // output tile of one block
+    int32_t tile_k;          // K chunk between preemption checks
+};
+
+RL_HD inline int64_t gemm_tiles_m(const gemm_args& g) { return ceil_div(g.m, g.tile_m); }
+RL_HD inline int64_t gemm_tiles_n(const gemm_args& g) { return ceil_div(g.n, g.tile_n); }
+RL_HD inline int64_t gemm_grid(const gemm_args& g) { return g.batch * gemm_tiles_m(g) * gemm_tiles_n(g); }
+
+struct gemm_tile {
+    int64_t batch, m0, m1, n0, n1;
+};
+RL_HD inline gemm_tile gemm_block(const gemm_args& g, int64_t block) {
+    const int64_t tn = gemm_tiles_n(g), tm = gemm_tiles_m(g);
+    gemm_tile t;
+    t.batch = block / (tm * tn);
+    const int64_t r = block % (tm * tn);
+    t.m0 = (r / tn) * g.tile_m;
+    t.n0 = (r % tn) * g.tile_n;
+    t.m1 = t.m0 + g.tile_m < g.m ? t.m0 + g.tile_m : g.m;
+    t.n1 = t.n0 + g.tile_n < g.n ? t.n0 + g.tile_n : g.n;
+    return t;
+}
+
+// ---- 2-D convolution, NCHW, grouped, dilated, with fused bias and activation --------------
+// A block computes a tile of output channels (within one group) over a range of output
+// pixels of one image: an implicit GEMM W[co_tile, K] x cols[K, pix_tile], K = cin/g*kh*kw.
+struct conv2d_args {
+    const float* x;     // [n, c_in, h, w]
+    const float* w;     // [c_out, c_in/groups, kh, kw]
+    const float* bias;  // [c_out] or null
+    const float* residual;  // [n, c_out, ho, wo] added before the activation, or null
+    float* y;           // [n, c_out, ho, wo]
+    int64_t n, c_in, h, w_in, c_out, kh, kw;
+    int64_t stride_h, stride_w, pad_top, pad_left, dil_h, dil_w, groups;
+    int64_t h_out, w_out;
+    epilogue ep;
+    int32_t tile_co, tile_pix, tile_k;
+};
+
+RL_HD inline int64_t conv2d_co_per_group(const conv2d_args& c) { return c.c_out / c.groups; }
+RL_HD inline int64_t conv2d_ci_per_group(const conv2d_args& c) { return c.c_in / c.groups; }
+RL_HD inline int64_t conv2d_k(const conv2d_args& c) { return conv2d_ci_per_group(c) * c.kh * c.kw; }
+RL_HD inline int64_t conv2d_tiles_co(const conv2d_args& c) { return ceil_div(conv2d_co_per_group(c), c.tile_co); }
+RL_HD inline int64_t conv2d_tiles_pix(const conv2d_args& c) { return ceil_div(c.h_out * c.w_out, c.tile_pix); }
+RL_HD inline int64_t conv2d_grid(const conv2d_args& c) {
+    return c.n * c.groups * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
+}
+
+struct conv2d_tile {
+    int64_t image, group, co0, co1, p0, p1;  // co within the group
+};
+RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
+    const int64_t tp = conv2d_tiles_pix(c), tc = conv2d_tiles_co(c);
+    conv2d_tile t;
+    t.p0 = (block % tp) * c.tile_pix;
+    block /= tp;
+    t.co0 = (block % tc) * c.tile_co;
+    block /= tc;
+    t.group = block % c.groups;
+    t.image = block / c.groups;
+    const int64_t npix = c.h_out * c.w_out, nco = conv2d_co_per_group(c);
+    t.p1 = t.p0 + c.tile_pix < npix ? t.p0 + c.tile_pix : npix;
+    t.co1 = t.co0 + c.tile_co < nco ? t.co0 + c.tile_co : nco;
+    return t;
+}
+
+// ---- gather: payload fragments -> normalised f32 NCHW batch tensor -----------------------
+// One gather segment per packet payload; an image's segments tile its u8 HWC bytes. A block
+// converts a contiguous range of one image's HWC bytes, which may span segments.
+struct gather_segment {
+    const uint8_t* data;
+    uint32_t length;
+    uint32_t offset;  // byte offset of this segment in its image
+};
+
+struct gather_args {
+    const gather_segment* segments;  // all images' segments, image i at [first[i], first[i+1])
+    const uint32_t* first;           // batch + 1 entries
+    float* y;                        // [batch, c, h, w]
+    int64_t batch, h, w, c;
+    float mean[4], inv_std[4];       // per channel
+    int64_t bytes_per_block;         // HWC bytes converted by one block (multiple of c)
+};
+
+RL_HD inline int64_t gather_blocks_per_image(const gather_args& g) {
+    return ceil_div(g.h * g.w * g.c, g.bytes_per_block);
+}
+RL_HD inline int64_t gather_grid(const gather_args& g) { return g.batch * gather_blocks_per_image(g); }
+
+// ---- N-D element-wise kernels ------------------------------------------------------------
+// Shapes up to 6 dims, row-major. Strides are in elements; a stride of 0 broadcasts. A block
+// handles `per_block` consecutive output elements.
+inline constexpr int max_dims = 6;
+
+struct nd_shape {
+    int32_t rank;
+    int64_t dims[max_dims];
+};
+
+RL_HD inline int64_t nd_count(const nd_shape& s) {
+    int64_t n = 1;
+    for (int i = 0; i < s.rank; ++i) n *= s.dims[i];
+    return n;
+}
+
+// Offset of linear output element `e` in a tensor viewed through `strides`.
+RL_HD inline int64_t nd_offset(const nd_shape& s, const int64_t* strides, int64_t e) {
+    int64_t off = 0;
+    for (int i = s.rank - 1; i >= 0; --i) {
+        off += (e % s.dims[i]) * strides[i];
+        e /= s.dims[i];
+    }
+    return off;
+}
+
+// y[view_y(e)] = x[view_x(e)] for every e of `shape`: Transpose, Slice (strides may be
+// negative or > 1), Expand, Concat/Split (one launch per part into a sub-view), Cast-free copies.
+struct copy_args {
+    const void* x;
+    void* y;
+    nd_shape shape;
+    int64_t x_offset, x_strides[max_dims];
+    int64_t y_offset, y_strides[max_dims];
+    int32_t element_bytes;  // 1, 2, 4 or 8
+    int64_t per_block;
+};
+RL_HD inline int64_t copy_grid(const copy_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
+
+enum class binary_op : uint8_t { add, sub, mul, div, pow, max, min, equal, greater, less };
+enum class unary_op : uint8_t {
+    identity, neg, abs, sqrt, exp, log, erf, sin, cos, reciprocal, floor, ceil,  // then ep
+};
+
+// y = ep(a op b) on f32 with broadcasting through strides. `equal/greater/less` write 1.0f/0.0f.
+struct binary_args {
+    const float* a;
+    const float* b;
+    float* y;
+    nd_shape shape;  // of y
+    int64_t a_strides[max_dims], b_strides[max_dims];
+    binary_op op;
+    epilogue ep;
+    int64_t per_block;
+};
+RL_HD inline int64_t binary_grid(const binary_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
+
+// y = ep(op(x)) elementwise on contiguous f32.
+struct unary_args {
+    const float* x;
+    float* y;
+    int64_t count;
+    unary_op op;
+    epilogue ep;
+    int64_t per_block;
+};
+RL_HD inline int64_t unary_grid(const unary_args& a) { return ceil_div(a.count, a.per_block); }
+
+// where: y = cond ? a : b with broadcasting (cond as f32 0/1 or u8 -> given as f32 here).
+struct where_args {
+    const float* cond;
+    const float* a;
+    const float* b;
+    float* y;
+    nd_shape shape;
+    int64_t c_strides[max_dims], a_strides[max_dims], b_strides[max_dims];
+    int64_t per_block;
+};
+RL_HD inline int64_t where_grid(const where_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
+
+// ---- Row kernels: tensor viewed as [outer, axis, inner] ------------------------------------
+enum class row_op : uint8_t { softmax, log_softmax, layer_norm, reduce_mean, reduce_sum, reduce_max };
+
+// softmax / log_softmax along `axis` (y same shape as x); layer_norm normalises each
+// [outer] row over axis*inner elements with scale/bias of axis*inner; reductions write
+// y[outer, inner].
+struct row_args {
+    const float* x;
+    const float* scale;  // layer_norm
+    const float* bias;   // layer_norm, may be null
+    float* y;
+    int64_t outer, axis, inner;
+    float epsilon;
+    row_op op;
+    int64_t rows_per_block;  // of the outer dimension (times inner for softmax-like ops)
+};
+RL_HD inline int64_t row_units(const row_args& a) {
+    return a.op == row_op::layer_norm ? a.outer : a.outer * a.inner;
+}
+RL_HD inline int64_t row_grid(const row_args& a) { return ceil_div(row_units(a), a.rows_per_block); }
+
+// ---- 2-D pooling, NCHW --------------------------------------------------------------------
+enum class pool_op : uint8_t { max, average };
+struct pool2d_args {
+    const float* x;
+    float* y;
+    int64_t n, c, h, w, h_out, w_out;
+    int64_t kh, kw, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+    pool_op op;
+    bool count_include_pad;
+    int64_t pad_bottom, pad_right;  // count_include_pad counts the window within the padding
+    int64_t planes_per_block;       // of n*c
+};
+RL_HD inline int64_t pool2d_grid(const pool2d_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
+
+// ---- LRN across channels, NCHW ------------------------------------------------------------
+struct lrn_args {
+    const float* x;
+    float* y;
+    int64_t n, c, hw;
+    int64_t size;
+    float alpha, beta, bias;
+    int64_t planes_per_block;
+};
+RL_HD inline int64_t lrn_grid(const lrn_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
+
+// ---- Gather along an axis: x viewed [outer, axis, inner], indices [count] -> y [outer, count, inner]
+struct gather_axis_args {
+    const void* x;
+    const int64_t* indices;
+    void* y;
+    int64_t outer, axis, inner, count;
+    int32_t element_bytes;
+    int64_t rows_per_block;  // of outer*count
+};
+RL_HD inline int64_t gather_axis_grid(const gather_axis_args& a) {
+    return ceil_div(a.outer * a.count, a.rows_per_block);
+}
+
+}  // namespace reefline::ml::kernels

@@ -1,0 +1,159 @@
+// The device interface that the whole GPU side is written against (DESIGN.md, "The GPU
+// runtime"). Backends: cpu (the embedded default, a software device), cuda and hip (issue 6).
+//
+// Shaped like ggml's backend interface: a device is a small table of functions plus its
+// state, so the scheduler (issue 4) and libml never see a backend's types.
+//
+// Model of execution, the same on every backend:
+// - A kernel is a grid of independent blocks. A launch runs a slice of them
+//   [block_offset, block_offset + block_count), so a padded launch can run the rest later.
+// - Launches on one stream run in order: a launch starts after the previous one on the same
+//   stream has finished (or exited on preemption). Streams run concurrently; when compute
+//   units are scarce, higher-priority streams get them first.
+// - Every launch belongs to a task and carries the task's device-visible words: a preemption
+//   flag that blocks check (at block start and at check points inside long loops), and a
+//   completion counter that the launch's last block advances to `kernel_index + 1`. A flagged
+//   launch exits without advancing the counter; the task restores from the first kernel whose
+//   counter value was not reached.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace reefline::gpu {
+
+enum class memory_kind : uint8_t {
+    device,       // device memory (on the cpu backend: ordinary, 64-byte aligned host memory)
+    pinned,       // page-locked host memory, for DMA
+    host_mapped,  // page-locked host memory that kernels can read and write directly
+};
+
+// Per-task words that kernels read and write. On GPUs they live in host-mapped memory so the
+// host raises a flag without any launch and sees the counter without a copy.
+struct alignas(64) task_words {
+    std::atomic<uint32_t> preempt;    // non-zero: every launch of the task exits at its next check
+    std::atomic<uint32_t> completed;  // kernels of the task completed, in order (index + 1)
+};
+
+// Handed to every block: where it is, and how to check the preemption flag.
+struct block_context {
+    uint32_t block;         // block index within the whole grid
+    uint32_t grid;          // total blocks of the kernel
+    uint32_t worker;        // compute unit running the block
+    const task_words* task;
+    void* scratch;          // per-compute-unit scratch memory (cpu backend)
+    size_t scratch_size;
+
+    // A check point: true when the task was preempted and the block must return now.
+    bool preempted() const {
+        return task && task->preempt.load(std::memory_order_relaxed) != 0;
+    }
+};
+
+// A kernel's CPU implementation of one block. `args` is the kernel's argument struct (plain
+// data, the same bytes a GPU launch passes). Returns false when it stopped at a check point.
+using cpu_block_fn = bool (*)(const void* args, const block_context& ctx);
+
+// What the device needs to know of a kernel: backend-neutral description plus the entry
+// point of each backend that implements it.
+struct kernel_info {
+    const char* name;
+    cpu_block_fn cpu;           // cpu backend implementation of one block
+    const void* gpu;            // CUDA/HIP __global__ symbol, null until issue 6
+    uint32_t threads_per_block; // GPU resource needs (profiles, DKP occupancy)
+    uint32_t registers;
+    uint32_t shared_bytes;
+    size_t scratch_bytes;       // cpu: scratch a block needs from its compute unit
+};
+
+struct launch {
+    const kernel_info* kernel;
+    const void* args;       // kernel argument struct; copied at launch time
+    uint32_t args_size;
+    uint32_t grid;          // total blocks
+    uint32_t block_offset;  // slice of blocks this launch runs
+    uint32_t block_count;
+    task_words* task;       // may be null (no preemption, no counter)
+    uint32_t kernel_index;  // position in the task; completion sets task->completed to index+1
+};
+
+struct stream;  // opaque, owned by the device
+struct event;   // opaque, owned by the device
+
+struct device_caps {
+    std::string name;             // e.g. "cpu (1 compute unit)", "NVIDIA H100 80GB HBM3"
+    uint32_t compute_units;       // SMs / CUs / worker threads
+    uint32_t max_queue_depth;     // device-queue capacity per stream
+    int lowest_priority;          // numerically: higher number = lower priority, as in CUDA
+    int highest_priority;
+};
+
+class device;
+
+// The backend's table of functions. Every function is thread-safe unless noted.
+struct device_ops {
+    void (*destroy)(device* d);
+    device_caps (*caps)(const device* d);
+
+    void* (*alloc)(device* d, size_t bytes, memory_kind kind);
+    void (*free)(device* d, void* p);
+    // Makes external host memory (e.g. DPDK hugepages) readable by kernels in place.
+    bool (*register_host)(device* d, void* p, size_t bytes);
+    void (*unregister_host)(device* d, void* p);
+    // Synchronous copies, for set-up (weights) and tests.
+    void (*copy_to_device)(device* d, void* dst, const void* src, size_t bytes);
+    void (*copy_to_host)(device* d, void* dst, const void* src, size_t bytes);
+
+    stream* (*stream_create)(device* d, int priority);
+    void (*stream_destroy)(device* d, stream* s);
+    // Queues a launch. Blocks while the stream's device queue is full (bounded).
+    void (*launch)(device* d, stream* s, const launch& l);
+    // Launches queued on `s` but not yet started: lets a vHQ keep c outstanding.
+    uint32_t (*queued)(device* d, stream* s);
+    void (*synchronize)(device* d, stream* s);
+
+    event* (*event_create)(device* d);
+    void (*event_destroy)(device* d, event* e);
+    void (*event_record)(device* d, event* e, stream* s);
+    bool (*event_query)(device* d, event* e);  // true when everything before it finished
+    void (*event_synchronize)(device* d, event* e);
+
+    task_words* (*task_words_create)(device* d);
+    void (*task_words_destroy)(device* d, task_words* w);
+};
+
+class device {
+public:
+    device(const device_ops* ops, void* state) : _ops(ops), _state(state) {}
+    ~device() { _ops->destroy(this); }
+    device(const device&) = delete;
+    device& operator=(const device&) = delete;
+
+    const device_ops& ops() const { return *_ops; }
+    void* state() const { return _state; }
+    device_caps caps() const { return _ops->caps(this); }
+
+    void* alloc(size_t bytes, memory_kind kind = memory_kind::device) { return _ops->alloc(this, bytes, kind); }
+    void free(void* p) { _ops->free(this, p); }
+    stream* create_stream(int priority) { return _ops->stream_create(this, priority); }
+    void launch(stream* s, const launch& l) { _ops->launch(this, s, l); }
+    void synchronize(stream* s) { _ops->synchronize(this, s); }
+
+private:
+    const device_ops* _ops;
+    void* _state;
+};
+
+struct cpu_device_options {
+    uint32_t compute_units = 0;    // 0: cores - 1, at least 1
+    uint32_t queue_depth = 64;     // device-queue capacity per stream
+    size_t scratch_per_unit = 64u << 20;
+};
+
+// The embedded default backend.
+std::unique_ptr<device> make_cpu_device(const cpu_device_options& options = {});
+
+}  // namespace reefline::gpu

@@ -1,0 +1,351 @@
+// Kernel library on the CPU: every block decomposition against a naive reference, block
+// slices, and preemption at check points.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "libml/kernels/kernels.h"
+
+namespace k = reefline::ml::kernels;
+namespace gpu = reefline::gpu;
+
+namespace {
+
+std::vector<float> random_vector(size_t n, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(-1, 1);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+// Runs blocks [first, first + count) of a kernel on this thread, as one compute unit would.
+bool run_blocks(const gpu::kernel_info& ki, const void* args, int64_t grid, int64_t first = 0,
+                int64_t count = -1, gpu::task_words* task = nullptr, size_t scratch = 64 << 20) {
+    static std::vector<float> buf;
+    buf.resize(scratch / sizeof(float) + 1);
+    if (count < 0) count = grid - first;
+    bool ok = true;
+    for (int64_t b = first; b < first + count; ++b) {
+        gpu::block_context ctx{uint32_t(b), uint32_t(grid), 0, task, buf.data(), scratch};
+        ok &= ki.cpu(args, ctx);
+    }
+    return ok;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, float tol = 1e-4f) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "at " << i;
+}
+
+struct conv_case {
+    int64_t n, ci, h, w, co, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, g;
+};
+
+std::vector<float> conv_reference(const conv_case& c, const std::vector<float>& x,
+                                  const std::vector<float>& w, const std::vector<float>& b,
+                                  int64_t ho, int64_t wo) {
+    std::vector<float> y(size_t(c.n * c.co * ho * wo));
+    const int64_t cig = c.ci / c.g, cog = c.co / c.g;
+    for (int64_t n = 0; n < c.n; ++n)
+        for (int64_t o = 0; o < c.co; ++o)
+            for (int64_t oy = 0; oy < ho; ++oy)
+                for (int64_t ox = 0; ox < wo; ++ox) {
+                    double s = b[size_t(o)];
+                    const int64_t g = o / cog;
+                    for (int64_t ic = 0; ic < cig; ++ic)
+                        for (int64_t r = 0; r < c.kh; ++r)
+                            for (int64_t q = 0; q < c.kw; ++q) {
+                                const int64_t iy = oy * c.sh - c.pt + r * c.dh, ix = ox * c.sw - c.pl + q * c.dw;
+                                if (iy < 0 || iy >= c.h || ix < 0 || ix >= c.w) continue;
+                                s += double(x[size_t(((n * c.ci + g * cig + ic) * c.h + iy) * c.w + ix)]) *
+                                     w[size_t(((o * cig + ic) * c.kh + r) * c.kw + q)];
+                            }
+                    y[size_t(((n * c.co + o) * ho + oy) * wo + ox)] = float(s > 0 ? s : 0);
+                }
+    return y;
+}
+
+class conv : public ::testing::TestWithParam<conv_case> {};
+
+TEST_P(conv, matches_reference_with_relu) {
+    const conv_case c = GetParam();
+    const int64_t ho = (c.h + c.pt + c.pb - c.dh * (c.kh - 1) - 1) / c.sh + 1;
+    const int64_t wo = (c.w + c.pl + c.pr - c.dw * (c.kw - 1) - 1) / c.sw + 1;
+    auto x = random_vector(size_t(c.n * c.ci * c.h * c.w), 1);
+    auto w = random_vector(size_t(c.co * (c.ci / c.g) * c.kh * c.kw), 2);
+    auto b = random_vector(size_t(c.co), 3);
+    std::vector<float> y(size_t(c.n * c.co * ho * wo), NAN);
+    k::conv2d_args a{};
+    a.x = x.data(); a.w = w.data(); a.bias = b.data(); a.y = y.data();
+    a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = c.kh; a.kw = c.kw;
+    a.stride_h = c.sh; a.stride_w = c.sw; a.pad_top = c.pt; a.pad_left = c.pl;
+    a.dil_h = c.dh; a.dil_w = c.dw; a.groups = c.g; a.h_out = ho; a.w_out = wo;
+    a.ep.act = k::activation::relu;
+    a.tile_co = 8; a.tile_pix = 17; a.tile_k = 7;  // odd tiles exercise every edge
+    ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
+                           k::conv2d_scratch_bytes(a)));
+    expect_close(y, conv_reference(c, x, w, b, ho, wo));
+}
+
+INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
+    conv_case{2, 3, 9, 11, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},   // 3x3 same
+    conv_case{1, 8, 10, 10, 12, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},  // pointwise
+    conv_case{1, 4, 13, 13, 6, 5, 3, 2, 3, 2, 0, 1, 2, 1, 1, 2},   // asymmetric, grouped
+    conv_case{1, 6, 12, 12, 6, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 6},   // depthwise, dilated
+    conv_case{2, 3, 15, 15, 10, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 1} // alexnet-like stem
+));
+
+TEST(gemm, transposes_bias_kinds_and_batches) {
+    for (bool ta : {false, true})
+        for (bool tb : {false, true})
+            for (auto bk : {k::bias_kind::none, k::bias_kind::scalar, k::bias_kind::per_col,
+                            k::bias_kind::per_row, k::bias_kind::full}) {
+                const int64_t B = 2, M = 13, N = 21, K = 19;
+                auto a = random_vector(size_t(B * M * K), 4), b = random_vector(size_t(B * K * N), 5);
+                auto bias = random_vector(size_t(B * M * N), 6);
+                std::vector<float> c(size_t(B * M * N), NAN);
+                k::gemm_args g{};
+                g.a = a.data(); g.b = b.data(); g.bias = bias.data(); g.c = c.data();
+                g.batch = B; g.m = M; g.n = N; g.k = K;
+                g.lda = ta ? M : K; g.ldb = tb ? K : N; g.ldc = N; g.ldbias = N;
+                g.stride_a = M * K; g.stride_b = K * N; g.stride_c = M * N;
+                g.stride_bias = bk == k::bias_kind::full ? M * N : 0;
+                g.trans_a = ta; g.trans_b = tb; g.bias_mode = bk; g.alpha = 0.5f; g.beta = 2.0f;
+                g.tile_m = 5; g.tile_n = 8; g.tile_k = 6;
+                ASSERT_TRUE(run_blocks(k::gemm_kernel, &g, k::gemm_grid(g)));
+                std::vector<float> want(c.size());
+                for (int64_t bt = 0; bt < B; ++bt)
+                    for (int64_t i = 0; i < M; ++i)
+                        for (int64_t j = 0; j < N; ++j) {
+                            double s = 0;
+                            for (int64_t q = 0; q < K; ++q) {
+                                const float av = a[size_t(bt * M * K + (ta ? q * M + i : i * K + q))];
+                                const float bv = b[size_t(bt * K * N + (tb ? j * K + q : q * N + j))];
+                                s += double(av) * bv;
+                            }
+                            s *= 0.5;
+                            const float* bb = bias.data() + (bk == k::bias_kind::full ? bt * M * N : 0);
+                            switch (bk) {
+                            case k::bias_kind::none: break;
+                            case k::bias_kind::scalar: s += 2.0 * bb[0]; break;
+                            case k::bias_kind::per_col: s += 2.0 * bb[j]; break;
+                            case k::bias_kind::per_row: s += 2.0 * bb[i]; break;
+                            case k::bias_kind::full: s += 2.0 * bb[i * N + j]; break;
+                            }
+                            want[size_t(bt * M * N + i * N + j)] = float(s);
+                        }
+                expect_close(c, want);
+            }
+}
+
+TEST(gemm, block_slices_compose) {
+    const int64_t M = 40, N = 40, K = 30;
+    auto a = random_vector(size_t(M * K), 7), b = random_vector(size_t(K * N), 8);
+    std::vector<float> whole(size_t(M * N)), sliced(size_t(M * N));
+    k::gemm_args g{};
+    g.a = a.data(); g.b = b.data(); g.batch = 1; g.m = M; g.n = N; g.k = K;
+    g.lda = K; g.ldb = N; g.ldc = N; g.alpha = 1; g.tile_m = 8; g.tile_n = 8; g.tile_k = K;
+    g.c = whole.data();
+    const int64_t grid = k::gemm_grid(g);
+    run_blocks(k::gemm_kernel, &g, grid);
+    g.c = sliced.data();
+    run_blocks(k::gemm_kernel, &g, grid, 0, 7);          // an RT kernel's share ...
+    run_blocks(k::gemm_kernel, &g, grid, 7, grid - 7);   // ... and the rest, later
+    EXPECT_EQ(whole, sliced);  // bit-identical: the same blocks compute the same tiles
+}
+
+TEST(kernels, stop_at_check_points_and_restart_identically) {
+    auto x = random_vector(1 * 16 * 32 * 32, 9), w = random_vector(32 * 16 * 9, 10);
+    std::vector<float> y1(32 * 32 * 32), y2(32 * 32 * 32, 12345.f);
+    k::conv2d_args a{};
+    a.x = x.data(); a.w = w.data(); a.n = 1; a.c_in = 16; a.h = 32; a.w_in = 32; a.c_out = 32;
+    a.kh = 3; a.kw = 3; a.stride_h = a.stride_w = 1; a.pad_top = a.pad_left = 1;
+    a.dil_h = a.dil_w = 1; a.groups = 1; a.h_out = 32; a.w_out = 32;
+    a.tile_co = 16; a.tile_pix = 256; a.tile_k = 16;
+    a.y = y1.data();
+    run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a));
+    gpu::task_words task{};
+    task.preempt = 1;
+    a.y = y2.data();
+    EXPECT_FALSE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, &task, k::conv2d_scratch_bytes(a)));
+    task.preempt = 0;  // restore: re-run the killed kernel from its start
+    EXPECT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, &task, k::conv2d_scratch_bytes(a)));
+    EXPECT_EQ(y1, y2);
+}
+
+TEST(gather, fragments_to_normalised_nchw) {
+    const int64_t B = 3, H = 7, W = 5, C = 3, bytes = H * W * C;
+    std::vector<std::vector<uint8_t>> images(B);
+    std::vector<k::gather_segment> segs;
+    std::vector<uint32_t> first{0};
+    std::mt19937 rng(11);
+    for (int64_t i = 0; i < B; ++i) {
+        images[size_t(i)].resize(size_t(bytes));
+        for (auto& v : images[size_t(i)]) v = uint8_t(rng());
+        // Uneven fragments, as packets arrive: 13, 13, ..., rest.
+        for (uint32_t off = 0; off < bytes; off += 13)
+            segs.push_back({images[size_t(i)].data() + off, uint32_t(std::min<int64_t>(13, bytes - off)), off});
+        first.push_back(uint32_t(segs.size()));
+    }
+    std::vector<float> y(size_t(B * C * H * W), NAN);
+    k::gather_args g{};
+    g.segments = segs.data(); g.first = first.data(); g.y = y.data();
+    g.batch = B; g.h = H; g.w = W; g.c = C; g.bytes_per_block = 12;
+    const float mean[3] = {123.675f, 116.28f, 103.53f}, sd[3] = {58.395f, 57.12f, 57.375f};
+    for (int i = 0; i < 3; ++i) { g.mean[i] = mean[i]; g.inv_std[i] = 1.0f / sd[i]; }
+    ASSERT_TRUE(run_blocks(k::gather_kernel, &g, k::gather_grid(g)));
+    for (int64_t i = 0; i < B; ++i)
+        for (int64_t p = 0; p < H * W; ++p)
+            for (int64_t ch = 0; ch < C; ++ch)
+                ASSERT_FLOAT_EQ(y[size_t((i * C + ch) * H * W + p)],
+                                (float(images[size_t(i)][size_t(p * C + ch)]) - mean[ch]) / sd[ch] )
+                    << i << " " << p << " " << ch;
+}
+
+
+k::nd_shape shape_of(std::initializer_list<int64_t> d) {
+    k::nd_shape s{};
+    s.rank = int32_t(d.size());
+    int i = 0;
+    for (auto v : d) s.dims[i++] = v;
+    return s;
+}
+
+TEST(copy, transpose_and_negative_step_slice) {
+    // x [2,3,4] -> transpose(2,0,1) -> y [4,2,3]
+    std::vector<float> x(24);
+    for (int i = 0; i < 24; ++i) x[size_t(i)] = float(i);
+    std::vector<float> y(24, -1);
+    k::copy_args a{};
+    a.x = x.data(); a.y = y.data(); a.element_bytes = 4; a.per_block = 5;
+    a.shape = shape_of({4, 2, 3});
+    const int64_t xs[3] = {1, 12, 4}, ys[3] = {6, 3, 1};
+    std::copy(xs, xs + 3, a.x_strides);
+    std::copy(ys, ys + 3, a.y_strides);
+    ASSERT_TRUE(run_blocks(k::copy_kernel, &a, k::copy_grid(a)));
+    for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 2; ++j)
+            for (int l = 0; l < 3; ++l) EXPECT_EQ(y[size_t(i * 6 + j * 3 + l)], x[size_t(j * 12 + l * 4 + i)]);
+    // Slice x[:, ::-1, 1:4:2] -> [2,3,2]
+    std::vector<float> z(12, -1);
+    a.y = z.data();
+    a.shape = shape_of({2, 3, 2});
+    a.x_offset = 2 * 4 + 1;
+    const int64_t xs2[3] = {12, -4, 2}, ys2[3] = {6, 2, 1};
+    std::copy(xs2, xs2 + 3, a.x_strides);
+    std::copy(ys2, ys2 + 3, a.y_strides);
+    ASSERT_TRUE(run_blocks(k::copy_kernel, &a, k::copy_grid(a)));
+    for (int i = 0; i < 2; ++i)
+        for (int j = 0; j < 3; ++j)
+            for (int l = 0; l < 2; ++l)
+                EXPECT_EQ(z[size_t(i * 6 + j * 2 + l)], x[size_t(i * 12 + (2 - j) * 4 + 1 + 2 * l)]);
+}
+
+TEST(binary, broadcast_with_relu) {
+    // a [2,3,4] + b [3,1] -> [2,3,4]
+    auto a = random_vector(24, 12), b = random_vector(3, 13);
+    std::vector<float> y(24);
+    k::binary_args g{};
+    g.a = a.data(); g.b = b.data(); g.y = y.data(); g.shape = shape_of({2, 3, 4});
+    const int64_t as[3] = {12, 4, 1}, bs[3] = {0, 1, 0};
+    std::copy(as, as + 3, g.a_strides);
+    std::copy(bs, bs + 3, g.b_strides);
+    g.op = k::binary_op::add; g.ep.act = k::activation::relu; g.per_block = 7;
+    ASSERT_TRUE(run_blocks(k::binary_kernel, &g, k::binary_grid(g)));
+    for (int i = 0; i < 24; ++i) EXPECT_FLOAT_EQ(y[size_t(i)], std::max(0.0f, a[size_t(i)] + b[size_t((i / 4) % 3)]));
+}
+
+TEST(row, softmax_layernorm_reduce) {
+    auto x = random_vector(2 * 5 * 3, 14);
+    std::vector<float> y(x.size());
+    k::row_args r{};
+    r.x = x.data(); r.y = y.data(); r.outer = 2; r.axis = 5; r.inner = 3; r.rows_per_block = 2;
+    r.op = k::row_op::softmax;
+    ASSERT_TRUE(run_blocks(k::row_kernel, &r, k::row_grid(r)));
+    for (int o = 0; o < 2; ++o)
+        for (int in = 0; in < 3; ++in) {
+            double s = 0;
+            for (int i = 0; i < 5; ++i) s += std::exp(x[size_t(o * 15 + i * 3 + in)]);
+            for (int i = 0; i < 5; ++i)
+                EXPECT_NEAR(y[size_t(o * 15 + i * 3 + in)], std::exp(x[size_t(o * 15 + i * 3 + in)]) / s, 1e-6);
+        }
+    std::vector<float> scale(15, 2.0f), bias(15, 0.5f);
+    r.op = k::row_op::layer_norm; r.scale = scale.data(); r.bias = bias.data(); r.epsilon = 1e-5f;
+    r.rows_per_block = 1;
+    ASSERT_TRUE(run_blocks(k::row_kernel, &r, k::row_grid(r)));
+    for (int o = 0; o < 2; ++o) {
+        double m = 0, v = 0;
+        for (int i = 0; i < 15; ++i) m += x[size_t(o * 15 + i)];
+        m /= 15;
+        for (int i = 0; i < 15; ++i) v += (x[size_t(o * 15 + i)] - m) * (x[size_t(o * 15 + i)] - m);
+        v /= 15;
+        for (int i = 0; i < 15; ++i)
+            EXPECT_NEAR(y[size_t(o * 15 + i)], (x[size_t(o * 15 + i)] - m) / std::sqrt(v + 1e-5) * 2 + 0.5, 1e-5);
+    }
+    std::vector<float> mean(6);
+    r.op = k::row_op::reduce_mean; r.y = mean.data(); r.rows_per_block = 4;
+    ASSERT_TRUE(run_blocks(k::row_kernel, &r, k::row_grid(r)));
+    for (int o = 0; o < 2; ++o)
+        for (int in = 0; in < 3; ++in) {
+            double s = 0;
+            for (int i = 0; i < 5; ++i) s += x[size_t(o * 15 + i * 3 + in)];
+            EXPECT_NEAR(mean[size_t(o * 3 + in)], s / 5, 1e-6);
+        }
+}
+
+TEST(pool2d, max_and_average_with_padding_and_ceil) {
+    // 1x1x5x5, kernel 3, stride 2, pads 1 (top/left), output 3x3 (ceil mode adds nothing here).
+    std::vector<float> x(25);
+    for (int i = 0; i < 25; ++i) x[size_t(i)] = float(i);
+    std::vector<float> y(9);
+    k::pool2d_args a{};
+    a.x = x.data(); a.y = y.data(); a.n = 1; a.c = 1; a.h = 5; a.w = 5; a.h_out = 3; a.w_out = 3;
+    a.kh = a.kw = 3; a.stride_h = a.stride_w = 2; a.pad_top = a.pad_left = 1;
+    a.pad_bottom = a.pad_right = 1; a.dil_h = a.dil_w = 1; a.planes_per_block = 1;
+    a.op = k::pool_op::max;
+    ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a)));
+    EXPECT_EQ(y, (std::vector<float>{6, 8, 9, 16, 18, 19, 21, 23, 24}));
+    a.op = k::pool_op::average; a.count_include_pad = false;
+    ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a)));
+    EXPECT_FLOAT_EQ(y[0], (0 + 1 + 5 + 6) / 4.0f);
+    EXPECT_FLOAT_EQ(y[4], (6 + 7 + 8 + 11 + 12 + 13 + 16 + 17 + 18) / 9.0f);
+    a.count_include_pad = true;
+    ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a)));
+    EXPECT_FLOAT_EQ(y[0], (0 + 1 + 5 + 6) / 9.0f);
+}
+
+TEST(lrn, matches_definition) {
+    auto x = random_vector(1 * 7 * 4, 15);
+    std::vector<float> y(x.size());
+    k::lrn_args a{};
+    a.x = x.data(); a.y = y.data(); a.n = 1; a.c = 7; a.hw = 4; a.size = 4;
+    a.alpha = 1e-2f; a.beta = 0.75f; a.bias = 1.0f; a.planes_per_block = 3;
+    ASSERT_TRUE(run_blocks(k::lrn_kernel, &a, k::lrn_grid(a)));
+    for (int c = 0; c < 7; ++c)
+        for (int i = 0; i < 4; ++i) {
+            double sq = 0;
+            for (int q = std::max(0, c - 1); q <= std::min(6, c + 2); ++q) sq += x[size_t(q * 4 + i)] * x[size_t(q * 4 + i)];
+            EXPECT_NEAR(y[size_t(c * 4 + i)], x[size_t(c * 4 + i)] / std::pow(1.0 + 1e-2 / 4 * sq, 0.75), 1e-6);
+        }
+}
+
+TEST(gather_axis, embedding_rows_and_negative_indices) {
+    auto table = random_vector(10 * 4, 16);
+    const int64_t idx[3] = {3, -1, 0};
+    std::vector<float> y(12);
+    k::gather_axis_args a{};
+    a.x = table.data(); a.indices = idx; a.y = y.data(); a.outer = 1; a.axis = 10; a.inner = 4;
+    a.count = 3; a.element_bytes = 4; a.rows_per_block = 2;
+    ASSERT_TRUE(run_blocks(k::gather_axis_kernel, &a, k::gather_axis_grid(a)));
+    for (int j = 0; j < 4; ++j) {
+        EXPECT_EQ(y[size_t(j)], table[size_t(3 * 4 + j)]);
+        EXPECT_EQ(y[size_t(4 + j)], table[size_t(9 * 4 + j)]);
+        EXPECT_EQ(y[size_t(8 + j)], table[size_t(j)]);
+    }
+}
+
+}  // namespace
