@@ -19,7 +19,8 @@ inline float act(float x, const epilogue& ep) {
     case activation::leaky_relu: return x >= 0 ? x : ep.alpha * x;
     case activation::sigmoid: return 1.0f / (1.0f + std::exp(-x));
     case activation::tanh: return std::tanh(x);
-    case activation::clip: return x < ep.alpha ? ep.alpha : (x > ep.beta ? ep.beta : x);
+    // ONNX: min(max(x, lo), hi), so lo > hi yields hi everywhere.
+    case activation::clip: { const float v = x < ep.alpha ? ep.alpha : x; return v > ep.beta ? ep.beta : v; }
     case activation::hard_sigmoid: {
         const float v = ep.alpha * x + ep.beta;
         return v < 0 ? 0 : (v > 1 ? 1 : v);

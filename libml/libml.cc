@@ -1,0 +1,147 @@
+#include "libml/libml.h"
+
+#include <cstring>
+
+namespace reefline::ml {
+
+model::~model() {
+    if (_weights) _device->free(_weights);
+}
+
+instance::~instance() {
+    if (_stream) {
+        _device->synchronize(_stream);
+        _device->ops().stream_destroy(_device, _stream);
+    }
+    if (_task) _device->ops().task_words_destroy(_device, _task);
+    if (_arena) _device->free(_arena);
+    if (_inputs) _device->free(_inputs);
+    if (_model) --_model->_instances;
+}
+
+std::vector<tensor_desc> instance::inputs() const {
+    std::vector<tensor_desc> d;
+    for (int v : _graph.inputs) d.push_back({_graph.values[size_t(v)].name, _graph.values[size_t(v)].type, _graph.values[size_t(v)].shape});
+    return d;
+}
+
+std::vector<tensor_desc> instance::outputs() const {
+    std::vector<tensor_desc> d;
+    for (int v : _graph.outputs) d.push_back({_graph.values[size_t(v)].name, _graph.values[size_t(v)].type, _graph.values[size_t(v)].shape});
+    return d;
+}
+
+runtime::runtime(gpu::device& device, plan_options options) : _device(device), _options(options) {}
+runtime::~runtime() = default;
+
+std::shared_ptr<model> runtime::finish_load(gpu::device& dev, graph g, std::string name) {
+    auto m = std::make_shared<model>();
+    m->_name = std::move(name);
+    m->_device = &dev;
+    m->_layout = plan::layout_weights(g);
+    m->_generic = g.generic() ? g.generic() : std::make_shared<const graph>(g);
+    m->_imported = std::move(g);
+    if (m->_layout.bytes) {
+        m->_weights = dev.alloc(size_t(m->_layout.bytes));
+        if (!m->_weights) throw std::bad_alloc();
+        std::vector<std::byte> host(size_t(m->_layout.bytes));
+        plan::fill_weights(m->_layout, host.data());
+        dev.ops().copy_to_device(&dev, m->_weights, host.data(), host.size());
+    }
+    return m;
+}
+
+std::shared_ptr<model> runtime::load_model(const std::string& path, const import_options& opts) {
+    const auto slash = path.find_last_of('/');
+    return finish_load(_device, import_onnx(path, opts), slash == std::string::npos ? path : path.substr(slash + 1));
+}
+
+std::shared_ptr<model> runtime::load_model_buffer(const void* data, size_t size, const std::string& name,
+                                                  const import_options& opts) {
+    return finish_load(_device, import_onnx_buffer(data, size, opts, name), name);
+}
+
+std::shared_ptr<model> runtime::load_graph(graph g, const std::string& name) {
+    return finish_load(_device, std::move(g), name);
+}
+
+std::unique_ptr<instance> runtime::link_model(const std::shared_ptr<model>& m, int stream_priority) {
+    auto in = std::make_unique<instance>();
+    in->_model = m;
+    in->_device = &_device;
+    in->_stream = _device.create_stream(stream_priority);
+    in->_task = _device.ops().task_words_create(&_device);
+    ++m->_instances;
+    configure_batch(*in, m->_imported.batch > 0 ? m->_imported.batch : 1);
+    return in;
+}
+
+void runtime::configure_batch(instance& in, int64_t batch) {
+    graph g = in._model->_imported;
+    if (g.batch > 0 && g.batch != batch) g.set_batch(batch);
+    // Constants a specialization created that the model's weights lack are placed in the
+    // instance's inputs region by the plan; the rest come from the shared weights.
+    auto p = std::make_unique<plan>(plan::build(g, in._model->_layout, _options));
+    const size_t arena = size_t(std::max<int64_t>(p->arena_bytes(), 64));
+    const size_t inputs = size_t(std::max<int64_t>(p->input_bytes(), 64));
+    if (arena > in._arena_size) {
+        if (in._arena) _device.free(in._arena);
+        in._arena = _device.alloc(arena);
+        in._arena_size = arena;
+    }
+    if (inputs > in._inputs_size) {
+        if (in._inputs) _device.free(in._inputs);
+        in._inputs = _device.alloc(inputs, gpu::memory_kind::host_mapped);
+        in._inputs_size = inputs;
+    }
+    if (!in._arena || !in._inputs) throw std::bad_alloc();
+    p->bind({static_cast<std::byte*>(in._model->_weights), static_cast<std::byte*>(in._arena),
+             static_cast<std::byte*>(in._inputs)});
+    in._plan = std::move(p);
+    in._graph = std::move(g);
+    in._batch = batch;
+}
+
+void runtime::infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs) {
+    const plan& p = *in._plan;
+    if (inputs.size() != p.inputs().size())
+        throw std::invalid_argument("infer_batch: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
+                                    std::to_string(p.inputs().size()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const tensor_location& loc = p.inputs()[i];
+        if (inputs[i].type != loc.type || inputs[i].shape != loc.shape)
+            throw std::invalid_argument("infer_batch: input " + std::to_string(i) + " is " + dtype_name(inputs[i].type) +
+                                        shape_str(inputs[i].shape) + ", expected " + dtype_name(loc.type) + shape_str(loc.shape));
+        if (inputs[i].bytes())
+            std::memcpy(static_cast<std::byte*>(in._inputs) + loc.offset, inputs[i].data->data(), inputs[i].bytes());
+    }
+    gpu::task_words* task = in._task;
+    task->preempt.store(0);
+    task->completed.store(0);
+    const auto& launches = p.launches();
+    for (size_t i = 0; i < launches.size(); ++i) {
+        const planned_launch& l = launches[i];
+        gpu::launch g{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid, task, uint32_t(i)};
+        _device.launch(in._stream, g);
+    }
+    _device.synchronize(in._stream);
+    if (task->completed.load() != launches.size())
+        throw std::runtime_error("infer_batch: the task was preempted (" + std::to_string(task->completed.load()) + " of " +
+                                 std::to_string(launches.size()) + " kernels completed)");
+    outputs.clear();
+    for (const tensor_location& loc : p.outputs()) {
+        const size_t bytes = dtype_size(loc.type) * size_t(element_count(loc.shape));
+        bytes_t host(bytes);
+        if (bytes == 0) {
+            outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
+            continue;
+        }
+        const std::byte* src = loc.where == region::weights ? static_cast<const std::byte*>(in._model->_weights)
+                               : loc.where == region::arena  ? static_cast<const std::byte*>(in._arena)
+                                                              : static_cast<const std::byte*>(in._inputs);
+        _device.ops().copy_to_host(&_device, host.data(), src + loc.offset, bytes);
+        outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
+    }
+}
+
+}  // namespace reefline::ml

@@ -1,0 +1,106 @@
+// The IF API (GSLICE's libml): init, deinit, load_model, link_model, configure_batch,
+// infer_batch, plus the queries later layers need.
+//
+//   ml::runtime rt(device);                       // init (deinit: destructor)
+//   auto m = rt.load_model("resnet50.onnx");      // import, fold, upload weights once
+//   auto a = rt.link_model(m);                    // an instance; weights shared with m's others
+//   rt.configure_batch(*a, 8);                    // plan for batch 8 (arena, inputs, launches)
+//   rt.infer_batch(*a, inputs, outputs);          // run on the device, synchronously
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "libml/graph.h"
+#include "libml/onnx_import.h"
+#include "libml/plan.h"
+#include "preempt/device.h"
+
+namespace reefline::ml {
+
+struct tensor_desc {
+    std::string name;
+    dtype type;
+    shape_t shape;  // for the configured batch size
+};
+
+// A loaded model: its batch-independent graph and its weights on the device.
+class model {
+public:
+    const std::string& name() const { return _name; }
+    const graph& generic() const { return *_generic; }
+    int64_t weight_bytes() const { return _layout.bytes; }
+    const void* weights() const { return _weights; }
+    int instances() const { return _instances; }
+
+private:
+    friend class runtime;
+    friend class instance;
+    std::string _name;
+    std::shared_ptr<const graph> _generic;
+    graph _imported;  // as imported (batch as in the file): re-specialized per batch size
+    plan::weight_layout _layout;
+    void* _weights = nullptr;  // device memory
+    gpu::device* _device = nullptr;
+    int _instances = 0;
+
+public:
+    ~model();
+};
+
+// One instance of a model: its own arena, inputs, stream and task words.
+class instance {
+public:
+    ~instance();
+    int64_t batch() const { return _batch; }
+    const plan& current_plan() const { return *_plan; }
+    const graph& specialized() const { return _graph; }
+    std::vector<tensor_desc> inputs() const;
+    std::vector<tensor_desc> outputs() const;
+    int64_t arena_bytes() const { return _plan ? _plan->arena_bytes() : 0; }
+    gpu::task_words* task() const { return _task; }
+    std::byte* input_memory() const { return static_cast<std::byte*>(_inputs); }
+
+private:
+    friend class runtime;
+    std::shared_ptr<model> _model;
+    gpu::device* _device = nullptr;
+    gpu::stream* _stream = nullptr;
+    gpu::task_words* _task = nullptr;
+    int64_t _batch = 0;
+    graph _graph;
+    std::unique_ptr<plan> _plan;
+    void* _arena = nullptr;
+    void* _inputs = nullptr;  // host-mapped: the gather kernel or the caller fills it
+    size_t _arena_size = 0, _inputs_size = 0;
+};
+
+class runtime {
+public:
+    explicit runtime(gpu::device& device, plan_options options = {});  // init
+    ~runtime();                                                        // deinit
+
+    std::shared_ptr<model> load_model(const std::string& path, const import_options& opts = {});
+    std::shared_ptr<model> load_model_buffer(const void* data, size_t size, const std::string& name,
+                                             const import_options& opts = {});
+    // Takes an already imported (possibly re-specialized) graph.
+    std::shared_ptr<model> load_graph(graph g, const std::string& name);
+    std::unique_ptr<instance> link_model(const std::shared_ptr<model>& m, int stream_priority = 0);
+    void configure_batch(instance& in, int64_t batch);
+    // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes)
+    // into the instance, runs every launch and copies the outputs back.
+    void infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs);
+
+    gpu::device& device() { return _device; }
+
+private:
+    static std::shared_ptr<model> finish_load(gpu::device& dev, graph g, std::string name);
+
+    gpu::device& _device;
+    plan_options _options;
+};
+
+}  // namespace reefline::ml

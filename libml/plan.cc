@@ -1,0 +1,794 @@
+#include "libml/plan.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <optional>
+
+#include "libml/kernels/kernels.h"
+
+namespace reefline::ml {
+
+namespace k = kernels;
+
+namespace {
+
+constexpr int64_t alignment = 64;
+int64_t align_up(int64_t v) { return (v + alignment - 1) / alignment * alignment; }
+
+[[noreturn]] void unsupported(const node& n, const std::string& what) {
+    throw model_error(model_error::kind::unsupported_feature, n.label() + ": " + what);
+}
+
+shape_t contiguous_strides(const shape_t& s) {
+    shape_t st(s.size(), 1);
+    for (int i = int(s.size()) - 2; i >= 0; --i) st[size_t(i)] = st[size_t(i) + 1] * s[size_t(i) + 1];
+    return st;
+}
+
+int64_t product(const shape_t& s, size_t from = 0, size_t to = SIZE_MAX) {
+    int64_t p = 1;
+    for (size_t i = from; i < std::min(to, s.size()); ++i) p *= s[i];
+    return p;
+}
+
+std::optional<k::epilogue> activation_of(const node& n) {
+    k::epilogue ep;
+    switch (n.op) {
+    case op_type::Relu: ep.act = k::activation::relu; return ep;
+    case op_type::LeakyRelu: ep.act = k::activation::leaky_relu; ep.alpha = n.f("alpha", 0.01f); return ep;
+    case op_type::Sigmoid: ep.act = k::activation::sigmoid; return ep;
+    case op_type::Tanh: ep.act = k::activation::tanh; return ep;
+    case op_type::Clip:
+        ep.act = k::activation::clip;
+        ep.alpha = n.f("min", -std::numeric_limits<float>::infinity());
+        ep.beta = n.f("max", std::numeric_limits<float>::infinity());
+        return ep;
+    case op_type::HardSigmoid:
+        ep.act = k::activation::hard_sigmoid;
+        ep.alpha = n.f("alpha", 0.2f);
+        ep.beta = n.f("beta", 0.5f);
+        return ep;
+    case op_type::HardSwish: ep.act = k::activation::hard_swish; return ep;
+    case op_type::Gelu:
+        ep.act = n.s("approximate", "none") == "tanh" ? k::activation::gelu_tanh : k::activation::gelu_erf;
+        return ep;
+    default: return std::nullopt;
+    }
+}
+
+bool is_alias_op(op_type op) {
+    return op == op_type::Reshape || op == op_type::Flatten || op == op_type::Squeeze ||
+           op == op_type::Unsqueeze;
+}
+
+}  // namespace
+
+// ---- weights ----------------------------------------------------------------------------
+
+plan::weight_layout plan::layout_weights(const graph& g) {
+    weight_layout w;
+    for (const value& v : g.values) {
+        if (!v.is_constant() || w.offset.count(v.data.get())) continue;
+        w.offset[v.data.get()] = w.bytes;
+        w.data.push_back(v.data);
+        w.bytes = align_up(w.bytes + int64_t(v.data->size()));
+    }
+    return w;
+}
+
+void plan::fill_weights(const weight_layout& layout, std::byte* weights) {
+    for (const auto& d : layout.data) std::memcpy(weights + layout.offset.at(d.get()), d->data(), d->size());
+}
+
+// ---- the planner --------------------------------------------------------------------------
+
+class planner {
+public:
+    planner(const graph& g, const plan::weight_layout& w, const plan_options& o)
+        : _g(g), _w(w), _o(o), _storage(g.values.size(), -1), _view_offset(g.values.size(), 0) {}
+
+    plan run();
+
+private:
+    struct pointer_ref {
+        size_t args_offset;
+        int value;
+        int64_t byte_offset;
+    };
+    struct pending {
+        const gpu::kernel_info* kernel;
+        std::vector<std::byte> args;
+        uint32_t grid;
+        size_t scratch;
+        std::string node;
+        std::vector<pointer_ref> pointers;
+        std::vector<int> reads, writes;  // value ids
+    };
+    // A storage: the memory of one or more values (aliases share one).
+    struct storage {
+        region where;
+        int64_t bytes;
+        int64_t offset = -1;  // weights: from the layout; inputs/arena: assigned
+        int first = std::numeric_limits<int>::max();  // first launch writing it
+        int last = -1;                                 // last launch reading it
+        bool output = false;
+    };
+
+    const value& val(int v) const { return _g.values[size_t(v)]; }
+    int storage_of(int v) {
+        if (_storage[size_t(v)] >= 0) return _storage[size_t(v)];
+        const value& x = val(v);
+        storage s;
+        s.bytes = int64_t(dtype_size(x.type)) * std::max<int64_t>(1, element_count(x.shape));
+        if (x.is_constant()) {
+            const auto it = _w.offset.find(x.data.get());
+            if (it != _w.offset.end()) {
+                s.where = region::weights;
+                s.offset = it->second;
+            } else {  // made by specialization: lives after the inputs, written at bind time
+                s.where = region::inputs;
+                s.offset = _extra_at;
+                _extra.push_back({_extra_at, x.data});
+                _extra_at = align_up(_extra_at + int64_t(x.data->size()));
+            }
+        } else {
+            s.where = region::arena;
+        }
+        _storages.push_back(s);
+        return _storage[size_t(v)] = int(_storages.size() - 1);
+    }
+    void alias(int out, int in) {
+        _storage[size_t(out)] = storage_of(in);
+        _view_offset[size_t(out)] = _view_offset[size_t(in)];
+    }
+
+    template <class A>
+    void emit(const gpu::kernel_info& kernel, const A& args, int64_t grid, const node& n,
+              std::initializer_list<std::pair<const void*, int>> pointers,
+              std::vector<int> reads, std::vector<int> writes, size_t scratch = 0,
+              std::vector<int64_t> byte_offsets = {}) {
+        pending p;
+        p.kernel = &kernel;
+        p.args.resize(sizeof(A));
+        std::memcpy(p.args.data(), &args, sizeof(A));
+        if (grid <= 0 || grid > int64_t(std::numeric_limits<uint32_t>::max()))
+            unsupported(n, "grid of " + std::to_string(grid) + " blocks");
+        p.grid = uint32_t(grid);
+        p.scratch = scratch;
+        p.node = n.name;
+        size_t i = 0;
+        for (auto [field, v] : pointers) {
+            const auto off = size_t(static_cast<const std::byte*>(field) -
+                                    reinterpret_cast<const std::byte*>(&args));
+            p.pointers.push_back({off, v, i < byte_offsets.size() ? byte_offsets[i] : 0});
+            ++i;
+        }
+        p.reads = std::move(reads);
+        p.writes = std::move(writes);
+        _pending.push_back(std::move(p));
+    }
+
+    void require_f32(const node& n, int v) {
+        if (val(v).type != dtype::f32)
+            unsupported(n, "runtime tensor '" + val(v).name + "' is " + dtype_name(val(v).type) +
+                               " (the kernels compute in f32)");
+    }
+
+    int64_t blocks_for(int64_t elements) const { return std::max<int64_t>(1, k::ceil_div(elements, _o.elements_per_block)); }
+
+    // Fusion: the single consumer of v, if v is not a graph output.
+    const node* sole_consumer(int v, int* index = nullptr) const {
+        if (_g.is_output(v) || _consumers[size_t(v)].size() != 1) return nullptr;
+        const int c = _consumers[size_t(v)][0].first;
+        if (index) *index = c;
+        return &_g.nodes[size_t(c)];
+    }
+
+    void lower(int ni);
+    void lower_conv(int ni);
+    void lower_gemm(int ni);
+    void lower_matmul(int ni);
+    void lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep = {});
+    void lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep = {});
+    void lower_copy_view(const node& n, int x, int y, const shape_t& shape, int64_t x_offset,
+                         const shape_t& x_strides, int64_t y_offset, const shape_t& y_strides);
+    void lower_pool(const node& n, bool global);
+    void lower_rows(const node& n, k::row_op op, int x, int y, int64_t outer, int64_t axis,
+                    int64_t inner, int scale = -1, int bias = -1, float eps = 0);
+
+    void broadcast_strides(const shape_t& out, const shape_t& in, int64_t* strides) const {
+        const shape_t st = contiguous_strides(in);
+        const size_t r = out.size(), ri = in.size();
+        for (size_t d = 0; d < r; ++d) {
+            if (d + ri < r) { strides[d] = 0; continue; }
+            const size_t di = d + ri - r;
+            strides[d] = in[di] == 1 && out[d] != 1 ? 0 : st[di];
+        }
+    }
+    static k::nd_shape nd(const node& n, const shape_t& s) {
+        if (s.size() > size_t(k::max_dims)) unsupported(n, "rank " + std::to_string(s.size()) + " > 6");
+        k::nd_shape r{};
+        r.rank = int32_t(s.size());
+        for (size_t i = 0; i < s.size(); ++i) r.dims[i] = s[i];
+        if (r.rank == 0) {  // a scalar is one element
+            r.rank = 1;
+            r.dims[0] = 1;
+        }
+        return r;
+    }
+
+    const graph& _g;
+    const plan::weight_layout& _w;
+    plan_options _o;
+    std::vector<std::vector<std::pair<int, int>>> _consumers;
+    std::vector<int> _storage;          // by value id
+    std::vector<int64_t> _view_offset;  // bytes into the storage (aliases of views)
+    std::vector<storage> _storages;
+    std::vector<pending> _pending;
+    std::vector<bool> _done;  // nodes consumed by a fusion
+    int64_t _extra_at = 0;    // next free byte for specialization constants (inputs region)
+    std::vector<std::pair<int64_t, std::shared_ptr<const bytes_t>>> _extra;
+};
+
+void planner::lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep) {
+    require_f32(n, a);
+    require_f32(n, b);
+    k::binary_args args{};
+    const shape_t& out = val(y).shape;
+    args.shape = nd(n, out);
+    if (out.empty()) {
+        args.a_strides[0] = args.b_strides[0] = 0;
+    } else {
+        broadcast_strides(out, val(a).shape, args.a_strides);
+        broadcast_strides(out, val(b).shape, args.b_strides);
+    }
+    args.op = op;
+    args.ep = ep;
+    args.per_block = _o.elements_per_block;
+    emit(k::binary_kernel, args, k::binary_grid(args), n, {{&args.a, a}, {&args.b, b}, {&args.y, y}}, {a, b}, {y});
+}
+
+void planner::lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep) {
+    require_f32(n, x);
+    k::unary_args args{};
+    args.count = std::max<int64_t>(1, element_count(val(y).shape));
+    args.op = op;
+    args.ep = ep;
+    args.per_block = _o.elements_per_block;
+    emit(k::unary_kernel, args, k::unary_grid(args), n, {{&args.x, x}, {&args.y, y}}, {x}, {y});
+}
+
+void planner::lower_copy_view(const node& n, int x, int y, const shape_t& shape, int64_t x_offset,
+                              const shape_t& x_strides, int64_t y_offset, const shape_t& y_strides) {
+    k::copy_args args{};
+    args.shape = nd(n, shape);
+    for (size_t d = 0; d < shape.size(); ++d) {
+        args.x_strides[d] = x_strides[d];
+        args.y_strides[d] = y_strides[d];
+    }
+    if (shape.empty()) args.x_strides[0] = args.y_strides[0] = 0;
+    args.x_offset = x_offset;
+    args.y_offset = y_offset;
+    args.element_bytes = int32_t(dtype_size(val(x).type));
+    args.per_block = _o.elements_per_block;
+    if (k::nd_count(args.shape) == 0) return;
+    emit(k::copy_kernel, args, k::copy_grid(args), n, {{&args.x, x}, {&args.y, y}}, {x}, {y});
+}
+
+void planner::lower_rows(const node& n, k::row_op op, int x, int y, int64_t outer, int64_t axis,
+                         int64_t inner, int scale, int bias, float eps) {
+    require_f32(n, x);
+    k::row_args args{};
+    args.outer = outer;
+    args.axis = axis;
+    args.inner = inner;
+    args.op = op;
+    args.epsilon = eps;
+    const int64_t per_unit = op == k::row_op::layer_norm ? axis * inner : axis;
+    args.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, per_unit));
+    std::vector<int> reads{x};
+    if (scale >= 0) reads.push_back(scale);
+    if (bias >= 0) reads.push_back(bias);
+    if (scale >= 0 && bias >= 0)
+        emit(k::row_kernel, args, k::row_grid(args), n, {{&args.x, x}, {&args.scale, scale}, {&args.bias, bias}, {&args.y, y}}, reads, {y});
+    else if (scale >= 0)
+        emit(k::row_kernel, args, k::row_grid(args), n, {{&args.x, x}, {&args.scale, scale}, {&args.y, y}}, reads, {y});
+    else
+        emit(k::row_kernel, args, k::row_grid(args), n, {{&args.x, x}, {&args.y, y}}, reads, {y});
+}
+
+void planner::lower_conv(int ni) {
+    const node& n = _g.nodes[size_t(ni)];
+    const int x = n.input(0), w = n.input(1), b = n.input(2);
+    int y = n.output(0);
+    require_f32(n, x);
+    const shape_t& xs = val(x).shape;
+    const shape_t& ws = val(w).shape;
+    if (xs.size() != 4) unsupported(n, "only 2-D convolution (NCHW) is implemented");
+    if (!val(w).is_constant()) unsupported(n, "weights must be constant");
+    const ints pads = n.is("pads"), strides = n.is("strides"), dil = n.is("dilations");
+    k::conv2d_args a{};
+    a.n = xs[0]; a.c_in = xs[1]; a.h = xs[2]; a.w_in = xs[3];
+    a.c_out = ws[0]; a.kh = ws[2]; a.kw = ws[3];
+    a.stride_h = strides.at(0); a.stride_w = strides.at(1);
+    a.pad_top = pads.at(0); a.pad_left = pads.at(1);
+    a.dil_h = dil.at(0); a.dil_w = dil.at(1);
+    a.groups = n.i("group", 1);
+    a.h_out = val(y).shape[2];
+    a.w_out = val(y).shape[3];
+    // Fusions: Conv -> [Add(residual)] -> [activation], each step only when the intermediate
+    // has no other reader and the residual is ready before this conv runs.
+    int residual = -1;
+    int c = -1;
+    if (const node* next = sole_consumer(y, &c)) {
+        if ((next->op == op_type::Add) && !_done[size_t(c)]) {
+            const int other = next->input(0) == y ? next->input(1) : next->input(0);
+            const value& o = val(other);
+            const bool ready = o.producer < ni;  // graph inputs and constants are -1
+            if (o.type == dtype::f32 && o.shape == val(y).shape && ready && other != y) {
+                residual = other;
+                _done[size_t(c)] = true;
+                y = next->output(0);
+            }
+        }
+    }
+    if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
+        if (auto ep = activation_of(*next)) {
+            a.ep = *ep;
+            _done[size_t(c)] = true;
+            y = next->output(0);
+        }
+    }
+    const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out;
+    a.tile_co = int32_t(std::min<int64_t>(co_g, 256));
+    // About 64K multiply-adds per output row chunk keeps blocks in the 0.1-1 ms range.
+    const int64_t K = k::conv2d_k(a);
+    a.tile_pix = int32_t(std::clamp<int64_t>((int64_t(1) << 20) / std::max<int64_t>(1, K), 64, std::max<int64_t>(64, npix)));
+    a.tile_pix = int32_t(std::min<int64_t>(a.tile_pix, npix));
+    a.tile_k = int32_t(std::min<int64_t>(K, 1024));
+    std::vector<int> reads{x, w};
+    if (b >= 0) reads.push_back(b);
+    if (residual >= 0) reads.push_back(residual);
+    const size_t scratch = k::conv2d_scratch_bytes(a);
+    if (b >= 0 && residual >= 0)
+        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.bias, b}, {&a.residual, residual}, {&a.y, y}}, reads, {y}, scratch);
+    else if (b >= 0)
+        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.bias, b}, {&a.y, y}}, reads, {y}, scratch);
+    else if (residual >= 0)
+        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.residual, residual}, {&a.y, y}}, reads, {y}, scratch);
+    else
+        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.y, y}}, reads, {y}, scratch);
+}
+
+void planner::lower_gemm(int ni) {
+    const node& n = _g.nodes[size_t(ni)];
+    const int A = n.input(0), B = n.input(1), C = n.input(2);
+    int y = n.output(0);
+    require_f32(n, A);
+    require_f32(n, B);
+    const bool ta = n.i("transA", 0), tb = n.i("transB", 0);
+    const shape_t& as = val(A).shape;
+    const shape_t& bs = val(B).shape;
+    k::gemm_args g{};
+    g.batch = 1;
+    g.m = ta ? as[1] : as[0];
+    g.k = ta ? as[0] : as[1];
+    g.n = tb ? bs[0] : bs[1];
+    g.lda = as[1];
+    g.ldb = bs[1];
+    g.ldc = g.n;
+    g.trans_a = ta;
+    g.trans_b = tb;
+    g.alpha = n.f("alpha", 1.0f);
+    g.beta = n.f("beta", 1.0f);
+    g.bias_mode = k::bias_kind::none;
+    if (C >= 0) {
+        require_f32(n, C);
+        const shape_t& cs = val(C).shape;
+        const int64_t ce = element_count(cs);
+        if (ce == 1) g.bias_mode = k::bias_kind::scalar;
+        else if (cs.back() == g.n && ce == g.n) g.bias_mode = k::bias_kind::per_col;
+        else if (cs.size() == 2 && cs[0] == g.m && cs[1] == 1) g.bias_mode = k::bias_kind::per_row;
+        else if (ce == g.m * g.n) { g.bias_mode = k::bias_kind::full; g.ldbias = g.n; }
+        else unsupported(n, "bias of shape " + shape_str(cs));
+    }
+    int c = -1;
+    if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
+        if (auto ep = activation_of(*next)) {
+            g.ep = *ep;
+            _done[size_t(c)] = true;
+            y = next->output(0);
+        }
+    }
+    g.tile_m = int32_t(std::min<int64_t>(g.m, 64));
+    g.tile_n = int32_t(std::min<int64_t>(g.n, 256));
+    g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(g.k, 2048)));
+    if (C >= 0)
+        emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, C}, {&g.c, y}}, {A, B, C}, {y});
+    else
+        emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.c, y}}, {A, B}, {y});
+}
+
+void planner::lower_matmul(int ni) {
+    const node& n = _g.nodes[size_t(ni)];
+    const int A = n.input(0), B = n.input(1);
+    int y = n.output(0);
+    require_f32(n, A);
+    require_f32(n, B);
+    shape_t as = val(A).shape, bs = val(B).shape;
+    if (as.size() == 1) as.insert(as.begin(), 1);
+    if (bs.size() == 1) bs.push_back(1);
+    const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
+    const shape_t abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
+    const int64_t na = product(abatch), nb = product(bbatch);
+    const int64_t batch = std::max(na, nb);
+    if (na != batch && na != 1) unsupported(n, "batch broadcast of " + shape_str(val(A).shape));
+    if (nb != batch && nb != 1) unsupported(n, "batch broadcast of " + shape_str(val(B).shape));
+    if (na == nb && abatch != bbatch && na != 1) unsupported(n, "mixed batch broadcast");
+    k::gemm_args g{};
+    g.batch = batch;
+    g.m = M; g.n = N; g.k = K;
+    g.lda = K; g.ldb = N; g.ldc = N;
+    g.stride_a = na == 1 ? 0 : M * K;
+    g.stride_b = nb == 1 ? 0 : K * N;
+    g.stride_c = M * N;
+    g.alpha = 1.0f;
+    g.beta = 1.0f;
+    g.bias_mode = k::bias_kind::none;
+    // MatMul + Add(constant bias over the last dim) [+ activation]: the transformer's linear.
+    int bias = -1, c = -1;
+    if (const node* next = sole_consumer(y, &c); next && next->op == op_type::Add && !_done[size_t(c)]) {
+        const int other = next->input(0) == y ? next->input(1) : next->input(0);
+        if (val(other).is_constant() && val(other).type == dtype::f32 &&
+            element_count(val(other).shape) == N && val(other).shape.back() == N &&
+            val(next->output(0)).shape == val(y).shape) {
+            bias = other;
+            g.bias_mode = k::bias_kind::per_col;
+            _done[size_t(c)] = true;
+            y = next->output(0);
+        }
+    }
+    if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
+        if (auto ep = activation_of(*next)) {
+            g.ep = *ep;
+            _done[size_t(c)] = true;
+            y = next->output(0);
+        }
+    }
+    g.tile_m = int32_t(std::min<int64_t>(M, 64));
+    g.tile_n = int32_t(std::min<int64_t>(N, 256));
+    g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(K, 2048)));
+    if (bias >= 0)
+        emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, bias}, {&g.c, y}}, {A, B, bias}, {y});
+    else
+        emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.c, y}}, {A, B}, {y});
+}
+
+void planner::lower_pool(const node& n, bool global) {
+    const int x = n.input(0), y = n.output(0);
+    require_f32(n, x);
+    const shape_t& xs = val(x).shape;
+    if (xs.size() != 4) unsupported(n, "only 2-D pooling (NCHW) is implemented");
+    if (n.output(1) >= 0) unsupported(n, "the Indices output");
+    if (global) {
+        lower_rows(n, n.op == op_type::GlobalMaxPool ? k::row_op::reduce_max : k::row_op::reduce_mean,
+                   x, y, xs[0] * xs[1], xs[2] * xs[3], 1);
+        return;
+    }
+    const ints ks = n.is("kernel_shape"), pads = n.is("pads"), st = n.is("strides");
+    const ints dil = n.is("dilations", {1, 1});
+    k::pool2d_args a{};
+    a.n = xs[0]; a.c = xs[1]; a.h = xs[2]; a.w = xs[3];
+    a.h_out = val(y).shape[2]; a.w_out = val(y).shape[3];
+    a.kh = ks.at(0); a.kw = ks.at(1);
+    a.stride_h = st.at(0); a.stride_w = st.at(1);
+    a.pad_top = pads.at(0); a.pad_left = pads.at(1); a.pad_bottom = pads.at(2); a.pad_right = pads.at(3);
+    a.dil_h = dil.at(0); a.dil_w = dil.at(1);
+    a.op = n.op == op_type::MaxPool ? k::pool_op::max : k::pool_op::average;
+    a.count_include_pad = n.i("count_include_pad", 0) != 0;
+    a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.h_out * a.w_out * a.kh * a.kw / 4));
+    emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+}
+
+void planner::lower(int ni) {
+    const node& n = _g.nodes[size_t(ni)];
+    const int x = n.input(0), y = n.output(0);
+    switch (n.op) {
+    case op_type::Conv: return lower_conv(ni);
+    case op_type::Gemm: return lower_gemm(ni);
+    case op_type::MatMul: return lower_matmul(ni);
+    case op_type::MaxPool:
+    case op_type::AveragePool: return lower_pool(n, false);
+    case op_type::GlobalAveragePool:
+    case op_type::GlobalMaxPool: return lower_pool(n, true);
+    case op_type::Relu: case op_type::LeakyRelu: case op_type::Sigmoid: case op_type::Tanh:
+    case op_type::Clip: case op_type::HardSigmoid: case op_type::HardSwish: case op_type::Gelu:
+        return lower_unary(n, k::unary_op::identity, x, y, *activation_of(n));
+    case op_type::Erf: return lower_unary(n, k::unary_op::erf, x, y);
+    case op_type::Sqrt: return lower_unary(n, k::unary_op::sqrt, x, y);
+    case op_type::Exp: return lower_unary(n, k::unary_op::exp, x, y);
+    case op_type::Neg: return lower_unary(n, k::unary_op::neg, x, y);
+    case op_type::Abs: return lower_unary(n, k::unary_op::abs, x, y);
+    case op_type::Sin: return lower_unary(n, k::unary_op::sin, x, y);
+    case op_type::Cos: return lower_unary(n, k::unary_op::cos, x, y);
+    case op_type::Add: return lower_binary(n, k::binary_op::add, x, n.input(1), y);
+    case op_type::Sub: return lower_binary(n, k::binary_op::sub, x, n.input(1), y);
+    case op_type::Mul: return lower_binary(n, k::binary_op::mul, x, n.input(1), y);
+    case op_type::Div: return lower_binary(n, k::binary_op::div, x, n.input(1), y);
+    case op_type::Pow: return lower_binary(n, k::binary_op::pow, x, n.input(1), y);
+    case op_type::Sum: case op_type::Max: case op_type::Min: {
+        const k::binary_op op = n.op == op_type::Sum ? k::binary_op::add
+                                : n.op == op_type::Max ? k::binary_op::max : k::binary_op::min;
+        if (n.inputs.size() == 1) return lower_unary(n, k::unary_op::identity, x, y);
+        if (n.inputs.size() != 2) unsupported(n, "more than two inputs");
+        return lower_binary(n, op, x, n.input(1), y);
+    }
+    case op_type::Reshape: case op_type::Flatten: case op_type::Squeeze: case op_type::Unsqueeze:
+        return alias(y, x);
+    case op_type::Identity: return lower_unary(n, k::unary_op::identity, x, y);
+    case op_type::Transpose: {
+        const ints perm = n.is("perm");
+        const shape_t& xs = val(x).shape;
+        const shape_t xst = contiguous_strides(xs);
+        shape_t st(perm.size());
+        for (size_t d = 0; d < perm.size(); ++d) st[d] = xst[size_t(perm[d])];
+        const shape_t& ys = val(y).shape;
+        return lower_copy_view(n, x, y, ys, 0, st, 0, contiguous_strides(ys));
+    }
+    case op_type::Expand: {
+        const shape_t& ys = val(y).shape;
+        shape_t st(ys.size());
+        broadcast_strides(ys, val(x).shape, st.data());
+        return lower_copy_view(n, x, y, ys, 0, st, 0, contiguous_strides(ys));
+    }
+    case op_type::Slice: {
+        const shape_t& xs = val(x).shape;
+        const shape_t xst = contiguous_strides(xs);
+        const ints axes = n.is("axes"), starts = n.is("starts"), steps = n.is("steps");
+        shape_t st = xst;
+        int64_t off = 0;
+        for (size_t i = 0; i < axes.size(); ++i) {
+            const size_t ax = size_t(axes[i]);
+            off += starts[i] * xst[ax];
+            st[ax] = xst[ax] * steps[i];
+        }
+        const shape_t& ys = val(y).shape;
+        return lower_copy_view(n, x, y, ys, off, st, 0, contiguous_strides(ys));
+    }
+    case op_type::Concat: {
+        const int64_t axis = n.i("axis", 0);
+        const shape_t& ys = val(y).shape;
+        const shape_t yst = contiguous_strides(ys);
+        int64_t at = 0;
+        for (int in : n.inputs) {
+            const shape_t& is = val(in).shape;
+            lower_copy_view(n, in, y, is, 0, contiguous_strides(is), at * yst[size_t(axis)], yst);
+            at += is[size_t(axis)];
+        }
+        return;
+    }
+    case op_type::Split: {
+        const int64_t axis = n.i("axis", 0);
+        const shape_t& xs = val(x).shape;
+        const shape_t xst = contiguous_strides(xs);
+        int64_t at = 0;
+        for (int out : n.outputs) {
+            if (out < 0) continue;
+            const shape_t& os = val(out).shape;
+            lower_copy_view(n, x, out, os, at * xst[size_t(axis)], xst, 0, contiguous_strides(os));
+            at += os[size_t(axis)];
+        }
+        return;
+    }
+    case op_type::Gather: {
+        const int idx = n.input(1);
+        const shape_t& xs = val(x).shape;
+        const int64_t axis = n.i("axis", 0);
+        if (val(idx).type != dtype::i64) unsupported(n, "indices must be int64");
+        k::gather_axis_args a{};
+        a.outer = product(xs, 0, size_t(axis));
+        a.axis = xs[size_t(axis)];
+        a.inner = product(xs, size_t(axis) + 1);
+        a.count = std::max<int64_t>(1, element_count(val(idx).shape));
+        a.element_bytes = int32_t(dtype_size(val(x).type));
+        a.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.inner));
+        return emit(k::gather_axis_kernel, a, k::gather_axis_grid(a), n,
+                    {{&a.x, x}, {&a.indices, idx}, {&a.y, y}}, {x, idx}, {y});
+    }
+    case op_type::Softmax: case op_type::LogSoftmax: {
+        const shape_t& xs = val(x).shape;
+        const int64_t axis = n.i("axis", int64_t(xs.size()) - 1);
+        const k::row_op op = n.op == op_type::Softmax ? k::row_op::softmax : k::row_op::log_softmax;
+        if (n.i("coerce_2d", 0)) return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), product(xs, size_t(axis)), 1);
+        return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), xs[size_t(axis)], product(xs, size_t(axis) + 1));
+    }
+    case op_type::LayerNormalization: {
+        if (n.output(1) >= 0 || n.output(2) >= 0) unsupported(n, "the Mean/InvStdDev outputs");
+        const shape_t& xs = val(x).shape;
+        const int64_t axis = n.i("axis", -1);
+        const int64_t norm = product(xs, size_t(axis));
+        const int scale = n.input(1), bias = n.input(2);
+        if (element_count(val(scale).shape) != norm || (bias >= 0 && element_count(val(bias).shape) != norm))
+            unsupported(n, "scale/bias that broadcast over the normalised dims");
+        return lower_rows(n, k::row_op::layer_norm, x, y, product(xs, 0, size_t(axis)), norm, 1, scale, bias,
+                          n.f("epsilon", 1e-5f));
+    }
+    case op_type::ReduceMean: {
+        const shape_t& xs = val(x).shape;
+        ints axes = n.is("axes");
+        if (axes.empty()) { axes.resize(xs.size()); std::iota(axes.begin(), axes.end(), 0); }
+        for (size_t i = 1; i < axes.size(); ++i)
+            if (axes[i] != axes[i - 1] + 1) unsupported(n, "non-contiguous reduction axes");
+        return lower_rows(n, k::row_op::reduce_mean, x, y, product(xs, 0, size_t(axes.front())),
+                          product(xs, size_t(axes.front()), size_t(axes.back()) + 1),
+                          product(xs, size_t(axes.back()) + 1));
+    }
+    case op_type::LRN: {
+        require_f32(n, x);
+        const shape_t& xs = val(x).shape;
+        k::lrn_args a{};
+        a.n = xs[0]; a.c = xs[1]; a.hw = product(xs, 2);
+        a.size = n.i("size", 1);
+        a.alpha = n.f("alpha", 1e-4f); a.beta = n.f("beta", 0.75f); a.bias = n.f("bias", 1.0f);
+        a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw * a.size));
+        return emit(k::lrn_kernel, a, k::lrn_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+    }
+    case op_type::Where: {
+        const int cond = x, a_in = n.input(1), b_in = n.input(2);
+        require_f32(n, a_in);
+        require_f32(n, b_in);
+        if (val(cond).type != dtype::f32) unsupported(n, "a runtime boolean condition");
+        k::where_args a{};
+        const shape_t& ys = val(y).shape;
+        a.shape = nd(n, ys);
+        broadcast_strides(ys, val(cond).shape, a.c_strides);
+        broadcast_strides(ys, val(a_in).shape, a.a_strides);
+        broadcast_strides(ys, val(b_in).shape, a.b_strides);
+        a.per_block = _o.elements_per_block;
+        return emit(k::where_kernel, a, k::where_grid(a), n, {{&a.cond, cond}, {&a.a, a_in}, {&a.b, b_in}, {&a.y, y}}, {cond, a_in, b_in}, {y});
+    }
+    default:
+        unsupported(n, std::string("no kernel for ") + op_name(n.op) + " at run time");
+    }
+}
+
+plan planner::run() {
+    _consumers = _g.consumers();
+    _done.assign(_g.nodes.size(), false);
+    plan p;
+    p._restore_window = _o.restore_window;
+
+    // Graph inputs: their own region, in order.
+    int64_t in_off = 0;
+    for (int v : _g.inputs) {
+        storage s;
+        s.where = region::inputs;
+        s.bytes = int64_t(dtype_size(val(v).type)) * std::max<int64_t>(1, element_count(val(v).shape));
+        s.offset = in_off;
+        in_off = align_up(in_off + s.bytes);
+        _storages.push_back(s);
+        _storage[size_t(v)] = int(_storages.size() - 1);
+    }
+    _extra_at = in_off;
+
+    for (size_t ni = 0; ni < _g.nodes.size(); ++ni)
+        if (!_done[ni]) lower(int(ni));
+
+    // Liveness per storage, in launch indices.
+    for (size_t li = 0; li < _pending.size(); ++li) {
+        for (int v : _pending[li].writes) {
+            storage& s = _storages[size_t(storage_of(v))];
+            s.first = std::min(s.first, int(li));
+            s.last = std::max(s.last, int(li));
+        }
+        for (int v : _pending[li].reads) {
+            storage& s = _storages[size_t(storage_of(v))];
+            s.last = std::max(s.last, int(li));
+        }
+    }
+    for (int v : _g.outputs) _storages[size_t(storage_of(v))].output = true;
+
+    // Arena placement: largest first, lowest offset that overlaps no storage alive at an
+    // overlapping time. A storage stays reserved for restore_window launches after its last
+    // reader, so approximate restore re-executes kernels over intact inputs.
+    std::vector<int> order;
+    for (size_t i = 0; i < _storages.size(); ++i)
+        if (_storages[i].where == region::arena) order.push_back(int(i));
+    std::sort(order.begin(), order.end(), [&](int a, int b) {
+        return _storages[size_t(a)].bytes != _storages[size_t(b)].bytes
+                   ? _storages[size_t(a)].bytes > _storages[size_t(b)].bytes : a < b;
+    });
+    const int end_of_time = std::numeric_limits<int>::max() / 2;
+    auto until = [&](const storage& s) { return s.output ? end_of_time : s.last + _o.restore_window; };
+    std::vector<int> placed;
+    int64_t arena = 0;
+    for (int si : order) {
+        storage& s = _storages[size_t(si)];
+        if (s.first == std::numeric_limits<int>::max()) s.first = 0;  // never written (empty)
+        std::vector<std::pair<int64_t, int64_t>> busy;
+        for (int pi : placed) {
+            const storage& o = _storages[size_t(pi)];
+            if (o.first <= until(s) && s.first <= until(o)) busy.push_back({o.offset, o.offset + o.bytes});
+        }
+        std::sort(busy.begin(), busy.end());
+        int64_t at = 0;
+        for (auto [b0, b1] : busy) {
+            if (at + s.bytes <= b0) break;
+            at = std::max(at, align_up(b1));
+        }
+        s.offset = at;
+        arena = std::max(arena, align_up(at + s.bytes));
+        placed.push_back(si);
+    }
+    p._arena_bytes = arena;
+    p._input_bytes = _extra_at;
+    p._constants = std::move(_extra);
+
+    auto location = [&](int v) {
+        const storage& s = _storages[size_t(storage_of(v))];
+        return tensor_location{s.where, s.offset + _view_offset[size_t(v)], val(v).type, val(v).shape};
+    };
+    for (int v : _g.inputs) p._inputs.push_back(location(v));
+    for (int v : _g.outputs) p._outputs.push_back(location(v));
+
+    for (size_t li = 0; li < _pending.size(); ++li) {
+        pending& q = _pending[li];
+        planned_launch l;
+        l.kernel = q.kernel;
+        l.args = std::move(q.args);
+        l.grid = q.grid;
+        l.scratch_bytes = q.scratch;
+        l.node = q.node;
+        for (auto& ptr : q.pointers) {
+            const tensor_location t = location(ptr.value);
+            p._fixups.push_back({li, ptr.args_offset, t.where, t.offset + ptr.byte_offset});
+        }
+        auto range = [&](int v) {
+            const storage& s = _storages[size_t(storage_of(v))];
+            return byte_range{s.where, s.offset, s.bytes};
+        };
+        for (int v : q.reads) l.reads.push_back(range(v));
+        for (int v : q.writes) l.writes.push_back(range(v));
+        p._launches.push_back(std::move(l));
+    }
+    return p;
+}
+
+plan plan::build(const graph& g, const weight_layout& weights, const plan_options& opts) {
+    return planner(g, weights, opts).run();
+}
+
+void plan::bind(const memory_bases& bases) {
+    for (const pointer_fixup& f : _fixups) {
+        std::byte* base = f.where == region::weights ? bases.weights
+                          : f.where == region::arena ? bases.arena : bases.inputs;
+        void* ptr = base + f.offset;
+        std::memcpy(_launches[f.launch].args.data() + f.args_offset, &ptr, sizeof ptr);
+    }
+    for (const auto& [offset, data] : _constants) std::memcpy(bases.inputs + offset, data->data(), data->size());
+}
+
+std::string plan::check_idempotence() const {
+    auto overlap = [](const byte_range& a, const byte_range& b) {
+        return a.where == b.where && a.offset < b.offset + b.bytes && b.offset < a.offset + a.bytes;
+    };
+    for (size_t j = 0; j < _launches.size(); ++j) {
+        for (const byte_range& r : _launches[j].reads) {
+            if (r.where != region::arena) continue;
+            for (size_t kk = j; kk < std::min(_launches.size(), j + size_t(_restore_window) + 1); ++kk)
+                for (const byte_range& w : _launches[kk].writes)
+                    if (overlap(r, w))
+                        return "launch " + std::to_string(kk) + " (" + _launches[kk].kernel->name +
+                               ", node '" + _launches[kk].node + "') writes memory that launch " +
+                               std::to_string(j) + " (node '" + _launches[j].node + "') reads";
+        }
+        for (const byte_range& w : _launches[j].writes)
+            if (w.where != region::arena)
+                return "launch " + std::to_string(j) + " writes outside the arena";
+    }
+    return "";
+}
+
+}  // namespace reefline::ml

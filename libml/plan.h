@@ -1,0 +1,116 @@
+// Graph -> kernel plan and memory plan.
+//
+// A plan is the ordered list of kernel launches of one inference at one batch size, each
+// with its kernel, grid, resource needs and argument struct, plus a memory plan: where every
+// runtime tensor lives. Memory is three regions:
+//   weights  constants of the model (shared by every instance of the model: link_model)
+//   arena    intermediate tensors and outputs, reused by liveness
+//   inputs   the graph inputs (the gather kernel or the caller writes them)
+// Argument structs hold raw pointers, so a plan is built for concrete region base addresses
+// (an instance's memory); `relocate()` retargets it when the memory moves.
+//
+// Idempotence (DESIGN.md invariants): no launch writes a byte range that it reads, and a
+// range read by launch j is not written by any launch k in (j, j + restore_window], so that
+// restoring a preempted task from up to `restore_window` kernels before the interrupted one
+// recomputes the same values. check_idempotence() verifies both for any plan.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "libml/graph.h"
+#include "preempt/device.h"
+
+namespace reefline::ml {
+
+enum class region : uint8_t { weights, arena, inputs };
+
+struct byte_range {
+    region where;
+    int64_t offset;
+    int64_t bytes;
+};
+
+struct planned_launch {
+    const gpu::kernel_info* kernel;
+    std::vector<std::byte> args;  // the kernel's argument struct, pointers resolved
+    uint32_t grid;
+    size_t scratch_bytes;         // per compute unit (cpu backend)
+    std::string node;             // the graph node it comes from (for errors and profiles)
+    std::vector<byte_range> reads, writes;
+};
+
+// Where a runtime tensor lives.
+struct tensor_location {
+    region where;
+    int64_t offset;  // bytes
+    dtype type;
+    shape_t shape;
+};
+
+struct plan_options {
+    int restore_window = 4;  // REEF's c: kernels that approximate restore may re-execute
+    // Roughly how much work one block should do; smaller grids preempt at finer grain.
+    int64_t elements_per_block = 16384;
+};
+
+struct memory_bases {
+    std::byte* weights = nullptr;
+    std::byte* arena = nullptr;
+    std::byte* inputs = nullptr;
+};
+
+class plan {
+public:
+    // Lays out the weights region for g's constants (independent of batch size): offsets by
+    // value id. The same layout serves every batch size and instance of the model.
+    // Keyed by the constant's data, which specializations of one model share, so one upload
+    // serves every batch size and every instance.
+    struct weight_layout {
+        std::map<const bytes_t*, int64_t> offset;
+        std::vector<std::shared_ptr<const bytes_t>> data;
+        int64_t bytes = 0;
+    };
+    static weight_layout layout_weights(const graph& g);
+    // Copies the constants into a weights region laid out by `layout`.
+    static void fill_weights(const weight_layout& layout, std::byte* weights);
+
+    // Builds the plan of a specialized graph. Throws model_error(unsupported_feature) for
+    // what the kernel library cannot run (naming the node).
+    static plan build(const graph& g, const weight_layout& weights, const plan_options& opts = {});
+
+    int64_t arena_bytes() const { return _arena_bytes; }
+    // Inputs region: the graph inputs, then constants that only this specialization has.
+    int64_t input_bytes() const { return _input_bytes; }
+    const std::vector<planned_launch>& launches() const { return _launches; }
+    const std::vector<tensor_location>& inputs() const { return _inputs; }
+    const std::vector<tensor_location>& outputs() const { return _outputs; }
+    int restore_window() const { return _restore_window; }
+
+    // Resolves every pointer in the argument structs against `bases` and writes this
+    // specialization's own constants into the inputs region (host-visible memory).
+    void bind(const memory_bases& bases);
+    // Verifies the idempotence invariant; returns "" or a description of the first violation.
+    std::string check_idempotence() const;
+
+private:
+    struct pointer_fixup {
+        size_t launch;
+        size_t args_offset;  // where the pointer lives in the argument struct
+        region where;
+        int64_t offset;
+    };
+    std::vector<planned_launch> _launches;
+    std::vector<pointer_fixup> _fixups;
+    std::vector<tensor_location> _inputs, _outputs;
+    int64_t _arena_bytes = 0, _input_bytes = 0;
+    std::vector<std::pair<int64_t, std::shared_ptr<const bytes_t>>> _constants;
+    int _restore_window = 4;
+    friend class planner;
+};
+
+}  // namespace reefline::ml

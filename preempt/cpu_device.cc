@@ -1,0 +1,724 @@
+// The cpu backend: a software device (DESIGN.md, "The GPU runtime").
+//
+// Compute units are worker threads. There is no separate command-processor thread: every idle
+// worker is its own command processor. It scans the streams in priority order (a snapshot list
+// sorted by priority; equal priorities are visited round-robin), claims the next block of the
+// first stream whose head launch still has undispatched blocks, runs it, and scans again. So a
+// higher-priority launch gets every compute unit at the next block boundary, and a queued
+// launch behind another on the same stream never runs early.
+//
+// Hot path, per block: one CAS on the head launch's claim word, loads of the task's preemption
+// flag, one fetch_add on the launch's done counter. No mutex. Per launch: the
+// producer and the launch's last block touch the stream's head/tail indices and, only when a
+// thread sleeps, a futex.
+//
+// Stream queue: a ring of `queue_depth` slots (rounded up to a power of two), indices head and
+// tail are 64-bit and only grow. tail is written by producers (under the stream's producer
+// mutex), head only by the last block of the head launch. A slot's claim word holds the low 32
+// bits of the launch index and the number of blocks not yet dispatched, so a worker that read
+// a stale head can never claim a block of a newer launch that reused the slot.
+//
+// Preemption: a block is dispatched only after the claimer has read task->preempt == 0. A
+// claimer that finds the flag raised (or a block that returns false at a check point) marks the
+// launch failed and zeroes its undispatched count at once, so no further block of it runs. The
+// launch's last finished block stores task->completed = kernel_index + 1 (release) only if the
+// launch did not fail. Queued launches of a flagged task run no block: whoever finishes the
+// launch ahead of them evicts them on the spot, in a loop (so a preempted stream empties
+// within microseconds even when every other unit is busy), and a scanning worker evicts a
+// flagged launch it finds at a stream's head.
+//
+// Idle workers poll for kSpinNs (a launch on an idle device then starts within about a
+// microsecond), yielding the core between polls after kPureSpinNs so that they do not starve
+// a thread that shares their core, then sleep on a futex (work_seq) that producers and
+// finishers bump, and wake only when someone sleeps.
+//
+// Streams are never freed before the device: stream_destroy drains the stream, takes it out of
+// the dispatch list and keeps it for reuse by a later stream_create. Its indices keep growing,
+// so events recorded on it stay valid. The dispatch list is copy-on-write; a replaced list is
+// freed after a grace period (every worker has left the scan it was in).
+#include "preempt/device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include <sched.h>
+#if defined(__linux__)
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+namespace reefline::gpu {
+namespace {
+
+// Priorities as in CUDA: a lower number is a higher priority; out-of-range values are clamped.
+constexpr int cpu_highest_priority = 0;
+constexpr int cpu_lowest_priority = 7;
+
+constexpr size_t kAlign = 64;
+constexpr size_t kInlineArgs = 256;
+constexpr int64_t kSpinNs = 50'000;       // idle workers spin this long before sleeping
+constexpr int64_t kWaiterSpinNs = 20'000; // synchronize/launch spin before sleeping
+constexpr int64_t kPureSpinNs = 2'000;    // then they yield between polls
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+}
+
+inline int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// Sleeping on a 32-bit atomic: the futex directly on Linux, C++20 atomic wait elsewhere.
+void wait_word(std::atomic<uint32_t>& w, uint32_t seen) {
+#if defined(__linux__)
+    static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t));
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAIT_PRIVATE, seen, nullptr, nullptr, 0);
+#else
+    w.wait(seen, std::memory_order_seq_cst);
+#endif
+}
+
+void wake_word(std::atomic<uint32_t>& w, uint32_t n) {
+#if defined(__linux__)
+    syscall(SYS_futex, reinterpret_cast<uint32_t*>(&w), FUTEX_WAKE_PRIVATE,
+            static_cast<int>(std::min<uint32_t>(n, INT_MAX)), nullptr, nullptr, 0);
+#else
+    if (n == 1) w.notify_one(); else w.notify_all();
+#endif
+}
+
+// Polls `pred` for up to `ns`: a few microseconds of pure spinning, then yielding the core
+// between polls so that a thread it shares the core with (the host thread that launches, or
+// another worker when compute units outnumber cores) is not starved. True once pred held.
+template <typename Pred>
+bool spin_until(Pred&& pred, int64_t ns) {
+    const int64_t start = now_ns();
+    for (uint32_t i = 1;; ++i) {
+        if (pred()) return true;
+        if ((i & 15) != 0) {
+            cpu_relax();
+            continue;
+        }
+        const int64_t t = now_ns() - start;
+        if (t > ns) return false;
+        if (t > kPureSpinNs) sched_yield();
+    }
+}
+
+size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+void* aligned_bytes(size_t bytes) {
+    void* p = std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+    if (!p) throw std::bad_alloc();
+    return p;
+}
+
+struct aligned_deleter {
+    void operator()(void* p) const { std::free(p); }
+};
+
+// One launch in a stream's ring.
+struct alignas(64) slot {
+    // Dispatch state, shared by the workers running the launch.
+    std::atomic<uint64_t> claim{0};   // (launch index & 0xffffffff) << 32 | blocks not dispatched
+    std::atomic<uint32_t> done{0};    // blocks finished or skipped
+    std::atomic<uint32_t> failed{0};  // some block was preempted or skipped
+    std::atomic<uint32_t> units{0};   // blocks to account for (block_count, at least 1)
+
+    // Written by the producer before the launch is published, read-only while it is live.
+    alignas(64) cpu_block_fn fn = nullptr;
+    const void* args = nullptr;
+    std::atomic<task_words*> task{nullptr};  // atomic: evictors read it before claiming
+    uint32_t grid = 0;
+    uint32_t offset = 0;
+    uint32_t count = 0;
+    uint32_t kernel_index = 0;
+    std::unique_ptr<unsigned char, aligned_deleter> heap;  // args above kInlineArgs, reused
+    size_t heap_cap = 0;
+    alignas(64) unsigned char inline_args[kInlineArgs];
+};
+
+struct cpu_device_state;
+
+struct cpu_stream {
+    int priority = 0;
+    uint32_t mask = 0;
+    uint32_t depth = 0;
+    std::unique_ptr<slot[]> slots;
+    bool live = false;  // guarded by the device mutex
+
+    alignas(64) std::atomic<uint64_t> head{0};   // first launch not finished
+    std::atomic<uint32_t> progress{0};           // bumped after head moves (futex word)
+    std::atomic<uint32_t> waiters{0};            // threads sleeping on progress
+    alignas(64) std::atomic<uint64_t> tail{0};   // next launch index
+    std::mutex producer;                         // serialises producers of this stream
+};
+
+struct cpu_event {
+    std::mutex m;
+    cpu_stream* s = nullptr;  // null: never recorded
+    uint64_t ticket = 0;      // complete once s->head >= ticket
+};
+
+// Streams in dispatch order: sorted by priority, with the [begin, end) of each priority level.
+struct stream_list {
+    std::vector<cpu_stream*> s;
+    std::vector<std::pair<uint32_t, uint32_t>> levels;
+};
+
+struct alignas(64) worker {
+    uint32_t id = 0;
+    uint32_t rotate = 0;                 // round-robin among equal priorities
+    std::atomic<uint64_t> epoch{0};      // odd while it reads the stream list
+    void* scratch = nullptr;
+    std::thread thread;
+};
+
+struct claimed {
+    cpu_stream* s;
+    slot* sl;
+    uint32_t unit;
+};
+
+struct cpu_device_state {
+    cpu_device_options options;
+    uint32_t units = 1;
+    std::unique_ptr<worker[]> workers;
+
+    std::atomic<const stream_list*> list{nullptr};
+    alignas(64) std::atomic<uint32_t> work_seq{0};   // futex word of sleeping workers
+    std::atomic<uint32_t> sleepers{0};
+    std::atomic<bool> stop{false};
+
+    alignas(64) std::mutex mu;  // everything below
+    std::vector<std::unique_ptr<cpu_stream>> streams;  // all ever created; live or reusable
+    std::unordered_map<void*, size_t> allocs;
+    std::unordered_map<void*, size_t> registered;
+    std::unordered_set<cpu_event*> events;
+    std::unordered_set<task_words*> words;
+};
+
+cpu_device_state* state_of(const device* d) { return static_cast<cpu_device_state*>(d->state()); }
+cpu_stream* as_cpu(stream* s) { return reinterpret_cast<cpu_stream*>(s); }
+cpu_event* as_cpu(event* e) { return reinterpret_cast<cpu_event*>(e); }
+
+// --- dispatch ----------------------------------------------------------------------------------
+
+constexpr uint64_t kIdBits = ~uint64_t{0xffffffff};
+
+void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl);
+
+// Lazy eviction: if launch `idx` (in `sl`) belongs to a flagged task, takes all its
+// undispatched blocks off the device and marks it failed. Returns how many it took (0: not
+// flagged, nothing left, or the slot moved on); the caller accounts for them.
+uint32_t evict_if_flagged(slot& sl, uint64_t idx) {
+    uint64_t cw = sl.claim.load(std::memory_order_acquire);
+    for (;;) {
+        if ((cw >> 32) != static_cast<uint32_t>(idx) || static_cast<uint32_t>(cw) == 0) return 0;
+        // While blocks are left the launch cannot finish, so the slot still holds it.
+        const task_words* t = sl.task.load(std::memory_order_relaxed);
+        if (!t || t->preempt.load(std::memory_order_acquire) == 0) return 0;
+        if (sl.claim.compare_exchange_weak(cw, cw & kIdBits, std::memory_order_acq_rel,
+                                           std::memory_order_acquire)) {
+            sl.failed.store(1, std::memory_order_relaxed);
+            return static_cast<uint32_t>(cw);
+        }
+    }
+}
+
+// Adds `n` finished or dropped blocks to a launch; the one that completes it finishes it.
+void account(cpu_device_state* d, cpu_stream* s, slot& sl, uint32_t n) {
+    const uint32_t units = sl.units.load(std::memory_order_relaxed);
+    if (sl.done.fetch_add(n, std::memory_order_acq_rel) + n == units) finish_launch(d, s, &sl);
+}
+
+// Claims one block of the stream's head launch, if it has one left. Head launches of flagged
+// tasks met on the way are evicted.
+bool try_claim(cpu_device_state* d, cpu_stream* s, claimed& c) {
+    for (;;) {
+        const uint64_t h = s->head.load(std::memory_order_seq_cst);
+        if (h == s->tail.load(std::memory_order_seq_cst)) return false;
+        slot& sl = s->slots[h & s->mask];
+        if (const uint32_t n = evict_if_flagged(sl, h)) {
+            account(d, s, sl, n);
+            continue;  // the next launch may be runnable now
+        }
+        const uint64_t id = static_cast<uint32_t>(h);
+        uint64_t cw = sl.claim.load(std::memory_order_acquire);
+        for (;;) {
+            if ((cw >> 32) != id) return false;  // stale head: the slot moved on
+            const uint32_t left = static_cast<uint32_t>(cw);
+            if (left == 0) return false;         // all dispatched; the next launch waits for it
+            if (sl.claim.compare_exchange_weak(cw, cw - 1, std::memory_order_acq_rel,
+                                               std::memory_order_acquire)) {
+                c.s = s;
+                c.sl = &sl;
+                c.unit = sl.units.load(std::memory_order_relaxed) - left;
+                return true;
+            }
+        }
+    }
+}
+
+// One pass over the streams in priority order. Marks the worker as reading the list.
+bool scan(cpu_device_state* d, worker& w, claimed& c) {
+    const uint64_t e = w.epoch.load(std::memory_order_relaxed);
+    w.epoch.store(e + 1, std::memory_order_seq_cst);
+    const stream_list* l = d->list.load(std::memory_order_seq_cst);
+    bool got = false;
+    if (l) {
+        for (const auto& [b, end] : l->levels) {
+            const uint32_t n = end - b;
+            const uint32_t start = n > 1 ? w.rotate % n : 0;
+            for (uint32_t i = 0; i < n && !got; ++i) {
+                uint32_t k = start + i;
+                if (k >= n) k -= n;
+                got = try_claim(d, l->s[b + k], c);
+            }
+            if (got) break;
+        }
+    }
+    w.epoch.store(e + 2, std::memory_order_release);
+    if (got) ++w.rotate;
+    return got;
+}
+
+// The last block of the head launch is done: advance the counter (unless it failed) and the
+// head. Queued launches of flagged tasks behind it are evicted at once, in the same loop.
+void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl) {
+    for (;;) {
+        task_words* task = sl->task.load(std::memory_order_relaxed);
+        if (task && sl->failed.load(std::memory_order_relaxed) == 0)
+            task->completed.store(sl->kernel_index + 1, std::memory_order_release);
+        const uint64_t h = s->head.load(std::memory_order_relaxed);
+        // After this store the slot belongs to the producers again: do not touch it.
+        s->head.store(h + 1, std::memory_order_seq_cst);
+        const uint64_t t = s->tail.load(std::memory_order_seq_cst);
+        s->progress.fetch_add(1, std::memory_order_seq_cst);
+        if (s->waiters.load(std::memory_order_seq_cst) != 0) wake_word(s->progress, UINT32_MAX);
+        if (t <= h + 1) return;
+
+        slot& next = s->slots[(h + 1) & s->mask];
+        if (const uint32_t n = evict_if_flagged(next, h + 1)) {
+            const uint32_t units = next.units.load(std::memory_order_relaxed);
+            if (next.done.fetch_add(n, std::memory_order_acq_rel) + n != units) return;
+            sl = &next;
+            continue;
+        }
+        // The next launch became runnable. This worker takes one block itself when it scans
+        // again; wake sleepers for the others.
+        const uint32_t units = next.units.load(std::memory_order_relaxed);
+        d->work_seq.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t sleeping = d->sleepers.load(std::memory_order_seq_cst);
+        if (sleeping != 0 && units > 1) wake_word(d->work_seq, std::min(sleeping, units - 1));
+        return;
+    }
+}
+
+void run_claimed(cpu_device_state* d, worker& w, const claimed& c) {
+    slot& sl = *c.sl;
+    uint32_t accounted = 1;
+    bool ok = true;
+    task_words* task = sl.task.load(std::memory_order_relaxed);
+    if (task && task->preempt.load(std::memory_order_acquire) != 0) {
+        ok = false;
+    } else if (sl.count != 0) {
+        block_context ctx{sl.offset + c.unit, sl.grid, w.id, task, w.scratch,
+                          w.scratch ? d->options.scratch_per_unit : 0};
+        ok = sl.fn(sl.args, ctx);
+    }
+    if (!ok) {
+        // Preempted: no block of this launch is dispatched any more; account for the rest.
+        sl.failed.store(1, std::memory_order_relaxed);
+        uint64_t cw = sl.claim.load(std::memory_order_relaxed);
+        while (static_cast<uint32_t>(cw) != 0) {
+            if (sl.claim.compare_exchange_weak(cw, cw & kIdBits, std::memory_order_acq_rel,
+                                               std::memory_order_relaxed)) {
+                accounted += static_cast<uint32_t>(cw);
+                break;
+            }
+        }
+    }
+    account(d, c.s, sl, accounted);
+}
+
+void worker_main(cpu_device_state* d, worker& w) {
+    if (d->options.scratch_per_unit != 0) w.scratch = aligned_bytes(d->options.scratch_per_unit);
+    claimed c{};
+    while (!d->stop.load(std::memory_order_acquire)) {
+        if (scan(d, w, c)) {
+            run_claimed(d, w, c);
+            continue;
+        }
+        // Idle: spin a while, then sleep until a producer or finisher bumps work_seq.
+        bool got = false;
+        spin_until([&] { return (got = scan(d, w, c)) || d->stop.load(std::memory_order_relaxed); }, kSpinNs);
+        if (got) {
+            run_claimed(d, w, c);
+            continue;
+        }
+        if (d->stop.load(std::memory_order_relaxed)) break;
+        d->sleepers.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t seq = d->work_seq.load(std::memory_order_seq_cst);
+        const bool found = !d->stop.load(std::memory_order_seq_cst) && scan(d, w, c);
+        if (!found && !d->stop.load(std::memory_order_seq_cst)) wait_word(d->work_seq, seq);
+        d->sleepers.fetch_sub(1, std::memory_order_seq_cst);
+        if (found) run_claimed(d, w, c);
+    }
+    std::free(w.scratch);
+    w.scratch = nullptr;
+}
+
+// Waits until pred() holds; pred depends on s->head. Spins briefly, then sleeps on progress.
+template <typename Pred>
+void wait_progress(cpu_device_state* d, cpu_stream* s, Pred pred) {
+    if (spin_until(pred, kWaiterSpinNs)) return;
+    for (;;) {
+        s->waiters.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t p = s->progress.load(std::memory_order_seq_cst);
+        const bool done = pred() || d->stop.load(std::memory_order_seq_cst);
+        if (!done) wait_word(s->progress, p);
+        s->waiters.fetch_sub(1, std::memory_order_seq_cst);
+        if (done) return;
+    }
+}
+
+// Publishes a new dispatch list (device mutex held) and frees the old one after every worker
+// has left the scan that may have been reading it.
+void publish_list(cpu_device_state* d) {
+    auto* l = new stream_list;
+    for (auto& s : d->streams)
+        if (s->live) l->s.push_back(s.get());
+    std::stable_sort(l->s.begin(), l->s.end(),
+                     [](const cpu_stream* a, const cpu_stream* b) { return a->priority < b->priority; });
+    for (uint32_t i = 0; i < l->s.size();) {
+        uint32_t j = i;
+        while (j < l->s.size() && l->s[j]->priority == l->s[i]->priority) ++j;
+        l->levels.emplace_back(i, j);
+        i = j;
+    }
+    const stream_list* old = d->list.exchange(l, std::memory_order_seq_cst);
+    if (!old) return;
+    for (uint32_t i = 0; i < d->units; ++i) {
+        const uint64_t e = d->workers[i].epoch.load(std::memory_order_seq_cst);
+        if ((e & 1) == 0) continue;
+        while (d->workers[i].epoch.load(std::memory_order_seq_cst) == e) std::this_thread::yield();
+    }
+    delete old;
+}
+
+// --- device_ops --------------------------------------------------------------------------------
+
+void op_destroy(device* dev) {
+    cpu_device_state* d = state_of(dev);
+    d->stop.store(true, std::memory_order_seq_cst);
+    d->work_seq.fetch_add(1, std::memory_order_seq_cst);
+    wake_word(d->work_seq, UINT32_MAX);
+    for (uint32_t i = 0; i < d->units; ++i)
+        if (d->workers[i].thread.joinable()) d->workers[i].thread.join();
+    {
+        std::lock_guard lk(d->mu);
+        for (auto& s : d->streams) {  // release anyone still waiting (a caller's bug)
+            s->progress.fetch_add(1, std::memory_order_seq_cst);
+            wake_word(s->progress, UINT32_MAX);
+        }
+        for (auto& [p, n] : d->allocs) std::free(p);
+        for (cpu_event* e : d->events) delete e;
+        for (task_words* w : d->words) {
+            w->~task_words();
+            std::free(w);
+        }
+    }
+    delete d->list.load();
+    delete d;
+}
+
+device_caps op_caps(const device* dev) {
+    const cpu_device_state* d = state_of(dev);
+    device_caps c;
+    c.name = "cpu (" + std::to_string(d->units) + (d->units == 1 ? " compute unit)" : " compute units)");
+    c.compute_units = d->units;
+    c.max_queue_depth = d->options.queue_depth;
+    c.lowest_priority = cpu_lowest_priority;
+    c.highest_priority = cpu_highest_priority;
+    return c;
+}
+
+void* op_alloc(device* dev, size_t bytes, memory_kind) {
+    cpu_device_state* d = state_of(dev);
+    void* p = aligned_bytes(bytes);
+    std::lock_guard lk(d->mu);
+    d->allocs.emplace(p, bytes);
+    return p;
+}
+
+void op_free(device* dev, void* p) {
+    if (!p) return;
+    cpu_device_state* d = state_of(dev);
+    std::lock_guard lk(d->mu);
+    if (d->allocs.erase(p) == 0) {
+        std::fprintf(stderr, "reefline cpu device: free of %p, which it did not allocate\n", p);
+        std::abort();
+    }
+    std::free(p);
+}
+
+bool op_register_host(device* dev, void* p, size_t bytes) {
+    if (!p || bytes == 0) return false;
+    cpu_device_state* d = state_of(dev);
+    std::lock_guard lk(d->mu);
+    d->registered[p] = bytes;  // host memory is already visible to the cpu device
+    return true;
+}
+
+void op_unregister_host(device* dev, void* p) {
+    cpu_device_state* d = state_of(dev);
+    std::lock_guard lk(d->mu);
+    d->registered.erase(p);
+}
+
+void op_copy(device*, void* dst, const void* src, size_t bytes) {
+    if (bytes) std::memcpy(dst, src, bytes);
+}
+
+stream* op_stream_create(device* dev, int priority) {
+    cpu_device_state* d = state_of(dev);
+    priority = std::clamp(priority, cpu_highest_priority, cpu_lowest_priority);
+    std::lock_guard lk(d->mu);
+    cpu_stream* s = nullptr;
+    for (auto& r : d->streams)
+        if (!r->live) {
+            s = r.get();  // reuse a destroyed stream; its indices go on growing
+            break;
+        }
+    if (!s) {
+        auto n = std::make_unique<cpu_stream>();
+        n->depth = std::max<uint32_t>(1, d->options.queue_depth);
+        uint32_t cap = 1;
+        while (cap < n->depth) cap <<= 1;
+        n->mask = cap - 1;
+        n->slots = std::make_unique<slot[]>(cap);
+        s = n.get();
+        d->streams.push_back(std::move(n));
+    }
+    s->priority = priority;
+    s->live = true;
+    publish_list(d);
+    return reinterpret_cast<stream*>(s);
+}
+
+void op_synchronize(device* dev, stream* st);
+
+void op_stream_destroy(device* dev, stream* st) {
+    if (!st) return;
+    cpu_device_state* d = state_of(dev);
+    op_synchronize(dev, st);
+    std::lock_guard lk(d->mu);
+    as_cpu(st)->live = false;
+    publish_list(d);
+}
+
+void op_launch(device* dev, stream* st, const launch& l) {
+    cpu_device_state* d = state_of(dev);
+    cpu_stream* s = as_cpu(st);
+    if (!s || !l.kernel || !l.kernel->cpu)
+        throw std::invalid_argument("cpu device: launch without a stream or a cpu kernel");
+    if (l.block_offset > l.grid || l.block_count > l.grid - l.block_offset)
+        throw std::invalid_argument(std::string("cpu device: block slice outside the grid of ") +
+                                    (l.kernel->name ? l.kernel->name : "?"));
+    if (l.args_size != 0 && !l.args) throw std::invalid_argument("cpu device: args_size without args");
+    if (l.kernel->scratch_bytes > d->options.scratch_per_unit)
+        throw std::invalid_argument("cpu device: kernel needs more scratch than a compute unit has");
+
+    std::unique_lock lk(s->producer);
+    const uint64_t t = s->tail.load(std::memory_order_relaxed);
+    wait_progress(d, s, [&] { return t - s->head.load(std::memory_order_seq_cst) < s->depth; });
+    if (d->stop.load(std::memory_order_relaxed)) return;
+
+    slot& sl = s->slots[t & s->mask];
+    sl.fn = l.kernel->cpu;
+    sl.task.store(l.task, std::memory_order_relaxed);
+    sl.grid = l.grid;
+    sl.offset = l.block_offset;
+    sl.count = l.block_count;
+    sl.kernel_index = l.kernel_index;
+    if (l.args_size <= kInlineArgs) {
+        if (l.args_size) std::memcpy(sl.inline_args, l.args, l.args_size);
+        sl.args = sl.inline_args;
+    } else {
+        if (sl.heap_cap < l.args_size) {
+            sl.heap.reset(static_cast<unsigned char*>(aligned_bytes(l.args_size)));
+            sl.heap_cap = round_up(l.args_size, kAlign);
+        }
+        std::memcpy(sl.heap.get(), l.args, l.args_size);
+        sl.args = sl.heap.get();
+    }
+    const uint32_t units = std::max<uint32_t>(1, l.block_count);
+    sl.units.store(units, std::memory_order_relaxed);
+    sl.done.store(0, std::memory_order_relaxed);
+    sl.failed.store(0, std::memory_order_relaxed);
+    sl.claim.store(uint64_t{static_cast<uint32_t>(t)} << 32 | units, std::memory_order_release);
+    s->tail.store(t + 1, std::memory_order_seq_cst);
+    // Only a launch at the head is runnable now; later ones are woken by its predecessor's
+    // last block (finish_launch).
+    const bool at_head = s->head.load(std::memory_order_seq_cst) == t;
+    lk.unlock();
+    if (at_head) {
+        d->work_seq.fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t sleeping = d->sleepers.load(std::memory_order_seq_cst);
+        if (sleeping != 0) wake_word(d->work_seq, std::min(sleeping, units));
+    }
+}
+
+uint32_t op_queued(device*, stream* st) {
+    cpu_stream* s = as_cpu(st);
+    const uint64_t h = s->head.load(std::memory_order_seq_cst);
+    const uint64_t t = s->tail.load(std::memory_order_seq_cst);
+    if (t <= h) return 0;
+    uint32_t n = static_cast<uint32_t>(t - h);
+    const slot& sl = s->slots[h & s->mask];
+    const uint64_t cw = sl.claim.load(std::memory_order_acquire);
+    const bool started = (cw >> 32) != static_cast<uint32_t>(h) ||
+                         static_cast<uint32_t>(cw) != sl.units.load(std::memory_order_relaxed);
+    return started ? n - 1 : n;
+}
+
+void op_synchronize(device* dev, stream* st) {
+    cpu_device_state* d = state_of(dev);
+    cpu_stream* s = as_cpu(st);
+    const uint64_t t = s->tail.load(std::memory_order_seq_cst);
+    wait_progress(d, s, [&] { return s->head.load(std::memory_order_seq_cst) >= t; });
+}
+
+event* op_event_create(device* dev) {
+    cpu_device_state* d = state_of(dev);
+    auto* e = new cpu_event;
+    std::lock_guard lk(d->mu);
+    d->events.insert(e);
+    return reinterpret_cast<event*>(e);
+}
+
+void op_event_destroy(device* dev, event* ev) {
+    if (!ev) return;
+    cpu_device_state* d = state_of(dev);
+    std::lock_guard lk(d->mu);
+    if (d->events.erase(as_cpu(ev))) delete as_cpu(ev);
+}
+
+void op_event_record(device*, event* ev, stream* st) {
+    cpu_event* e = as_cpu(ev);
+    cpu_stream* s = as_cpu(st);
+    std::lock_guard pl(s->producer);  // orders the marker among this stream's launches
+    std::lock_guard el(e->m);
+    e->s = s;
+    e->ticket = s->tail.load(std::memory_order_seq_cst);
+}
+
+bool op_event_query(device*, event* ev) {
+    cpu_event* e = as_cpu(ev);
+    std::lock_guard el(e->m);
+    return !e->s || e->s->head.load(std::memory_order_seq_cst) >= e->ticket;
+}
+
+void op_event_synchronize(device* dev, event* ev) {
+    cpu_event* e = as_cpu(ev);
+    cpu_stream* s;
+    uint64_t ticket;
+    {
+        std::lock_guard el(e->m);
+        s = e->s;
+        ticket = e->ticket;
+    }
+    if (!s) return;
+    wait_progress(state_of(dev), s, [&] { return s->head.load(std::memory_order_seq_cst) >= ticket; });
+}
+
+task_words* op_task_words_create(device* dev) {
+    cpu_device_state* d = state_of(dev);
+    void* p = aligned_bytes(sizeof(task_words));
+    auto* w = new (p) task_words{};
+    w->preempt.store(0, std::memory_order_relaxed);
+    w->completed.store(0, std::memory_order_relaxed);
+    std::lock_guard lk(d->mu);
+    d->words.insert(w);
+    return w;
+}
+
+void op_task_words_destroy(device* dev, task_words* w) {
+    if (!w) return;
+    cpu_device_state* d = state_of(dev);
+    std::lock_guard lk(d->mu);
+    if (d->words.erase(w)) {
+        w->~task_words();
+        std::free(w);
+    }
+}
+
+const device_ops cpu_ops = {
+    op_destroy,
+    op_caps,
+    op_alloc,
+    op_free,
+    op_register_host,
+    op_unregister_host,
+    op_copy,
+    op_copy,
+    op_stream_create,
+    op_stream_destroy,
+    op_launch,
+    op_queued,
+    op_synchronize,
+    op_event_create,
+    op_event_destroy,
+    op_event_record,
+    op_event_query,
+    op_event_synchronize,
+    op_task_words_create,
+    op_task_words_destroy,
+};
+
+}  // namespace
+
+std::unique_ptr<device> make_cpu_device(const cpu_device_options& options) {
+    auto* d = new cpu_device_state;
+    d->options = options;
+    d->options.queue_depth = std::max<uint32_t>(1, options.queue_depth);
+    uint32_t units = options.compute_units;
+    if (units == 0) {
+        const unsigned hc = std::thread::hardware_concurrency();
+        units = hc > 1 ? hc - 1 : 1;
+    }
+    d->units = units;
+    d->workers = std::make_unique<worker[]>(units);
+    d->list.store(new stream_list);
+    auto dev = std::make_unique<device>(&cpu_ops, d);  // its destructor stops what started
+    for (uint32_t i = 0; i < units; ++i) {
+        d->workers[i].id = i;
+        d->workers[i].thread = std::thread(worker_main, d, std::ref(d->workers[i]));
+    }
+    return dev;
+}
+
+}  // namespace reefline::gpu

@@ -1,0 +1,146 @@
+// The IF API on the cpu backend: batching, weight sharing between instances, errors.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+
+#include "libml/libml.h"
+
+namespace ml = reefline::ml;
+namespace fs = std::filesystem;
+
+namespace {
+
+fs::path conformance() {
+    const char* d = std::getenv("REEFLINE_CONFORMANCE_DIR");
+    return d ? fs::path(d) : fs::path();
+}
+
+ml::tensor stack(const std::vector<ml::tensor>& xs) {
+    ml::shape_t s = xs[0].shape;
+    s[0] = int64_t(xs.size());
+    ml::bytes_t b;
+    for (const auto& x : xs) b.insert(b.end(), x.data->begin(), x.data->end());
+    return ml::tensor::make(xs[0].type, s, std::move(b));
+}
+
+ml::tensor random_like(const ml::tensor& t, unsigned seed) {
+    ml::bytes_t b(t.data->size());
+    auto* f = reinterpret_cast<float*>(b.data());
+    srand(seed);
+    for (size_t i = 0; i < b.size() / 4; ++i) f[i] = float(rand() % 1000) / 250.0f - 2.0f;
+    return ml::tensor::make(t.type, t.shape, std::move(b));
+}
+
+class libml_api : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (conformance().empty() || !fs::exists(conformance() / "zoo/test_squeezenet/model.onnx"))
+            GTEST_SKIP() << "REEFLINE_CONFORMANCE_DIR not set or missing";
+        _device = reefline::gpu::make_cpu_device();
+        _rt = std::make_unique<ml::runtime>(*_device);
+        _path = conformance() / "zoo/test_squeezenet";
+    }
+    std::unique_ptr<reefline::gpu::device> _device;
+    std::unique_ptr<ml::runtime> _rt;
+    fs::path _path;
+};
+
+TEST_F(libml_api, batch_n_equals_n_single_runs) {
+    auto m = _rt->load_model(_path / "model.onnx");
+    auto single = _rt->link_model(m);
+    const ml::tensor x0 = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
+    std::vector<ml::tensor> xs = {x0, random_like(x0, 1), random_like(x0, 2)};
+    std::vector<std::vector<ml::tensor>> singles;
+    for (const auto& x : xs) {
+        std::vector<ml::tensor> y;
+        _rt->infer_batch(*single, std::vector<ml::tensor>{x}, y);
+        singles.push_back(y);
+    }
+    auto batched = _rt->link_model(m);
+    _rt->configure_batch(*batched, 3);
+    EXPECT_TRUE(batched->current_plan().check_idempotence().empty());
+    std::vector<ml::tensor> y;
+    _rt->infer_batch(*batched, std::vector<ml::tensor>{stack(xs)}, y);
+    ASSERT_EQ(y.size(), singles[0].size());
+    for (size_t o = 0; o < y.size(); ++o) {
+        const int64_t per = singles[0][o].elements();
+        for (size_t b = 0; b < xs.size(); ++b)
+            for (int64_t i = 0; i < per; ++i)
+                ASSERT_NEAR(y[o].as_f64(int64_t(b) * per + i), singles[b][o].as_f64(i), 1e-5)
+                    << "output " << o << " batch item " << b;
+    }
+}
+
+// Counts the bytes a device allocates: the same backend behind a copy of its function table.
+struct counting_device {
+    static inline std::atomic<int64_t> bytes{0};
+    explicit counting_device(reefline::gpu::device& real) : ops(real.ops()) {
+        ops.destroy = [](reefline::gpu::device*) {};
+        ops.alloc = [](reefline::gpu::device* d, size_t n, reefline::gpu::memory_kind k) {
+            bytes += int64_t(n);
+            return real_alloc(d, n, k);
+        };
+        real_alloc = real.ops().alloc;
+        dev = std::make_unique<reefline::gpu::device>(&ops, real.state());
+    }
+    reefline::gpu::device_ops ops;
+    static inline void* (*real_alloc)(reefline::gpu::device*, size_t, reefline::gpu::memory_kind) = nullptr;
+    std::unique_ptr<reefline::gpu::device> dev;
+};
+
+TEST_F(libml_api, link_model_shares_weights) {
+    counting_device counted(*_device);
+    ml::runtime rt(*counted.dev);
+    const int64_t before_load = counting_device::bytes;
+    auto m = rt.load_model(_path / "model.onnx");
+    const int64_t load = counting_device::bytes - before_load;
+    EXPECT_GE(load, m->weight_bytes());
+    const void* weights = m->weights();
+    auto a = rt.link_model(m);
+    const int64_t before_b = counting_device::bytes;
+    auto b = rt.link_model(m);
+    const int64_t link = counting_device::bytes - before_b;
+    EXPECT_EQ(m->instances(), 2);
+    EXPECT_EQ(m->weights(), weights);  // no second upload
+    // A second instance costs its arena and inputs (plus small task words), never the weights.
+    EXPECT_LT(link, b->arena_bytes() + b->current_plan().input_bytes() + 4096);
+    EXPECT_GE(link, b->arena_bytes());
+    std::printf("weights %lld bytes loaded once; second instance allocated %lld bytes (arena %lld)\n",
+                static_cast<long long>(load), static_cast<long long>(link),
+                static_cast<long long>(b->arena_bytes()));
+    const ml::tensor x = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
+    std::vector<ml::tensor> ya, yb;
+    rt.infer_batch(*a, std::vector<ml::tensor>{x}, ya);
+    rt.infer_batch(*b, std::vector<ml::tensor>{x}, yb);
+    ASSERT_EQ(ya.size(), yb.size());
+    for (size_t o = 0; o < ya.size(); ++o) EXPECT_TRUE(ya[o] == yb[o]);
+    b.reset();
+    EXPECT_EQ(m->instances(), 1);
+}
+
+TEST_F(libml_api, wrong_inputs_are_refused) {
+    auto m = _rt->load_model(_path / "model.onnx");
+    auto a = _rt->link_model(m);
+    std::vector<ml::tensor> y;
+    EXPECT_THROW(_rt->infer_batch(*a, std::vector<ml::tensor>{}, y), std::invalid_argument);
+    const ml::tensor bad = ml::tensor::from_f64({1, 2, 3}, {3});
+    EXPECT_THROW(_rt->infer_batch(*a, std::vector<ml::tensor>{bad}, y), std::invalid_argument);
+}
+
+TEST(libml_errors, bad_files_name_the_problem) {
+    auto device = reefline::gpu::make_cpu_device();
+    ml::runtime rt(*device);
+    try {
+        rt.load_model("/nonexistent/model.onnx");
+        FAIL() << "no error";
+    } catch (const ml::model_error& e) {
+        EXPECT_NE(std::string(e.what()).find("/nonexistent/model.onnx"), std::string::npos) << e.what();
+    }
+    const char junk[] = "this is not an onnx file at all";
+    EXPECT_THROW(rt.load_model_buffer(junk, sizeof junk, "junk"), ml::model_error);
+}
+
+}  // namespace

@@ -1,0 +1,110 @@
+// reefrun: runs one model on the cpu backend. Inputs and outputs are serialized
+// onnx.TensorProto files (the ONNX backend-test format). With --batch N, the model is
+// configured for batch N and an input of batch 1 is repeated N times.
+#include <CLI/CLI.hpp>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "libml/libml.h"
+
+namespace ml = reefline::ml;
+
+namespace {
+
+ml::tensor repeat_batch(const ml::tensor& t, int64_t n) {
+    ml::shape_t s = t.shape;
+    if (s.empty() || s[0] != 1) throw std::invalid_argument("--batch needs inputs of batch 1, got " + ml::shape_str(t.shape));
+    s[0] = n;
+    ml::bytes_t b;
+    for (int64_t i = 0; i < n; ++i) b.insert(b.end(), t.data->begin(), t.data->end());
+    return ml::tensor::make(t.type, s, std::move(b));
+}
+
+void write_tensor(const std::string& path, const ml::tensor& t, const std::string& name);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"reefrun: run an ONNX model on reefline's cpu backend"};
+    std::string model;
+    std::vector<std::string> inputs, outputs;
+    int64_t batch = 0;
+    int repeat = 1;
+    app.add_option("MODEL", model, "model.onnx")->required()->check(CLI::ExistingFile);
+    app.add_option("--input", inputs, "input TensorProto file, one per graph input in order")->check(CLI::ExistingFile);
+    app.add_option("--output", outputs, "where to write output TensorProto files, in order");
+    app.add_option("--batch", batch, "batch size (inputs of batch 1 are repeated)");
+    app.add_option("--repeat", repeat, "run this many times and report the time per run")->check(CLI::PositiveNumber);
+    CLI11_PARSE(app, argc, argv);
+    try {
+        auto device = reefline::gpu::make_cpu_device();
+        ml::runtime rt(*device);
+        ml::import_options opts;
+        if (batch > 0) opts.batch = batch;
+        auto m = rt.load_model(model, opts);
+        auto in = rt.link_model(m);
+        std::vector<ml::tensor> xs;
+        for (const auto& f : inputs) xs.push_back(ml::read_tensor_file(f));
+        if (batch > 1)
+            for (auto& x : xs)
+                if (!x.shape.empty() && x.shape[0] == 1) x = repeat_batch(x, batch);
+        std::vector<ml::tensor> ys;
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int r = 0; r < repeat; ++r) rt.infer_batch(*in, xs, ys);
+        const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeat;
+        const auto descs = in->outputs();
+        for (size_t i = 0; i < ys.size(); ++i) {
+            std::printf("output %zu '%s': %s %s\n", i, descs[i].name.c_str(), ml::dtype_name(ys[i].type),
+                        ml::shape_str(ys[i].shape).c_str());
+            if (i < outputs.size()) write_tensor(outputs[i], ys[i], descs[i].name);
+        }
+        std::printf("batch=%lld launches=%zu arena_bytes=%lld weight_bytes=%lld ms_per_run=%.3f\n",
+                    static_cast<long long>(in->batch()), in->current_plan().launches().size(),
+                    static_cast<long long>(in->arena_bytes()), static_cast<long long>(m->weight_bytes()), ms);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "reefrun: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}
+
+namespace {
+
+// A minimal TensorProto writer: dims (1), data_type (2), name (8), raw_data (9).
+void put_varint(std::string& out, uint64_t v) {
+    while (v >= 0x80) { out.push_back(char(v | 0x80)); v >>= 7; }
+    out.push_back(char(v));
+}
+
+int onnx_type(ml::dtype t) {
+    switch (t) {
+    case ml::dtype::f32: return 1;
+    case ml::dtype::u8: return 2;
+    case ml::dtype::i8: return 3;
+    case ml::dtype::i32: return 6;
+    case ml::dtype::i64: return 7;
+    case ml::dtype::boolean: return 9;
+    case ml::dtype::f16: return 10;
+    case ml::dtype::f64: return 11;
+    default: return 0;
+    }
+}
+
+void write_tensor(const std::string& path, const ml::tensor& t, const std::string& name) {
+    std::string out;
+    for (int64_t d : t.shape) { out.push_back(char(1 << 3 | 0)); put_varint(out, uint64_t(d)); }
+    out.push_back(char(2 << 3 | 0));
+    put_varint(out, uint64_t(onnx_type(t.type)));
+    out.push_back(char(8 << 3 | 2));
+    put_varint(out, name.size());
+    out += name;
+    out.push_back(char(9 << 3 | 2));
+    put_varint(out, t.bytes());
+    if (t.bytes()) out.append(reinterpret_cast<const char*>(t.data->data()), t.bytes());
+    std::ofstream f(path, std::ios::binary);
+    if (!(f << out)) throw std::runtime_error("cannot write " + path);
+}
+
+}  // namespace
