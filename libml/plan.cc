@@ -635,6 +635,30 @@ void planner::lower(int ni) {
         a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw * a.size));
         return emit(k::lrn_kernel, a, k::lrn_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
     }
+    case op_type::BatchNormalization: {
+        require_f32(n, x);
+        const shape_t& xs = val(x).shape;
+        if (xs.size() < 2) unsupported(n, "input of rank < 2");
+        for (int i = 1; i <= 4; ++i)
+            if (val(n.input(size_t(i))).type != dtype::f32 || element_count(val(n.input(size_t(i))).shape) != xs[1])
+                unsupported(n, "per-channel parameters that are not f32 vectors of C");
+        k::batchnorm_args a{};
+        a.n = xs[0]; a.c = xs[1]; a.hw = product(xs, 2);
+        a.epsilon = n.f("epsilon", 1e-5f);
+        int out = y, c = -1;
+        if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
+            if (auto ep = activation_of(*next)) {
+                a.ep = *ep;
+                _done[size_t(c)] = true;
+                out = next->output(0);
+            }
+        }
+        a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw));
+        const int s_ = n.input(1), b_ = n.input(2), m_ = n.input(3), v_ = n.input(4);
+        return emit(k::batchnorm_kernel, a, k::batchnorm_grid(a), n,
+                    {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
+                    {x, s_, b_, m_, v_}, {out});
+    }
     case op_type::Where: {
         const int cond = x, a_in = n.input(1), b_in = n.input(2);
         require_f32(n, a_in);

@@ -816,7 +816,7 @@ void infer_impl(ctx& c) {
         if (a == r - 1) coerce = 0;
         n.set("axis", a);
         n.set("coerce_2d", coerce);
-        c.out(0, x.type, x.shape, x.batched && (a != 0 || coerce));
+        c.out(0, x.type, x.shape, x.batched && a != 0);
         break;
     }
     case op_type::LayerNormalization: {

@@ -256,6 +256,23 @@ bool lrn_block(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
+bool batchnorm_block(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const batchnorm_args*>(p);
+    const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
+    const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
+    for (int64_t plane = p0; plane < p1; ++plane) {
+        if (ctx.preempted()) return false;
+        const int64_t c = plane % a.c;
+        const float s = a.scale[c] / std::sqrt(a.var[c] + a.epsilon);
+        const float b = a.bias[c] - a.mean[c] * s;
+        const float* x = a.x + plane * a.hw;
+        float* y = a.y + plane * a.hw;
+        for (int64_t i = 0; i < a.hw; ++i) y[i] = x[i] * s + b;
+        if (a.ep.act != activation::none) apply_epilogue(y, a.hw, a.ep);
+    }
+    return true;
+}
+
 bool gather_axis_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const gather_axis_args*>(p);
     if (ctx.preempted()) return false;
@@ -285,6 +302,7 @@ const gpu::kernel_info unary_kernel = {"unary", unary_block, nullptr, 256, 32, 0
 const gpu::kernel_info where_kernel = {"where", where_block, nullptr, 256, 32, 0, 0};
 const gpu::kernel_info row_kernel = {"row", row_block, nullptr, 256, 40, 0, 0};
 const gpu::kernel_info pool2d_kernel = {"pool2d", pool2d_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info batchnorm_kernel = {"batchnorm", batchnorm_block, nullptr, 256, 32, 0, 0};
 const gpu::kernel_info lrn_kernel = {"lrn", lrn_block, nullptr, 256, 32, 0, 0};
 const gpu::kernel_info gather_axis_kernel = {"gather_axis", gather_axis_block, nullptr, 256, 32, 0, 0};
 

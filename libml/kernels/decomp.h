@@ -251,6 +251,22 @@ struct pool2d_args {
 };
 RL_HD inline int64_t pool2d_grid(const pool2d_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
 
+// ---- Inference batch normalisation, NCHW: y = ep((x - mean) / sqrt(var + eps) * scale + bias)
+// For a BatchNormalization that no Conv precedes (DenseNet's BN-ReLU-Conv).
+struct batchnorm_args {
+    const float* x;
+    const float* scale;
+    const float* bias;
+    const float* mean;
+    const float* var;
+    float* y;
+    int64_t n, c, hw;
+    float epsilon;
+    epilogue ep;
+    int64_t planes_per_block;
+};
+RL_HD inline int64_t batchnorm_grid(const batchnorm_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
+
 // ---- LRN across channels, NCHW ------------------------------------------------------------
 struct lrn_args {
     const float* x;

@@ -17,6 +17,7 @@ extern const gpu::kernel_info where_kernel;        // where_args, where_grid()
 extern const gpu::kernel_info row_kernel;          // row_args, row_grid()
 extern const gpu::kernel_info pool2d_kernel;       // pool2d_args, pool2d_grid()
 extern const gpu::kernel_info lrn_kernel;          // lrn_args, lrn_grid()
+extern const gpu::kernel_info batchnorm_kernel;    // batchnorm_args, batchnorm_grid()
 extern const gpu::kernel_info gather_axis_kernel;  // gather_axis_args, gather_axis_grid()
 
 // Scratch (bytes) a conv2d block needs on the cpu backend for its im2col tile.

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Numerics: every tiny zoo model (batch 2) through reefline's cpu backend (reefrun) against
+# ONNX Runtime (onnxruntime-node) on the same inputs: max |reefline - ort| must be
+# <= 1e-3 x max |ort| per output. `reefrun` fails on any plan whose idempotence check fails.
+set -euo pipefail
+zoo=$1
+reefrun=$2
+root=$(cd "$(dirname "$0")/.." && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+command -v node >/dev/null || { echo "skip: node missing"; exit 77; }
+if [ ! -d "$root/tests/ort/node_modules/onnxruntime-node" ]; then
+  (cd "$root/tests/ort" && flock /tmp/reefline-npm.lock npm install --ignore-scripts --no-audit --no-fund >/dev/null)
+fi
+py=/usr/bin/python3
+"$py" -c "import numpy, onnx" 2>/dev/null || { echo "skip: python3-onnx missing"; exit 77; }
+
+"$zoo" --out "$tmp/zoo" --tiny -q
+fail=0
+for m in "$tmp"/zoo/*_tiny.onnx; do
+  name=$(basename "$m" .onnx)
+  out="$tmp/$name"
+  mkdir -p "$out"
+  node "$root/tests/ort/run_model.js" "$m" --batch 2 --seed 5 --int-range 0,1000 --save-inputs \
+    --output-dir "$out/ort" > /dev/null
+  args=()
+  for f in $(ls "$out"/ort/input_*.pb | sort -V); do args+=(--input "$f"); done
+  n=$(ls "$out"/ort/output_*.pb | wc -l)
+  outs=()
+  for i in $(seq 0 $((n - 1))); do outs+=(--output "$out/got_$i.pb"); done
+  if ! "$reefrun" "$m" --batch 2 "${args[@]}" "${outs[@]}" > "$out/reefrun.txt" 2>&1; then
+    echo "FAIL $name: $(tail -n 1 "$out/reefrun.txt")"; fail=1; continue
+  fi
+  "$py" - "$out" "$n" "$name" <<'PY' || fail=1
+import sys, numpy as np, onnx
+from onnx import numpy_helper as h
+out, n, name = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+worst = 0.0
+for i in range(n):
+    want = h.to_array(onnx.load_tensor(f"{out}/ort/output_{i}.pb")).astype(np.float64)
+    got = h.to_array(onnx.load_tensor(f"{out}/got_{i}.pb")).astype(np.float64)
+    if got.shape != want.shape:
+        print(f"FAIL {name}: output {i} shape {got.shape} vs {want.shape}"); sys.exit(1)
+    scale = max(np.abs(want).max(), 1e-12)
+    err = np.abs(got - want).max() / scale
+    worst = max(worst, err)
+    if not err <= 1e-3:
+        print(f"FAIL {name}: output {i} max error {err:.3g} of the output's scale"); sys.exit(1)
+print(f"ok   {name}: max error {worst:.2e} of the output's scale")
+PY
+done
+exit $fail
