@@ -1,5 +1,6 @@
 #include "libml/libml.h"
 
+#include <chrono>
 #include <cstring>
 
 namespace reefline::ml {
@@ -103,6 +104,16 @@ void runtime::configure_batch(instance& in, int64_t batch) {
 }
 
 void runtime::infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs) {
+    run(in, inputs, outputs, nullptr);
+}
+
+void runtime::infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
+                                   std::vector<double>& launch_ms) {
+    run(in, inputs, outputs, &launch_ms);
+}
+
+void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
+                  std::vector<double>* launch_ms) {
     const plan& p = *in._plan;
     if (inputs.size() != p.inputs().size())
         throw std::invalid_argument("infer_batch: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
@@ -122,7 +133,12 @@ void runtime::infer_batch(instance& in, std::span<const tensor> inputs, std::vec
     for (size_t i = 0; i < launches.size(); ++i) {
         const planned_launch& l = launches[i];
         gpu::launch g{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid, task, uint32_t(i)};
+        const auto t0 = std::chrono::steady_clock::now();
         _device.launch(in._stream, g);
+        if (launch_ms) {
+            _device.synchronize(in._stream);
+            launch_ms->push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
     }
     _device.synchronize(in._stream);
     if (task->completed.load() != launches.size())

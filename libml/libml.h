@@ -93,10 +93,16 @@ public:
     // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes)
     // into the instance, runs every launch and copies the outputs back.
     void infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs);
+    // The same, synchronising after every launch: `launch_ms[i]` is launch i's time. For
+    // profiles (kprof) and finding hot kernels; slower than infer_batch.
+    void infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
+                              std::vector<double>& launch_ms);
 
     gpu::device& device() { return _device; }
 
 private:
+    void run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
+             std::vector<double>* launch_ms);
     static std::shared_ptr<model> finish_load(gpu::device& dev, graph g, std::string name);
 
     gpu::device& _device;

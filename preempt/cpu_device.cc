@@ -365,6 +365,12 @@ void run_claimed(cpu_device_state* d, worker& w, const claimed& c) {
 }
 
 void worker_main(cpu_device_state* d, worker& w) {
+#if defined(__x86_64__)
+    // Flush denormals to zero (FTZ) and read them as zero (DAZ), as GPUs do for f32 kernels by
+    // default: one denormal operand stalls an AVX-512 FMA ~100x (measured: 164 ms vs 1.6 ms
+    // for one 256x3136x64 sgemm). Results differ from IEEE only below 1.2e-38.
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#endif
     if (d->options.scratch_per_unit != 0) w.scratch = aligned_bytes(d->options.scratch_per_unit);
     claimed c{};
     while (!d->stop.load(std::memory_order_acquire)) {

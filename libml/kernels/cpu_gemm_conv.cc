@@ -3,6 +3,7 @@
 // chunks, then applies the fused epilogue (bias, residual, activation) to the tile.
 #include <cblas.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -83,7 +84,9 @@ bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
-// cols[k][p] for output pixels [p0, p1) of one image and group; K = ci*kh*kw rows.
+// cols[k][p] for output pixels [p0, p1) of one image and group; K = ci*kh*kw rows. Works a
+// row of output pixels at a time: the padded edges are zero-filled and the valid span is one
+// memcpy (stride 1) or one strided loop, instead of a bounds check per element.
 void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float* cols) {
     const int64_t np = p1 - p0, ci = conv2d_ci_per_group(c);
     for (int64_t ch = 0; ch < ci; ++ch) {
@@ -91,12 +94,30 @@ void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float*
         for (int64_t r = 0; r < c.kh; ++r) {
             for (int64_t s = 0; s < c.kw; ++s) {
                 float* out = cols + ((ch * c.kh + r) * c.kw + s) * np;
-                int64_t oy = p0 / c.w_out, ox = p0 % c.w_out;
-                for (int64_t q = 0; q < np; ++q) {
+                const int64_t xoff = s * c.dil_w - c.pad_left;
+                // Output columns ox with 0 <= ox*stride + xoff < w_in.
+                const int64_t ox_lo = xoff >= 0 ? 0 : (-xoff + c.stride_w - 1) / c.stride_w;
+                const int64_t ox_hi = c.w_in - xoff <= 0 ? 0
+                                      : std::min<int64_t>(c.w_out, (c.w_in - xoff + c.stride_w - 1) / c.stride_w);
+                for (int64_t q = p0; q < p1;) {
+                    const int64_t oy = q / c.w_out, ox0 = q % c.w_out;
+                    const int64_t ox1 = std::min<int64_t>(c.w_out, ox0 + (p1 - q));
+                    float* o = out + (q - p0);
                     const int64_t iy = oy * c.stride_h - c.pad_top + r * c.dil_h;
-                    const int64_t ix = ox * c.stride_w - c.pad_left + s * c.dil_w;
-                    out[q] = (iy >= 0 && iy < c.h && ix >= 0 && ix < c.w_in) ? xc[iy * c.w_in + ix] : 0.0f;
-                    if (++ox == c.w_out) { ox = 0; ++oy; }
+                    if (iy < 0 || iy >= c.h) {
+                        std::memset(o, 0, size_t(ox1 - ox0) * sizeof(float));
+                    } else {
+                        const float* row = xc + iy * c.w_in;
+                        const int64_t a = std::clamp(ox_lo, ox0, ox1), b = std::clamp(ox_hi, a, ox1);
+                        if (a > ox0) std::memset(o, 0, size_t(a - ox0) * sizeof(float));
+                        if (c.stride_w == 1) {
+                            if (b > a) std::memcpy(o + (a - ox0), row + a + xoff, size_t(b - a) * sizeof(float));
+                        } else {
+                            for (int64_t ox = a; ox < b; ++ox) o[ox - ox0] = row[ox * c.stride_w + xoff];
+                        }
+                        if (ox1 > b) std::memset(o + (b - ox0), 0, size_t(ox1 - b) * sizeof(float));
+                    }
+                    q += ox1 - ox0;
                 }
             }
         }
@@ -131,16 +152,23 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
                     w + k0, int(K), cols + k0 * ldb, int(ldb), k0 == 0 ? 0.0f : 1.0f, y, int(hw_out));
     }
     const float* res = c.residual ? c.residual + (t.image * c.c_out + co_abs) * hw_out + t.p0 : nullptr;
+    // One pass over the tile: bias, residual and the activation together (ReLU inline, the
+    // common case; others through apply_epilogue on the row while it is still in cache).
+    const bool relu = c.ep.act == activation::relu;
     for (int64_t i = 0; i < nco; ++i) {
         float* row = y + i * hw_out;
         const float b = c.bias ? c.bias[co_abs + i] : 0.0f;
-        if (res) {
-            const float* rr = res + i * hw_out;
+        const float* rr = res ? res + i * hw_out : nullptr;
+        if (rr && relu) {
+            for (int64_t j = 0; j < np; ++j) { const float v = row[j] + b + rr[j]; row[j] = v > 0 ? v : 0; }
+        } else if (rr) {
             for (int64_t j = 0; j < np; ++j) row[j] += b + rr[j];
+        } else if (relu) {
+            for (int64_t j = 0; j < np; ++j) { const float v = row[j] + b; row[j] = v > 0 ? v : 0; }
         } else if (b != 0.0f) {
             for (int64_t j = 0; j < np; ++j) row[j] += b;
         }
-        if (c.ep.act != activation::none) apply_epilogue(row, np, c.ep);
+        if (!relu && c.ep.act != activation::none) apply_epilogue(row, np, c.ep);
     }
     return true;
 }

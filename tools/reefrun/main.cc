@@ -3,6 +3,7 @@
 // configured for batch N and an input of batch 1 is repeated N times.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -32,11 +33,13 @@ int main(int argc, char** argv) {
     std::vector<std::string> inputs, outputs;
     int64_t batch = 0;
     int repeat = 1;
+    int profile = 0;
     app.add_option("MODEL", model, "model.onnx")->required()->check(CLI::ExistingFile);
     app.add_option("--input", inputs, "input TensorProto file, one per graph input in order")->check(CLI::ExistingFile);
     app.add_option("--output", outputs, "where to write output TensorProto files, in order");
     app.add_option("--batch", batch, "batch size (inputs of batch 1 are repeated)");
     app.add_option("--repeat", repeat, "run this many times and report the time per run")->check(CLI::PositiveNumber);
+    app.add_option("--profile", profile, "print the N slowest launches (kernel, node, grid, ms)");
     CLI11_PARSE(app, argc, argv);
     try {
         auto device = reefline::gpu::make_cpu_device();
@@ -45,6 +48,9 @@ int main(int argc, char** argv) {
         if (batch > 0) opts.batch = batch;
         auto m = rt.load_model(model, opts);
         auto in = rt.link_model(m);
+        // Every plan must keep the idempotence invariant (restore re-executes kernels).
+        if (const std::string v = in->current_plan().check_idempotence(); !v.empty())
+            throw std::runtime_error("plan violates idempotence: " + v);
         std::vector<ml::tensor> xs;
         for (const auto& f : inputs) xs.push_back(ml::read_tensor_file(f));
         if (batch > 1)
@@ -54,6 +60,22 @@ int main(int argc, char** argv) {
         const auto t0 = std::chrono::steady_clock::now();
         for (int r = 0; r < repeat; ++r) rt.infer_batch(*in, xs, ys);
         const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / repeat;
+        if (profile > 0) {
+            std::vector<double> ms_each;
+            rt.infer_batch_profiled(*in, xs, ys, ms_each);
+            const auto& ls = in->current_plan().launches();
+            std::vector<size_t> order(ls.size());
+            for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+            std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return ms_each[a] > ms_each[b]; });
+            double total = 0;
+            for (double v : ms_each) total += v;
+            std::printf("profile: %zu launches, %.2f ms in total\n", ls.size(), total);
+            for (size_t r = 0; r < std::min<size_t>(size_t(profile), order.size()); ++r) {
+                const auto& l = ls[order[r]];
+                std::printf("  %8.3f ms  %5.1f%%  %-10s grid=%-6u %s\n", ms_each[order[r]], 100 * ms_each[order[r]] / total,
+                            l.kernel->name, l.grid, l.node.c_str());
+            }
+        }
         const auto descs = in->outputs();
         for (size_t i = 0; i < ys.size(); ++i) {
             std::printf("output %zu '%s': %s %s\n", i, descs[i].name.c_str(), ml::dtype_name(ys[i].type),
