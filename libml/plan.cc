@@ -116,7 +116,20 @@ private:
         bool output = false;
     };
 
-    const value& val(int v) const { return _g.values[size_t(v)]; }
+    const value& val(int v) const {
+        return size_t(v) < _g.values.size() ? _g.values[size_t(v)] : _temps[size_t(v) - _g.values.size()];
+    }
+    // A tensor the lowering needs that the graph does not have (chained n-ary ops).
+    int temp(dtype t, const shape_t& s) {
+        value v;
+        v.name = "tmp" + std::to_string(_temps.size());
+        v.type = t;
+        v.shape = s;
+        _temps.push_back(std::move(v));
+        _storage.push_back(-1);
+        _view_offset.push_back(0);
+        return int(_g.values.size() + _temps.size() - 1);
+    }
     int storage_of(int v) {
         if (_storage[size_t(v)] >= 0) return _storage[size_t(v)];
         const value& x = val(v);
@@ -147,8 +160,15 @@ private:
     template <class A>
     void emit(const gpu::kernel_info& kernel, const A& args, int64_t grid, const node& n,
               std::initializer_list<std::pair<const void*, int>> pointers,
-              std::vector<int> reads, std::vector<int> writes, size_t scratch = 0,
-              std::vector<int64_t> byte_offsets = {}) {
+              std::vector<int> reads, std::vector<int> writes, size_t scratch = 0) {
+        emit_list(kernel, args, grid, n, std::vector<std::pair<const void*, int>>(pointers), std::move(reads),
+                  std::move(writes), scratch);
+    }
+
+    template <class A>
+    void emit_list(const gpu::kernel_info& kernel, const A& args, int64_t grid, const node& n,
+                   const std::vector<std::pair<const void*, int>>& pointers, std::vector<int> reads,
+                   std::vector<int> writes, size_t scratch = 0) {
         pending p;
         p.kernel = &kernel;
         p.args.resize(sizeof(A));
@@ -158,12 +178,10 @@ private:
         p.grid = uint32_t(grid);
         p.scratch = scratch;
         p.node = n.name;
-        size_t i = 0;
         for (auto [field, v] : pointers) {
             const auto off = size_t(static_cast<const std::byte*>(field) -
                                     reinterpret_cast<const std::byte*>(&args));
-            p.pointers.push_back({off, v, i < byte_offsets.size() ? byte_offsets[i] : 0});
-            ++i;
+            p.pointers.push_back({off, v, 0});
         }
         p.reads = std::move(reads);
         p.writes = std::move(writes);
@@ -191,7 +209,7 @@ private:
     void lower_gemm(int ni);
     void lower_matmul(int ni);
     void lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep = {});
-    void lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep = {});
+    void lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep = {}, float alpha = 0);
     void lower_copy_view(const node& n, int x, int y, const shape_t& shape, int64_t x_offset,
                          const shape_t& x_strides, int64_t y_offset, const shape_t& y_strides);
     void lower_pool(const node& n, bool global);
@@ -228,6 +246,7 @@ private:
     std::vector<storage> _storages;
     std::vector<pending> _pending;
     std::vector<bool> _done;  // nodes consumed by a fusion
+    std::vector<value> _temps;
     int64_t _extra_at = 0;    // next free byte for specialization constants (inputs region)
     std::vector<std::pair<int64_t, std::shared_ptr<const bytes_t>>> _extra;
 };
@@ -250,13 +269,18 @@ void planner::lower_binary(const node& n, k::binary_op op, int a, int b, int y, 
     emit(k::binary_kernel, args, k::binary_grid(args), n, {{&args.a, a}, {&args.b, b}, {&args.y, y}}, {a, b}, {y});
 }
 
-void planner::lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep) {
-    require_f32(n, x);
+void planner::lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep, float alpha) {
     k::unary_args args{};
     args.count = std::max<int64_t>(1, element_count(val(y).shape));
     args.op = op;
     args.ep = ep;
+    args.alpha = alpha;
     args.per_block = _o.elements_per_block;
+    if (op == k::unary_op::fill) {
+        if (element_count(val(y).shape) == 0) return;
+        return emit(k::unary_kernel, args, k::unary_grid(args), n, {{&args.y, y}}, {}, {y});
+    }
+    require_f32(n, x);
     emit(k::unary_kernel, args, k::unary_grid(args), n, {{&args.x, x}, {&args.y, y}}, {x}, {y});
 }
 
@@ -307,7 +331,7 @@ void planner::lower_conv(int ni) {
     const shape_t& xs = val(x).shape;
     const shape_t& ws = val(w).shape;
     if (xs.size() != 4) unsupported(n, "only 2-D convolution (NCHW) is implemented");
-    if (!val(w).is_constant()) unsupported(n, "weights must be constant");
+    require_f32(n, w);
     const ints pads = n.is("pads"), strides = n.is("strides"), dil = n.is("dilations");
     k::conv2d_args a{};
     a.n = xs[0]; a.c_in = xs[1]; a.h = xs[2]; a.w_in = xs[3];
@@ -469,19 +493,32 @@ void planner::lower_matmul(int ni) {
 void planner::lower_pool(const node& n, bool global) {
     const int x = n.input(0), y = n.output(0);
     require_f32(n, x);
-    const shape_t& xs = val(x).shape;
-    if (xs.size() != 4) unsupported(n, "only 2-D pooling (NCHW) is implemented");
+    shape_t xs = val(x).shape;
+    shape_t ys = val(y).shape;
     if (n.output(1) >= 0) unsupported(n, "the Indices output");
+    // 1-D pooling runs as 2-D over [N, C, 1, L] with a 1-row window.
+    const bool one_d = xs.size() == 3;
+    if (one_d) {
+        xs.insert(xs.begin() + 2, 1);
+        ys.insert(ys.begin() + 2, 1);
+    }
+    if (xs.size() != 4) unsupported(n, "only 1-D and 2-D pooling (NCW, NCHW) are implemented");
     if (global) {
         lower_rows(n, n.op == op_type::GlobalMaxPool ? k::row_op::reduce_max : k::row_op::reduce_mean,
                    x, y, xs[0] * xs[1], xs[2] * xs[3], 1);
         return;
     }
-    const ints ks = n.is("kernel_shape"), pads = n.is("pads"), st = n.is("strides");
-    const ints dil = n.is("dilations", {1, 1});
+    ints ks = n.is("kernel_shape"), pads = n.is("pads"), st = n.is("strides");
+    ints dil = n.is("dilations", one_d ? ints{1} : ints{1, 1});
+    if (one_d) {  // prepend the unit row dimension to every spatial attribute
+        ks.insert(ks.begin(), 1);
+        st.insert(st.begin(), 1);
+        dil.insert(dil.begin(), 1);
+        pads = {0, pads.at(0), 0, pads.at(1)};
+    }
     k::pool2d_args a{};
     a.n = xs[0]; a.c = xs[1]; a.h = xs[2]; a.w = xs[3];
-    a.h_out = val(y).shape[2]; a.w_out = val(y).shape[3];
+    a.h_out = ys[2]; a.w_out = ys[3];
     a.kh = ks.at(0); a.kw = ks.at(1);
     a.stride_h = st.at(0); a.stride_w = st.at(1);
     a.pad_top = pads.at(0); a.pad_left = pads.at(1); a.pad_bottom = pads.at(2); a.pad_right = pads.at(3);
@@ -518,12 +555,44 @@ void planner::lower(int ni) {
     case op_type::Mul: return lower_binary(n, k::binary_op::mul, x, n.input(1), y);
     case op_type::Div: return lower_binary(n, k::binary_op::div, x, n.input(1), y);
     case op_type::Pow: return lower_binary(n, k::binary_op::pow, x, n.input(1), y);
-    case op_type::Sum: case op_type::Max: case op_type::Min: {
-        const k::binary_op op = n.op == op_type::Sum ? k::binary_op::add
-                                : n.op == op_type::Max ? k::binary_op::max : k::binary_op::min;
-        if (n.inputs.size() == 1) return lower_unary(n, k::unary_op::identity, x, y);
-        if (n.inputs.size() != 2) unsupported(n, "more than two inputs");
-        return lower_binary(n, op, x, n.input(1), y);
+    case op_type::Sum: case op_type::Max: case op_type::Min: case op_type::Mean: {
+        const k::binary_op op = n.op == op_type::Max ? k::binary_op::max
+                                : n.op == op_type::Min ? k::binary_op::min : k::binary_op::add;
+        const size_t count = n.inputs.size();
+        const bool mean = n.op == op_type::Mean;
+        // A chain of binary launches through temporaries of the output's shape (element-wise
+        // ops commute with broadcasting); Mean scales the sum by 1/count at the end.
+        int acc = x;
+        for (size_t i = 1; i < count; ++i) {
+            const int out = i + 1 == count && !mean ? y : temp(dtype::f32, val(y).shape);
+            lower_binary(n, op, acc, n.input(i), out);
+            acc = out;
+        }
+        if (mean) return lower_unary(n, k::unary_op::scale, acc, y, {}, 1.0f / float(count));
+        if (count == 1) return lower_unary(n, k::unary_op::identity, x, y);
+        return;
+    }
+    case op_type::Pad: {
+        if (n.s("mode", "constant") != "constant") unsupported(n, "mode '" + n.s("mode") + "' (constant only)");
+        const shape_t& xs = val(x).shape;
+        const shape_t& ys = val(y).shape;
+        const ints pads = n.is("pads");
+        const size_t r = xs.size();
+        // Fill the output with the value, then copy the input's kept part into its place
+        // (negative pads crop).
+        lower_unary(n, k::unary_op::fill, -1, y, {}, n.f("value", 0.0f));
+        const shape_t xst = contiguous_strides(xs), yst = contiguous_strides(ys);
+        shape_t part(r);
+        int64_t xoff = 0, yoff = 0;
+        for (size_t d = 0; d < r; ++d) {
+            const int64_t b = pads[d], e = pads[d + r];
+            part[d] = xs[d] + std::min<int64_t>(b, 0) + std::min<int64_t>(e, 0);
+            if (part[d] <= 0) return;
+            xoff += std::max<int64_t>(-b, 0) * xst[d];
+            yoff += std::max<int64_t>(b, 0) * yst[d];
+        }
+        require_f32(n, x);
+        return lower_copy_view(n, x, y, part, xoff, xst, yoff, yst);
     }
     case op_type::Reshape: case op_type::Flatten: case op_type::Squeeze: case op_type::Unsqueeze:
         return alias(y, x);
@@ -605,15 +674,29 @@ void planner::lower(int ni) {
         return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), xs[size_t(axis)], product(xs, size_t(axis) + 1));
     }
     case op_type::LayerNormalization: {
-        if (n.output(1) >= 0 || n.output(2) >= 0) unsupported(n, "the Mean/InvStdDev outputs");
+        require_f32(n, x);
         const shape_t& xs = val(x).shape;
         const int64_t axis = n.i("axis", -1);
         const int64_t norm = product(xs, size_t(axis));
-        const int scale = n.input(1), bias = n.input(2);
+        const int scale = n.input(1), bias = n.input(2), mean = n.output(1), inv = n.output(2);
         if (element_count(val(scale).shape) != norm || (bias >= 0 && element_count(val(bias).shape) != norm))
             unsupported(n, "scale/bias that broadcast over the normalised dims");
-        return lower_rows(n, k::row_op::layer_norm, x, y, product(xs, 0, size_t(axis)), norm, 1, scale, bias,
-                          n.f("epsilon", 1e-5f));
+        if ((mean >= 0 && val(mean).type != dtype::f32) || (inv >= 0 && val(inv).type != dtype::f32))
+            unsupported(n, "Mean/InvStdDev outputs other than f32");
+        k::row_args a{};
+        a.outer = product(xs, 0, size_t(axis));
+        a.axis = norm;
+        a.inner = 1;
+        a.op = k::row_op::layer_norm;
+        a.epsilon = n.f("epsilon", 1e-5f);
+        a.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, norm));
+        // Optional operands as (field, value) pairs; absent ones stay null in the arguments.
+        std::vector<int> reads{x, scale}, writes{y};
+        std::vector<std::pair<const void*, int>> ptrs{{&a.x, x}, {&a.scale, scale}, {&a.y, y}};
+        if (bias >= 0) { ptrs.push_back({&a.bias, bias}); reads.push_back(bias); }
+        if (mean >= 0) { ptrs.push_back({&a.mean_out, mean}); writes.push_back(mean); }
+        if (inv >= 0) { ptrs.push_back({&a.inv_std_out, inv}); writes.push_back(inv); }
+        return emit_list(k::row_kernel, a, k::row_grid(a), n, ptrs, reads, writes);
     }
     case op_type::ReduceMean: {
         const shape_t& xs = val(x).shape;

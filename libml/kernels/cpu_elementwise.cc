@@ -105,6 +105,8 @@ inline float unary(unary_op op, float x) {
     case unary_op::reciprocal: return 1.0f / x;
     case unary_op::floor: return std::floor(x);
     case unary_op::ceil: return std::ceil(x);
+    case unary_op::scale:
+    case unary_op::fill: return x;  // handled by the block loop
     }
     return x;
 }
@@ -116,6 +118,10 @@ bool unary_block(const void* p, const gpu::block_context& ctx) {
     const int64_t e1 = std::min(a.count, e0 + a.per_block);
     if (a.op == unary_op::identity) {
         std::memcpy(a.y + e0, a.x + e0, size_t(e1 - e0) * sizeof(float));
+    } else if (a.op == unary_op::fill) {
+        std::fill(a.y + e0, a.y + e1, a.alpha);
+    } else if (a.op == unary_op::scale) {
+        for (int64_t e = e0; e < e1; ++e) a.y[e] = a.x[e] * a.alpha;
     } else {
         for (int64_t e = e0; e < e1; ++e) a.y[e] = unary(a.op, a.x[e]);
     }
@@ -152,6 +158,8 @@ bool row_block(const void* p, const gpu::block_context& ctx) {
             for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
             var /= double(n);
             const float inv = float(1.0 / std::sqrt(var + a.epsilon));
+            if (a.mean_out) a.mean_out[u] = float(mean);
+            if (a.inv_std_out) a.inv_std_out[u] = inv;
             for (int64_t i = 0; i < n; ++i)
                 y[i] = float(x[i] - mean) * inv * a.scale[i] + (a.bias ? a.bias[i] : 0.0f);
             continue;

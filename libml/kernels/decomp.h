@@ -178,6 +178,8 @@ RL_HD inline int64_t copy_grid(const copy_args& a) { return ceil_div(nd_count(a.
 enum class binary_op : uint8_t { add, sub, mul, div, pow, max, min, equal, greater, less };
 enum class unary_op : uint8_t {
     identity, neg, abs, sqrt, exp, log, erf, sin, cos, reciprocal, floor, ceil,  // then ep
+    scale,  // x * alpha
+    fill,   // alpha (x is not read)
 };
 
 // y = ep(a op b) on f32 with broadcasting through strides. `equal/greater/less` write 1.0f/0.0f.
@@ -199,6 +201,7 @@ struct unary_args {
     float* y;
     int64_t count;
     unary_op op;
+    float alpha;  // scale, fill
     epilogue ep;
     int64_t per_block;
 };
@@ -227,6 +230,8 @@ struct row_args {
     const float* scale;  // layer_norm
     const float* bias;   // layer_norm, may be null
     float* y;
+    float* mean_out;     // layer_norm: per-row mean, may be null
+    float* inv_std_out;  // layer_norm: per-row 1/sqrt(var + eps), may be null
     int64_t outer, axis, inner;
     float epsilon;
     row_op op;
