@@ -58,6 +58,21 @@ std::optional<k::epilogue> activation_of(const node& n) {
     }
 }
 
+// The kernels' element type for a runtime tensor, or nullopt when no kernel handles it.
+std::optional<k::elem> elem_of(dtype t) {
+    switch (t) {
+    case dtype::f32: return k::elem::f32;
+    case dtype::f64: return k::elem::f64;
+    case dtype::f16: return k::elem::f16;
+    case dtype::i64: return k::elem::i64;
+    case dtype::i32: return k::elem::i32;
+    case dtype::i8: return k::elem::i8;
+    case dtype::u8: return k::elem::u8;
+    case dtype::boolean: return k::elem::boolean;
+    default: return std::nullopt;
+    }
+}
+
 bool is_alias_op(op_type op) {
     return op == op_type::Reshape || op == op_type::Flatten || op == op_type::Squeeze ||
            op == op_type::Unsqueeze;
@@ -252,9 +267,13 @@ private:
 };
 
 void planner::lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep) {
-    require_f32(n, a);
-    require_f32(n, b);
     k::binary_args args{};
+    const auto at = elem_of(val(a).type), bt = elem_of(val(b).type), yt = elem_of(val(y).type);
+    if (!at || !bt || !yt) unsupported(n, std::string("element type ") + dtype_name(val(a).type));
+    args.a_type = *at;
+    args.b_type = *bt;
+    args.y_type = *yt;
+    if (*yt != k::elem::f32 && ep.act != k::activation::none) unsupported(n, "a fused activation on a non-f32 result");
     const shape_t& out = val(y).shape;
     args.shape = nd(n, out);
     if (out.empty()) {
@@ -540,8 +559,25 @@ void planner::lower(int ni) {
     case op_type::AveragePool: return lower_pool(n, false);
     case op_type::GlobalAveragePool:
     case op_type::GlobalMaxPool: return lower_pool(n, true);
+    case op_type::Clip:
+        if (val(x).type != dtype::f32) {
+            const auto t = elem_of(val(x).type);
+            if (!t) unsupported(n, std::string("element type ") + dtype_name(val(x).type));
+            k::unary_args a{};
+            a.count = std::max<int64_t>(1, element_count(val(y).shape));
+            a.op = k::unary_op::clip;
+            a.alpha = n.f("min", -std::numeric_limits<float>::infinity());
+            a.beta = n.f("max", std::numeric_limits<float>::infinity());
+            // Integer bounds beyond the type saturate to the type's range.
+            a.alpha = std::max(a.alpha, -9.2e18f);
+            a.beta = std::min(a.beta, 9.2e18f);
+            a.x_type = a.y_type = *t;
+            a.per_block = _o.elements_per_block;
+            return emit(k::unary_kernel, a, k::unary_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+        }
+        return lower_unary(n, k::unary_op::identity, x, y, *activation_of(n));
     case op_type::Relu: case op_type::LeakyRelu: case op_type::Sigmoid: case op_type::Tanh:
-    case op_type::Clip: case op_type::HardSigmoid: case op_type::HardSwish: case op_type::Gelu:
+    case op_type::HardSigmoid: case op_type::HardSwish: case op_type::Gelu:
         return lower_unary(n, k::unary_op::identity, x, y, *activation_of(n));
     case op_type::Erf: return lower_unary(n, k::unary_op::erf, x, y);
     case op_type::Sqrt: return lower_unary(n, k::unary_op::sqrt, x, y);
@@ -555,6 +591,19 @@ void planner::lower(int ni) {
     case op_type::Mul: return lower_binary(n, k::binary_op::mul, x, n.input(1), y);
     case op_type::Div: return lower_binary(n, k::binary_op::div, x, n.input(1), y);
     case op_type::Pow: return lower_binary(n, k::binary_op::pow, x, n.input(1), y);
+    case op_type::Equal: return lower_binary(n, k::binary_op::equal, x, n.input(1), y);
+    case op_type::Cast: {
+        const auto xt = elem_of(val(x).type), yt = elem_of(val(y).type);
+        if (!xt || !yt) unsupported(n, std::string("cast from ") + dtype_name(val(x).type) + " to " + dtype_name(val(y).type));
+        k::unary_args a{};
+        a.count = element_count(val(y).shape);
+        if (a.count == 0) return;
+        a.op = k::unary_op::identity;
+        a.x_type = *xt;
+        a.y_type = *yt;
+        a.per_block = _o.elements_per_block;
+        return emit(k::unary_kernel, a, k::unary_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+    }
     case op_type::Sum: case op_type::Max: case op_type::Min: case op_type::Mean: {
         const k::binary_op op = n.op == op_type::Max ? k::binary_op::max
                                 : n.op == op_type::Min ? k::binary_op::min : k::binary_op::add;
@@ -564,7 +613,7 @@ void planner::lower(int ni) {
         // ops commute with broadcasting); Mean scales the sum by 1/count at the end.
         int acc = x;
         for (size_t i = 1; i < count; ++i) {
-            const int out = i + 1 == count && !mean ? y : temp(dtype::f32, val(y).shape);
+            const int out = i + 1 == count && !mean ? y : temp(val(y).type, val(y).shape);
             lower_binary(n, op, acc, n.input(i), out);
             acc = out;
         }
@@ -744,10 +793,11 @@ void planner::lower(int ni) {
     }
     case op_type::Where: {
         const int cond = x, a_in = n.input(1), b_in = n.input(2);
-        require_f32(n, a_in);
-        require_f32(n, b_in);
-        if (val(cond).type != dtype::f32) unsupported(n, "a runtime boolean condition");
+        const auto ct = elem_of(val(cond).type), vt = elem_of(val(a_in).type);
+        if (!ct || !vt || val(b_in).type != val(a_in).type) unsupported(n, "condition or value types");
         k::where_args a{};
+        a.c_type = *ct;
+        a.type = *vt;
         const shape_t& ys = val(y).shape;
         a.shape = nd(n, ys);
         broadcast_strides(ys, val(cond).shape, a.c_strides);

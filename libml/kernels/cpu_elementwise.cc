@@ -44,6 +44,122 @@ void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int
     }
 }
 
+// ---- typed element access (the slow, general path; f32 has its own loops) ----------------
+float half_to_float(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {  // subnormal: normalise
+            int e = -1;
+            uint32_t m = man;
+            do { m <<= 1; ++e; } while (!(m & 0x400));
+            bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13;
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    float f;
+    std::memcpy(&f, &bits, 4);
+    return f;
+}
+
+uint16_t float_to_half(float f) {
+    uint32_t x;
+    std::memcpy(&x, &f, 4);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const int32_t exp = int32_t((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffff;
+    if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
+    if (exp >= 31) return uint16_t(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return uint16_t(sign);
+        man |= 0x800000;
+        const int shift = 14 - exp;
+        uint32_t h = man >> shift;
+        const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) ++h;
+        return uint16_t(sign | h);
+    }
+    uint32_t h = sign | uint32_t(exp) << 10 | man >> 13;
+    const uint32_t rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // round to nearest even
+    return uint16_t(h);
+}
+
+bool is_integral(elem t) { return t == elem::i64 || t == elem::i32 || t == elem::i8 || t == elem::u8 || t == elem::boolean; }
+
+double load_f(const void* p, elem t, int64_t i) {
+    switch (t) {
+    case elem::f32: return static_cast<const float*>(p)[i];
+    case elem::f64: return static_cast<const double*>(p)[i];
+    case elem::f16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
+    case elem::i64: return double(static_cast<const int64_t*>(p)[i]);
+    case elem::i32: return static_cast<const int32_t*>(p)[i];
+    case elem::i8: return static_cast<const int8_t*>(p)[i];
+    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
+    }
+    return 0;
+}
+
+int64_t load_i(const void* p, elem t, int64_t i) {
+    switch (t) {
+    case elem::i64: return static_cast<const int64_t*>(p)[i];
+    case elem::i32: return static_cast<const int32_t*>(p)[i];
+    case elem::i8: return static_cast<const int8_t*>(p)[i];
+    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
+    default: return int64_t(load_f(p, t, i));
+    }
+}
+
+void store_f(void* p, elem t, int64_t i, double v) {
+    switch (t) {
+    case elem::f32: static_cast<float*>(p)[i] = float(v); break;
+    case elem::f64: static_cast<double*>(p)[i] = v; break;
+    case elem::f16: static_cast<uint16_t*>(p)[i] = float_to_half(float(v)); break;
+    case elem::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
+    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
+    }
+}
+
+void store_i(void* p, elem t, int64_t i, int64_t v) {
+    switch (t) {
+    case elem::i64: static_cast<int64_t*>(p)[i] = v; break;
+    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;  // wraps, as ONNX Runtime
+    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
+    default: store_f(p, t, i, double(v));
+    }
+}
+
+int64_t binary_i(binary_op op, int64_t x, int64_t y) {
+    switch (op) {
+    case binary_op::add: return int64_t(uint64_t(x) + uint64_t(y));
+    case binary_op::sub: return int64_t(uint64_t(x) - uint64_t(y));
+    case binary_op::mul: return int64_t(uint64_t(x) * uint64_t(y));
+    case binary_op::div: return y == 0 ? 0 : (x == INT64_MIN && y == -1 ? x : x / y);  // truncates
+    case binary_op::pow: {
+        if (y < 0) return x == 1 ? 1 : (x == -1 ? (y & 1 ? -1 : 1) : 0);
+        int64_t r = 1;
+        for (int64_t e = 0; e < y && e < 64; ++e) r = int64_t(uint64_t(r) * uint64_t(x));
+        return r;
+    }
+    case binary_op::max: return x > y ? x : y;
+    case binary_op::min: return x < y ? x : y;
+    case binary_op::equal: return x == y;
+    case binary_op::greater: return x > y;
+    case binary_op::less: return x < y;
+    }
+    return 0;
+}
+
 bool copy_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const copy_args*>(p);
     if (ctx.preempted()) return false;
@@ -83,8 +199,34 @@ bool binary_block(const void* p, const gpu::block_context& ctx) {
     const int64_t e1 = std::min(nd_count(a.shape), e0 + a.per_block);
     const int64_t* strides[2] = {a.a_strides, a.b_strides};
     const int64_t base[2] = {0, 0};
-    float* y = a.y + e0;
     const binary_op op = a.op;
+    if (a.a_type != elem::f32 || a.b_type != elem::f32 || a.y_type != elem::f32) {
+        const bool compare = op == binary_op::equal || op == binary_op::greater || op == binary_op::less;
+        // Integers (and comparisons of integers) exactly in int64; everything else in double.
+        const bool ints = is_integral(a.a_type) && is_integral(a.b_type) && (compare || is_integral(a.y_type));
+        int64_t e = e0;
+        for_each_nd<2>(a.shape, strides, base, e0, e1, [&](const int64_t* o) {
+            if (ints) {
+                store_i(a.y, a.y_type, e++, binary_i(op, load_i(a.a, a.a_type, o[0]), load_i(a.b, a.b_type, o[1])));
+            } else {
+                const double x = load_f(a.a, a.a_type, o[0]), z = load_f(a.b, a.b_type, o[1]);
+                double v;
+                switch (op) {
+                case binary_op::pow: v = std::pow(x, z); break;
+                case binary_op::max: v = x > z || std::isnan(x) ? x : z; break;
+                case binary_op::min: v = x < z || std::isnan(x) ? x : z; break;
+                default: v = double(binary(op, float(x), float(z)));
+                    if (op == binary_op::add) v = x + z;
+                    if (op == binary_op::sub) v = x - z;
+                    if (op == binary_op::mul) v = x * z;
+                    if (op == binary_op::div) v = x / z;
+                }
+                store_f(a.y, a.y_type, e++, v);
+            }
+        });
+        return true;
+    }
+    float* y = a.y + e0;
     for_each_nd<2>(a.shape, strides, base, e0, e1,
                    [&](const int64_t* o) { *y++ = binary(op, a.a[o[0]], a.b[o[1]]); });
     if (a.ep.act != activation::none) apply_epilogue(a.y + e0, e1 - e0, a.ep);
@@ -106,7 +248,8 @@ inline float unary(unary_op op, float x) {
     case unary_op::floor: return std::floor(x);
     case unary_op::ceil: return std::ceil(x);
     case unary_op::scale:
-    case unary_op::fill: return x;  // handled by the block loop
+    case unary_op::fill:
+    case unary_op::clip: return x;  // handled by the block loop
     }
     return x;
 }
@@ -116,6 +259,25 @@ bool unary_block(const void* p, const gpu::block_context& ctx) {
     if (ctx.preempted()) return false;
     const int64_t e0 = int64_t(ctx.block) * a.per_block;
     const int64_t e1 = std::min(a.count, e0 + a.per_block);
+    if (a.x_type != elem::f32 || a.y_type != elem::f32) {  // casts and typed clips
+        const bool ints = is_integral(a.x_type) && is_integral(a.y_type);
+        for (int64_t e = e0; e < e1; ++e) {
+            if (ints) {
+                int64_t v = load_i(a.x, a.x_type, e);
+                if (a.op == unary_op::clip) v = std::min<int64_t>(std::max<int64_t>(v, int64_t(a.alpha)), int64_t(a.beta));
+                store_i(a.y, a.y_type, e, v);
+            } else {
+                double v = load_f(a.x, a.x_type, e);
+                if (a.op == unary_op::clip) v = std::min<double>(std::max<double>(v, a.alpha), a.beta);
+                store_f(a.y, a.y_type, e, v);
+            }
+        }
+        return true;
+    }
+    if (a.op == unary_op::clip) {
+        for (int64_t e = e0; e < e1; ++e) a.y[e] = std::min(std::max(a.x[e], a.alpha), a.beta);
+        return true;
+    }
     if (a.op == unary_op::identity) {
         std::memcpy(a.y + e0, a.x + e0, size_t(e1 - e0) * sizeof(float));
     } else if (a.op == unary_op::fill) {
@@ -136,6 +298,19 @@ bool where_block(const void* p, const gpu::block_context& ctx) {
     const int64_t e1 = std::min(nd_count(a.shape), e0 + a.per_block);
     const int64_t* strides[3] = {a.c_strides, a.a_strides, a.b_strides};
     const int64_t base[3] = {0, 0, 0};
+    if (a.c_type != elem::f32 || a.type != elem::f32) {
+        int64_t e = e0;
+        const size_t bytes = a.type == elem::f64 || a.type == elem::i64 ? 8
+                             : a.type == elem::f32 || a.type == elem::i32 ? 4
+                             : a.type == elem::f16 ? 2 : 1;
+        for_each_nd<3>(a.shape, strides, base, e0, e1, [&](const int64_t* o) {
+            const bool c = load_f(a.cond, a.c_type, o[0]) != 0;
+            const auto* src = c ? reinterpret_cast<const uint8_t*>(a.a) + o[1] * int64_t(bytes)
+                                : reinterpret_cast<const uint8_t*>(a.b) + o[2] * int64_t(bytes);
+            std::memcpy(reinterpret_cast<uint8_t*>(a.y) + e++ * int64_t(bytes), src, bytes);
+        });
+        return true;
+    }
     float* y = a.y + e0;
     for_each_nd<3>(a.shape, strides, base, e0, e1,
                    [&](const int64_t* o) { *y++ = a.cond[o[0]] != 0 ? a.a[o[1]] : a.b[o[2]]; });

@@ -176,10 +176,15 @@ struct copy_args {
 RL_HD inline int64_t copy_grid(const copy_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
 
 enum class binary_op : uint8_t { add, sub, mul, div, pow, max, min, equal, greater, less };
+
+// Element types of the typed (non-f32) element-wise paths. f32 is 0, so zero-initialised
+// argument structs select the f32 fast path.
+enum class elem : uint8_t { f32 = 0, f64, f16, i64, i32, i8, u8, boolean };
 enum class unary_op : uint8_t {
     identity, neg, abs, sqrt, exp, log, erf, sin, cos, reciprocal, floor, ceil,  // then ep
     scale,  // x * alpha
     fill,   // alpha (x is not read)
+    clip,   // min(max(x, alpha), beta), any element type
 };
 
 // y = ep(a op b) on f32 with broadcasting through strides. `equal/greater/less` write 1.0f/0.0f.
@@ -190,8 +195,9 @@ struct binary_args {
     nd_shape shape;  // of y
     int64_t a_strides[max_dims], b_strides[max_dims];
     binary_op op;
-    epilogue ep;
+    epilogue ep;  // f32 only
     int64_t per_block;
+    elem a_type, b_type, y_type;  // all f32: the fast path
 };
 RL_HD inline int64_t binary_grid(const binary_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
 
@@ -201,9 +207,11 @@ struct unary_args {
     float* y;
     int64_t count;
     unary_op op;
-    float alpha;  // scale, fill
+    float alpha;  // scale, fill, clip min
+    float beta;   // clip max
     epilogue ep;
     int64_t per_block;
+    elem x_type, y_type;  // identity with different types is a cast
 };
 RL_HD inline int64_t unary_grid(const unary_args& a) { return ceil_div(a.count, a.per_block); }
 
@@ -216,6 +224,7 @@ struct where_args {
     nd_shape shape;
     int64_t c_strides[max_dims], a_strides[max_dims], b_strides[max_dims];
     int64_t per_block;
+    elem c_type, type;  // condition (f32 or boolean), values and result
 };
 RL_HD inline int64_t where_grid(const where_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
 
