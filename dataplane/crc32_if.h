@@ -11,6 +11,7 @@
 
 #include "dataplane/counters.h"
 #include "dataplane/engine.h"
+#include "dataplane/if_service.h"
 #include "dataplane/if_table.h"
 #include "dataplane/request.h"
 
@@ -23,20 +24,20 @@ struct crc32_result {
 };
 crc32_result crc32_of(const request& r);
 
-class crc32_if {
+class crc32_if final : public if_service {
 public:
     crc32_if(dataplane& dp, std::string name, uint16_t udp_port, uint16_t slot,
              uint32_t ring_size = 1024);
-    ~crc32_if();  // releases requests still queued
+    ~crc32_if() override;  // releases requests still queued
     crc32_if(const crc32_if&) = delete;
     crc32_if& operator=(const crc32_if&) = delete;
 
-    if_binding binding() const { return {_name, _udp_port, _slot, _ring}; }
+    if_binding binding() const override { return {_name, _udp_port, _slot, _ring}; }
     // Answers up to one burst of queued requests; returns how many.
-    uint32_t poll();
-    uint32_t queued() const { return rte_ring_count(_ring); }
-    const if_counters& counters() const { return _counters; }
-    const std::string& name() const { return _name; }
+    uint32_t poll() override;
+    uint32_t queued() const override { return rte_ring_count(_ring); }
+    const if_counters& counters() const override { return _counters; }
+    const std::string& name() const override { return _name; }
 
 private:
     dataplane& _dp;

@@ -20,6 +20,8 @@
 #include <vector>
 
 #include "dataplane/crc32_if.h"
+#include "ifmanager/model_if.h"
+#include "libml/libml.h"
 #include "dataplane/eal.h"
 #include "dataplane/engine.h"
 
@@ -30,6 +32,28 @@ namespace {
 std::atomic<bool> stop_requested{false};
 
 void on_signal(int) { stop_requested.store(true, std::memory_order_relaxed); }
+
+struct model_spec {
+    std::string name;
+    uint16_t port;
+    std::string path;
+};
+
+model_spec parse_model(const std::string& s) {
+    const auto a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
+    if (b == std::string::npos)
+        throw CLI::ValidationError("--model", "expected NAME:PORT:FILE.onnx, got '" + s + "'");
+    model_spec m{s.substr(0, a), 0, s.substr(b + 1)};
+    try {
+        const unsigned long p = std::stoul(s.substr(a + 1, b - a - 1));
+        if (p == 0 || p > 65535) throw std::out_of_range("port");
+        m.port = uint16_t(p);
+    } catch (const std::exception&) {
+        throw CLI::ValidationError("--model", "bad UDP port in '" + s + "'");
+    }
+    if (m.name.empty()) throw CLI::ValidationError("--model", "empty model name in '" + s + "'");
+    return m;
+}
 
 struct builtin_spec {
     std::string kind;
@@ -89,7 +113,8 @@ int rx_worker(void* arg) {
 int main(int argc, char** argv) {
     CLI::App app{"reefline: network inference appliance (data plane with built-in IFs)"};
     std::string offline, responses, eal_args, lcores = "0", local_ip;
-    std::vector<std::string> builtins;
+    std::vector<std::string> builtins, models;
+    uint32_t max_batch = 8;
     uint16_t port_id = 0, rx_queues = 1;
     uint32_t entries = 1024, mbufs = 16383;
     uint64_t age_ms = 100;
@@ -98,6 +123,9 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--responses", responses, "offline: write responses to this pcap");
     app.add_option("--builtin", builtins, "built-in IF as NAME:UDP_PORT (crc32:9000); repeatable");
+    app.add_option("--model", models, "model IF as NAME:UDP_PORT:FILE.onnx (u8 HWC image requests, top-5 answers); repeatable");
+    app.add_option("--max-batch", max_batch, "largest batch a model IF forms from queued requests")
+        ->capture_default_str()->check(CLI::Range(1u, 256u));
     app.add_option("--eal", eal_args, "EAL arguments, e.g. \"-l 0-1 --vdev=net_af_packet0,iface=veth0\"");
     app.add_option("--lcores", lcores, "EAL lcore list when --eal is not given")->capture_default_str();
     app.add_option("--port", port_id, "ethdev port id")->capture_default_str();
@@ -118,8 +146,10 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::vector<builtin_spec> specs;
+    std::vector<model_spec> model_specs;
     try {
         for (const auto& b : builtins) specs.push_back(parse_builtin(b));
+        for (const auto& m : models) model_specs.push_back(parse_model(m));
     } catch (const CLI::Error& e) {
         std::cerr << "reefline: " << e.what() << "\n";
         return 2;
@@ -165,20 +195,42 @@ int main(int argc, char** argv) {
         }
 
         std::unique_ptr<dp::dataplane> plane;
-        std::vector<std::unique_ptr<dp::crc32_if>> ifs;
+        // The cpu device (embedded default) and the model runtime, when there are models.
+        std::unique_ptr<reefline::gpu::device> device;
+        std::unique_ptr<reefline::ml::runtime> runtime;
+        std::vector<std::unique_ptr<dp::if_service>> ifs;
         try {
             plane = std::make_unique<dp::dataplane>(config);
             std::vector<dp::if_binding> bindings;
-            for (size_t i = 0; i < specs.size(); ++i) {
-                ifs.push_back(std::make_unique<dp::crc32_if>(
-                    *plane, specs[i].kind + ":" + std::to_string(specs[i].port), specs[i].port,
-                    uint16_t(i)));
+            uint16_t slot = 0;
+            for (const auto& b : specs) {
+                ifs.push_back(std::make_unique<dp::crc32_if>(*plane, b.kind + ":" + std::to_string(b.port), b.port, slot++));
+                bindings.push_back(ifs.back()->binding());
+            }
+            if (!model_specs.empty()) {
+                device = reefline::gpu::make_cpu_device();
+                runtime = std::make_unique<reefline::ml::runtime>(*device);
+            }
+            for (const auto& m : model_specs) {
+                reefline::ifm::model_if_config mc;
+                mc.name = m.name;
+                mc.onnx = m.path;
+                mc.udp_port = m.port;
+                mc.slot = slot++;
+                mc.max_batch = max_batch;
+                auto mif = std::make_unique<reefline::ifm::model_if>(*plane, *runtime, mc);
+                std::fprintf(stderr, "reefline: model %s (%s): %ux%ux%u images, weights %.1f MB\n", m.name.c_str(),
+                             m.path.c_str(), mif->height(), mif->width(), mif->channels(),
+                             double(mif->model()->weight_bytes()) / 1e6);
+                ifs.push_back(std::move(mif));
                 bindings.push_back(ifs.back()->binding());
             }
             plane->ifs().publish(bindings);
         } catch (const std::exception& e) {
             std::cerr << "reefline: " << e.what() << "\n";
             ifs.clear();
+            runtime.reset();
+            device.reset();
             plane.reset();
             dp::eal_cleanup();
             return 1;
@@ -269,6 +321,8 @@ int main(int argc, char** argv) {
         std::printf("%s\n", json.c_str());
         std::fflush(stdout);
         plane.reset();
+        runtime.reset();
+        device.reset();
     }
     dp::eal_cleanup();
     return status;

@@ -1,5 +1,7 @@
 #include "libml/libml.h"
 
+#include "libml/kernels/kernels.h"
+
 #include <chrono>
 #include <cstring>
 
@@ -112,10 +114,35 @@ void runtime::infer_batch_profiled(instance& in, std::span<const tensor> inputs,
     run(in, inputs, outputs, &launch_ms);
 }
 
-void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
-                  std::vector<double>* launch_ms) {
+void runtime::infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs) {
     const plan& p = *in._plan;
-    if (inputs.size() != p.inputs().size())
+    if (p.inputs().size() != 1 || p.inputs()[0].type != dtype::f32 || p.inputs()[0].shape.size() != 4)
+        throw std::invalid_argument("infer_images: the model's input is not one f32 [N, C, H, W] tensor");
+    const shape_t& s = p.inputs()[0].shape;
+    if (int64_t(images.first.size()) != s[0] + 1)
+        throw std::invalid_argument("infer_images: " + std::to_string(images.first.size() - 1) +
+                                    " images for an instance configured for batch " + std::to_string(s[0]));
+    if (s[1] > 4) throw std::invalid_argument("infer_images: more than 4 channels");
+    kernels::gather_args g{};
+    g.segments = images.segments.data();
+    g.first = images.first.data();
+    g.y = reinterpret_cast<float*>(static_cast<std::byte*>(in._inputs) + p.inputs()[0].offset);
+    g.batch = s[0];
+    g.c = s[1];
+    g.h = s[2];
+    g.w = s[3];
+    for (int i = 0; i < 4; ++i) {
+        g.mean[i] = images.mean[i];
+        g.inv_std[i] = 1.0f / images.std[i];
+    }
+    g.bytes_per_block = std::max<int64_t>(g.c, (int64_t(1) << 16) / g.c * g.c);
+    run(in, {}, outputs, nullptr, &g);
+}
+
+void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
+                  std::vector<double>* launch_ms, const kernels::gather_args* gather) {
+    const plan& p = *in._plan;
+    if (!gather && inputs.size() != p.inputs().size())
         throw std::invalid_argument("infer_batch: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
                                     std::to_string(p.inputs().size()));
     for (size_t i = 0; i < inputs.size(); ++i) {
@@ -130,9 +157,16 @@ void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tens
     task->preempt.store(0);
     task->completed.store(0);
     const auto& launches = p.launches();
+    // The gather kernel, when given, is kernel 0 of the task; the model's kernels follow.
+    const uint32_t first = gather ? 1 : 0;
+    if (gather) {
+        const uint32_t grid = uint32_t(kernels::gather_grid(*gather));
+        _device.launch(in._stream, gpu::launch{&kernels::gather_kernel, gather, uint32_t(sizeof *gather), grid, 0,
+                                               grid, task, 0});
+    }
     for (size_t i = 0; i < launches.size(); ++i) {
         const planned_launch& l = launches[i];
-        gpu::launch g{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid, task, uint32_t(i)};
+        gpu::launch g{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid, task, uint32_t(i) + first};
         const auto t0 = std::chrono::steady_clock::now();
         _device.launch(in._stream, g);
         if (launch_ms) {
@@ -141,9 +175,9 @@ void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tens
         }
     }
     _device.synchronize(in._stream);
-    if (task->completed.load() != launches.size())
+    if (task->completed.load() != launches.size() + first)
         throw std::runtime_error("infer_batch: the task was preempted (" + std::to_string(task->completed.load()) + " of " +
-                                 std::to_string(launches.size()) + " kernels completed)");
+                                 std::to_string(launches.size() + first) + " kernels completed)");
     outputs.clear();
     for (const tensor_location& loc : p.outputs()) {
         const size_t bytes = dtype_size(loc.type) * size_t(element_count(loc.shape));

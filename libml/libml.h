@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "libml/graph.h"
+#include "libml/kernels/decomp.h"
 #include "libml/onnx_import.h"
 #include "libml/plan.h"
 #include "preempt/device.h"
@@ -93,6 +94,17 @@ public:
     // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes)
     // into the instance, runs every launch and copies the outputs back.
     void infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs);
+    // Runs a batch of u8 HWC images given as gather lists of payload fragments (as the data
+    // plane reassembles them, read in place): the gather kernel writes the normalised f32
+    // NCHW input tensor as kernel 0 of the task, then the model's kernels run. The instance
+    // must be configured for batch = first.size() - 1, with one f32 [N, C, H, W] input.
+    struct image_batch {
+        std::span<const kernels::gather_segment> segments;
+        std::span<const uint32_t> first;  // batch + 1 offsets into segments
+        float mean[4] = {0, 0, 0, 0};
+        float std[4] = {1, 1, 1, 1};
+    };
+    void infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs);
     // The same, synchronising after every launch: `launch_ms[i]` is launch i's time. For
     // profiles (kprof) and finding hot kernels; slower than infer_batch.
     void infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
@@ -102,7 +114,7 @@ public:
 
 private:
     void run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
-             std::vector<double>* launch_ms);
+             std::vector<double>* launch_ms, const kernels::gather_args* gather = nullptr);
     static std::shared_ptr<model> finish_load(gpu::device& dev, graph g, std::string name);
 
     gpu::device& _device;

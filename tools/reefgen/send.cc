@@ -126,6 +126,24 @@ std::string describe_result(const assembled_message& msg, const prepared_request
     if (msg.head.format == uint8_t(wire::format::result_crc32) && msg.payload.size() == 8)
         crc = uint32_t(msg.payload[4]) << 24 | uint32_t(msg.payload[5]) << 16 |
               uint32_t(msg.payload[6]) << 8 | msg.payload[7];
+    if (msg.head.format == uint8_t(wire::format::result_topk) && msg.payload.size() >= 8) {
+        std::string classes;
+        for (size_t j = 0; j + 8 <= msg.payload.size() && j < 24; j += 8) {
+            const uint32_t cls = uint32_t(msg.payload[j]) << 24 | uint32_t(msg.payload[j + 1]) << 16 |
+                                 uint32_t(msg.payload[j + 2]) << 8 | msg.payload[j + 3];
+            const uint32_t bits = uint32_t(msg.payload[j + 4]) << 24 | uint32_t(msg.payload[j + 5]) << 16 |
+                                  uint32_t(msg.payload[j + 6]) << 8 | msg.payload[j + 7];
+            float score;
+            std::memcpy(&score, &bits, 4);
+            char one[48];
+            std::snprintf(one, sizeof one, "%sclass %u (%.2f)", j ? ", " : "", cls, score);
+            classes += one;
+        }
+        std::snprintf(line, sizeof line, "request %llu: %u B in %zu fragments -> %s top: %s in %.0f us",
+                      static_cast<unsigned long long>(msg.head.request_id), sent.total_length, sent.offsets.size(),
+                      std::string(wire::to_string(status)).c_str(), classes.c_str(), double(rs.done_ns - rs.sent_ns) / 1e3);
+        return line;
+    }
     std::snprintf(line, sizeof line,
                   "request %llu: %u B in %zu fragments -> %s crc32c=%08x in %.0f us  %s",
                   static_cast<unsigned long long>(msg.head.request_id), sent.total_length,
