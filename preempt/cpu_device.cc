@@ -218,6 +218,10 @@ struct cpu_device_state {
     std::unordered_map<void*, size_t> registered;
     std::unordered_set<cpu_event*> events;
     std::unordered_set<task_words*> words;
+    // Destroyed task words are recycled, never freed before the device: a worker that read a
+    // launch's task pointer just before the launch finished may still load its flag, so the
+    // memory must stay valid (a stale flag is harmless: the claim CAS then fails).
+    std::vector<task_words*> recycled;
 };
 
 cpu_device_state* state_of(const device* d) { return static_cast<cpu_device_state*>(d->state()); }
@@ -663,12 +667,17 @@ void op_event_synchronize(device* dev, event* ev) {
 
 task_words* op_task_words_create(device* dev) {
     cpu_device_state* d = state_of(dev);
-    void* p = aligned_bytes(sizeof(task_words));
-    auto* w = new (p) task_words{};
+    std::lock_guard lk(d->mu);
+    task_words* w;
+    if (!d->recycled.empty()) {
+        w = d->recycled.back();
+        d->recycled.pop_back();
+    } else {
+        w = new (aligned_bytes(sizeof(task_words))) task_words{};
+        d->words.insert(w);
+    }
     w->preempt.store(0, std::memory_order_relaxed);
     w->completed.store(0, std::memory_order_relaxed);
-    std::lock_guard lk(d->mu);
-    d->words.insert(w);
     return w;
 }
 
@@ -676,10 +685,9 @@ void op_task_words_destroy(device* dev, task_words* w) {
     if (!w) return;
     cpu_device_state* d = state_of(dev);
     std::lock_guard lk(d->mu);
-    if (d->words.erase(w)) {
-        w->~task_words();
-        std::free(w);
-    }
+    // Freed with the device; a second destroy of the same words (a caller's bug) is ignored.
+    if (d->words.count(w) && std::find(d->recycled.begin(), d->recycled.end(), w) == d->recycled.end())
+        d->recycled.push_back(w);
 }
 
 const device_ops cpu_ops = {

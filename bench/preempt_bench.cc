@@ -1,0 +1,252 @@
+// preempt_bench: the scheduler (preempt/scheduler.cc) on the cpu device, with synthetic kernels
+// (busy loops with a check point every ~10 us).
+//
+// 1. Preemption latency (RT arrival = submit -> first RT block running), p50/p99: reset-based
+//    (reef: vHQ reset, flag, kill at a check point) vs wait-based (REEF-N style: vHQ reset but
+//    no flag, no kill: the RT task is launched once the BE launches in flight have drained).
+//    One BE task of Q queued kernels of L us; RT tasks arrive at random times.
+// 2. RT end-to-end latency with closed-loop BE clients, and overall throughput (tasks/s),
+//    for reef, seq, streams, prema against rt_only.
+// 3. Restore overhead: re-executed kernels per preemption, exact vs approximate restore.
+//
+// --quick: only what the last line needs. Last line:
+//   reset_p99_us=A wait_p99_us=B rt_overhead_pct=C throughput_vs_rt_only=D
+#include "preempt/scheduler.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using namespace reefline::gpu;
+using clk = std::chrono::steady_clock;
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch()).count();
+}
+
+struct busy_args {
+    uint32_t us;                   // block length
+    std::atomic<int64_t>* first;   // time the first block started (null: not recorded)
+};
+
+bool busy_block(const void* a, const block_context& ctx) {
+    const auto& p = *static_cast<const busy_args*>(a);
+    const int64_t t0 = now_ns();
+    if (p.first) {
+        int64_t z = 0;
+        p.first->compare_exchange_strong(z, t0);
+    }
+    const int64_t end = t0 + int64_t(p.us) * 1000;
+    int64_t next_check = t0 + 10'000;
+    for (;;) {
+        const int64_t t = now_ns();
+        if (t >= end) return true;
+        if (t >= next_check) {
+            if (ctx.preempted()) return false;
+            next_check = t + 10'000;
+        }
+    }
+}
+const kernel_info k_busy{"busy", busy_block, nullptr, 128, 32, 0, 0};
+
+task busy_task(task_class cls, uint32_t kernels, uint32_t us, std::atomic<int64_t>* first = nullptr) {
+    task t;
+    t.cls = cls;
+    for (uint32_t i = 0; i < kernels; ++i)
+        t.launches.push_back(task_launch::make(&k_busy, busy_args{us, i == 0 ? first : nullptr}, 1));
+    return t;
+}
+
+double pct(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const size_t i = std::min(v.size() - 1, size_t(p / 100.0 * double(v.size() - 1) + 0.5));
+    return v[i];
+}
+
+double mean(const std::vector<double>& v) {
+    double s = 0;
+    for (double x : v) s += x;
+    return v.empty() ? 0 : s / double(v.size());
+}
+
+uint32_t g_units = 1;
+
+std::unique_ptr<device> make_dev() {
+    cpu_device_options o;
+    o.compute_units = g_units;
+    o.scratch_per_unit = 1u << 16;
+    return make_cpu_device(o);
+}
+
+// Keeps BE tasks running on `s` from `clients` closed-loop clients until stopped.
+struct be_clients {
+    scheduler& s;
+    uint32_t kernels, us;
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> done{0};
+    std::vector<std::thread> th;
+    be_clients(scheduler& sc, uint32_t n, uint32_t k, uint32_t u) : s(sc), kernels(k), us(u) {
+        for (uint32_t i = 0; i < n; ++i)
+            th.emplace_back([this, i] {
+                while (!stop.load()) {
+                    task t = busy_task(task_class::be, kernels, us);
+                    t.be_queue = int(i);
+                    const task_result r = s.wait(s.submit(std::move(t)));
+                    if (r.status == task_status::completed) done.fetch_add(1);
+                    else if (r.status == task_status::rejected) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                }
+            });
+    }
+    void join() {
+        stop = true;
+        for (auto& t : th) t.join();
+    }
+};
+
+// Preemption latency with one BE task of `queued` kernels of `us` each kept running.
+struct lat_result {
+    double p50, p99;
+    double start_p50;  // arrival -> the scheduler launched the RT task
+};
+lat_result preemption_latency(preempt_mode mode, uint32_t queued, uint32_t us, int samples, uint32_t seed) {
+    auto dev = make_dev();
+    scheduler_options o;
+    o.pol = policy::reef;
+    o.preempt = mode;
+    scheduler s(*dev, o);
+    std::mt19937 rng(seed);
+    be_clients be(s, 1, queued, us);
+    std::vector<double> lat, st;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    for (int i = 0; i < samples; ++i) {
+        // Arrive at a random point of a BE kernel (and after the previous restore).
+        std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 1500));
+        std::atomic<int64_t> first{0};
+        const task_result r = s.wait(s.submit(busy_task(task_class::rt, 1, 20, &first)));
+        if (r.status == task_status::completed && first.load()) {
+            lat.push_back(double(first.load() - r.submit_ns) / 1000.0);
+            st.push_back(double(r.start_ns - r.submit_ns) / 1000.0);
+        }
+    }
+    be.join();
+    return {pct(lat, 50), pct(lat, 99), pct(st, 50)};
+}
+
+// RT closed-loop client (4 kernels of 100 us, 300 us think time) with `be_n` BE clients.
+struct load_result {
+    double rt_mean_us = 0, rt_p99_us = 0, tasks_per_s = 0;
+    uint64_t rt_done = 0, be_done = 0, preemptions = 0, restores = 0, reexecuted = 0;
+};
+load_result load_run(policy pol, restore_mode rm, uint32_t be_n, double seconds, uint32_t seed) {
+    auto dev = make_dev();
+    scheduler_options o;
+    o.pol = pol;
+    o.restore = rm;
+    scheduler s(*dev, o);
+    std::mt19937 rng(seed);
+    be_clients be(s, be_n, 10, 200);
+    std::vector<double> lat;
+    const int64_t t0 = now_ns();
+    const int64_t end = t0 + int64_t(seconds * 1e9);
+    while (now_ns() < end) {
+        const task_result r = s.wait(s.submit(busy_task(task_class::rt, 4, 100)));
+        if (r.status == task_status::completed) lat.push_back(double(r.end_ns - r.submit_ns) / 1000.0);
+        std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 200));
+    }
+    const double el = double(now_ns() - t0) / 1e9;
+    be.join();
+    load_result res;
+    res.rt_mean_us = mean(lat);
+    res.rt_p99_us = pct(lat, 99);
+    res.rt_done = lat.size();
+    res.be_done = be.done.load();
+    res.tasks_per_s = double(res.rt_done + res.be_done) / el;
+    s.shutdown();
+    const scheduler_stats st = s.stats();
+    res.preemptions = st.preemptions;
+    res.restores = st.restores;
+    res.reexecuted = st.reexecuted_kernels;
+    return res;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    bool quick = false;
+    for (int i = 1; i < argc; ++i) {
+        if (!std::strcmp(argv[i], "--quick")) quick = true;
+        else if (!std::strcmp(argv[i], "--units") && i + 1 < argc) g_units = uint32_t(std::atoi(argv[++i]));
+        else {
+            std::fprintf(stderr, "usage: preempt_bench [--quick] [--units N]\n");
+            return 2;
+        }
+    }
+    if (g_units == 0) g_units = 1;
+    std::printf("preempt_bench: cpu device, %u compute unit(s)%s\n", g_units, quick ? ", quick" : "");
+
+    const int samples = quick ? 100 : 200;
+    if (!quick) {
+        std::printf("\npreemption latency (us) vs queued BE kernels (kernel 200 us)\n");
+        std::printf("%8s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
+        for (uint32_t q : {10u, 50u, 200u, 1000u}) {
+            const lat_result r = preemption_latency(preempt_mode::reset, q, 200, samples, q);
+            const lat_result w = preemption_latency(preempt_mode::wait, q, 200, samples, q);
+            std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, w.p50, w.p99);
+        }
+        std::printf("\npreemption latency (us) vs BE kernel length (200 queued)\n");
+        std::printf("%8s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
+        for (uint32_t us : {10u, 100u, 200u, 1000u}) {
+            const lat_result r = preemption_latency(preempt_mode::reset, 200, us, samples, us);
+            const lat_result w = preemption_latency(preempt_mode::wait, 200, us, samples, us);
+            std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, w.p50, w.p99);
+        }
+    }
+    const lat_result reset = preemption_latency(preempt_mode::reset, 200, 200, samples, 1);
+    const lat_result wait = preemption_latency(preempt_mode::wait, 200, 200, samples, 1);
+    std::printf("\npreemption latency, 200 queued BE kernels of 200 us: reset p50 %.1f p99 %.1f us, "
+                "wait p50 %.1f p99 %.1f us (arrival -> RT launched p50: reset %.1f, wait %.1f us)\n", reset.p50, reset.p99,
+                wait.p50, wait.p99, reset.start_p50, wait.start_p50);
+
+    const double secs = quick ? 4.0 : 6.0;
+    const load_result ref = load_run(policy::rt_only, restore_mode::exact, 1, secs, 7);
+    const load_result reef1 = load_run(policy::reef, restore_mode::exact, 1, secs, 7);
+    std::printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s %8s\n", "policy (BE clients)", "rt_mean", "rt_p99",
+                "tasks/s", "rt", "be", "preempt", "restore", "reexec");
+    auto row = [](const char* name, const load_result& r) {
+        std::printf("%-22s %10.1f %10.1f %10.1f %8llu %8llu %8llu %8llu %8llu\n", name, r.rt_mean_us, r.rt_p99_us,
+                    r.tasks_per_s, (unsigned long long)r.rt_done, (unsigned long long)r.be_done,
+                    (unsigned long long)r.preemptions, (unsigned long long)r.restores,
+                    (unsigned long long)r.reexecuted);
+    };
+    row("rt_only (1)", ref);
+    row("reef (1)", reef1);
+    if (!quick) {
+        row("reef approx (1)", load_run(policy::reef, restore_mode::approximate, 1, secs, 7));
+        row("seq (1)", load_run(policy::seq, restore_mode::exact, 1, secs, 7));
+        row("streams (1)", load_run(policy::streams, restore_mode::exact, 1, secs, 7));
+        row("prema (1)", load_run(policy::prema, restore_mode::exact, 1, secs, 7));
+        row("rt_only (4)", load_run(policy::rt_only, restore_mode::exact, 4, secs, 7));
+        row("reef (4)", load_run(policy::reef, restore_mode::exact, 4, secs, 7));
+        row("reef approx (4)", load_run(policy::reef, restore_mode::approximate, 4, secs, 7));
+        row("seq (4)", load_run(policy::seq, restore_mode::exact, 4, secs, 7));
+        row("streams (4)", load_run(policy::streams, restore_mode::exact, 4, secs, 7));
+        row("prema (4)", load_run(policy::prema, restore_mode::exact, 4, secs, 7));
+    }
+    const double overhead = ref.rt_mean_us > 0 ? (reef1.rt_mean_us / ref.rt_mean_us - 1.0) * 100.0 : 0;
+    const double tput = ref.tasks_per_s > 0 ? reef1.tasks_per_s / ref.tasks_per_s : 0;
+    std::printf("reset_p99_us=%.1f wait_p99_us=%.1f rt_overhead_pct=%.1f throughput_vs_rt_only=%.2f\n", reset.p99,
+                wait.p99, overhead, tput);
+    return 0;
+}

@@ -1,0 +1,223 @@
+// The GPU scheduler (issue 4; DESIGN.md, "The GPU runtime"): REEF-style reset-based preemption
+// of best-effort (BE) work by real-time (RT) work, and the baseline policies it is compared with.
+//
+// A task is an inference: its kernel launches in order (kernel, argument bytes, grid), a class
+// (RT or BE) and a priority. It knows nothing of ONNX: libml builds tasks from its plans.
+//
+// Queues and streams: one RT queue bound to a stream of the device's highest priority; N BE
+// queues, each bound to its own stream through a virtual host queue (vHQ). A vHQ holds the
+// running task's pending launches on the host and keeps at most c of them outstanding on the
+// device (closed loop on the task's completion counter). Each vHQ owns the task words (preempt
+// flag, completion counter) of the task it runs; they live as long as the scheduler, so no
+// launch on a stream ever sees freed words.
+//
+// One scheduler thread busy-polls the queues (it sleeps on a condition variable only after a
+// spell of complete idleness). Policy reef: normal mode runs the BE vHQs concurrently; an RT
+// arrival switches to real-time mode: every running BE task is preempted (its vHQ's pending
+// list is detached in O(1) and handed to a reclamation thread that frees it, its preemption
+// flag is raised so queued launches exit without running and running blocks exit at their next
+// check point, and a drain marker (event) is recorded on its stream), and the RT task is
+// launched at once. (Fast path: submit() of an RT task raises the BE flags itself, so BE blocks
+// stop at their next check point even before the scheduler thread gets a core; only the
+// scheduler thread clears a flag, after a drain.) When the RT queue is empty the scheduler goes back to normal mode and
+// restores each preempted task once its stream has drained (the device note: a stale launch
+// must never run after the flag is cleared): exact restore from the first kernel whose
+// completion was not reached, or REEF's approximate restore from (last submitted - c).
+//
+// Results: a task submitted with on_done gets its result through the callback (which runs on
+// the scheduler thread and must not block on the scheduler); without one, wait(id) returns it
+// once (a second wait, or a wait on a callback task, returns status rejected at once).
+// Nothing here depends on the backend or on ONNX; libml builds a task from a plan's
+// planned_launch list (kernel, args bytes, grid).
+#pragma once
+
+#include "preempt/device.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace reefline::gpu {
+
+enum class task_class : uint8_t { rt, be };
+
+// reef: reset-based preemption (above).
+// rt_only: BE tasks are rejected (status rejected): the RT latency reference.
+// seq: one task at a time, RT first, never preempts (waits for the running task).
+// streams: everything concurrent on streams (RT stream highest priority), never preempts.
+// prema: one task at a time, token scheduling (PREMA, HPCA'20): tokens 1/3/9 for low/medium/
+//   high priority (RT counts as high; BE: task.priority 0 low, 1 medium, >= 2 high); every
+//   0.25 ms each waiting task gains its priority x its normalised slowdown (time waited over
+//   its estimated isolated time); candidates are the tasks at or above the threshold (the
+//   largest token count rounded down to a priority level); the shortest estimated remaining
+//   job is picked. On preemption: DRAIN (let the running task finish) when its remaining time
+//   is at most the candidate's, else KILL (flag, restore later). Estimates: task.est_us (from
+//   per-kernel profiles) or kernels x a running average of measured kernel times.
+enum class policy : uint8_t { reef, rt_only, seq, streams, prema };
+
+enum class restore_mode : uint8_t { exact, approximate };
+
+// reset: raise the flag (queued launches evicted, running blocks killed at a check point).
+// wait: REEF-N style: the pending host list is still reset, but launches already on the device
+// run to their end and the RT task is launched only once the BE streams have drained.
+enum class preempt_mode : uint8_t { reset, wait };
+
+// failed: the device refused a launch (e.g. a kernel the backend cannot run).
+enum class task_status : uint8_t { completed, rejected, cancelled, failed };
+
+const char* policy_name(policy p);
+bool parse_policy(const char* s, policy& out);
+
+// One kernel launch of a task (the whole grid). `args` is the kernel's argument struct.
+struct task_launch {
+    const kernel_info* kernel = nullptr;
+    std::vector<std::byte> args;
+    uint32_t grid = 1;
+
+    template <typename A>
+    static task_launch make(const kernel_info* k, const A& a, uint32_t grid) {
+        task_launch l;
+        l.kernel = k;
+        l.args.resize(sizeof(A));
+        std::memcpy(l.args.data(), &a, sizeof(A));
+        l.grid = grid;
+        return l;
+    }
+};
+
+using task_id = uint64_t;
+
+struct task_result {
+    task_id id = 0;
+    task_class cls = task_class::be;
+    task_status status = task_status::cancelled;
+    uint32_t kernels = 0;
+    uint32_t completed_kernels = 0;   // completion counter at the end
+    uint32_t preemptions = 0;
+    uint32_t restores = 0;
+    uint64_t reexecuted_kernels = 0;  // completed kernels run again because of restores
+    uint64_t lost_launches = 0;       // launches evicted or killed by preemptions
+    int64_t submit_ns = 0, start_ns = 0, end_ns = 0;  // steady_clock
+};
+
+struct task {
+    task_class cls = task_class::be;
+    int priority = 0;       // prema: 0 low, 1 medium, >= 2 high (RT tasks count as high)
+    double est_us = 0;      // prema: estimated isolated run time; 0: from measured averages
+    int be_queue = -1;      // BE queue to use; -1: the one with the least work waiting
+    std::vector<task_launch> launches;
+    // Called on the scheduler thread when the task ends. Without it, the result is kept until
+    // wait() collects it.
+    std::function<void(const task_result&)> on_done;
+};
+
+struct scheduler_options {
+    policy pol = policy::reef;
+    uint32_t be_queues = 4;
+    uint32_t vhq_capacity = 4;         // c: launches outstanding on a BE stream
+    restore_mode restore = restore_mode::exact;
+    preempt_mode preempt = preempt_mode::reset;
+    int64_t idle_spin_ns = 2'000'000;  // busy-poll this long when idle before sleeping
+};
+
+struct scheduler_stats {
+    uint64_t submitted = 0;
+    uint64_t completed_rt = 0, completed_be = 0;
+    uint64_t rejected = 0, cancelled = 0, failed = 0;
+    uint64_t preemptions = 0;          // BE tasks preempted (one per task per RT episode)
+    uint64_t restores = 0;
+    uint64_t finished_in_drain = 0;    // preempted tasks whose last kernel completed anyway
+    uint64_t reexecuted_kernels = 0;
+    uint64_t lost_launches = 0;
+    uint64_t rt_episodes = 0;          // normal -> real-time switches
+    uint64_t reclaimed_lists = 0;      // detached pending lists freed by the reclamation thread
+    uint64_t prema_drains = 0, prema_kills = 0;  // prema preemption decisions
+};
+
+class scheduler {
+public:
+    scheduler(device& dev, scheduler_options options = {});
+    ~scheduler();  // shutdown()
+    scheduler(const scheduler&) = delete;
+    scheduler& operator=(const scheduler&) = delete;
+
+    // Queues a task. After shutdown, the task ends at once with status rejected.
+    task_id submit(task t);
+    // Blocks until the task (submitted without on_done) ends; returns its result and forgets it.
+    task_result wait(task_id id);
+    scheduler_stats stats() const;
+    const scheduler_options& options() const { return _opt; }
+
+    // Stops the scheduler: tasks not finished are cancelled (running ones killed through their
+    // flag), every callback runs, the streams drain, every resource is released. Idempotent.
+    void shutdown();
+
+    struct record;
+    struct vhq;
+
+private:
+    void loop();
+    void reclaim_loop();
+    void intake();
+    void finish(record* r, task_status st);
+    void start_task(vhq& q, record* r);
+    void pump(vhq& q);
+    bool check_done(vhq& q);
+    void preempt(vhq& q);
+    bool try_restore(vhq& q);
+    bool step_reef();
+    bool step_seq();
+    bool step_streams();
+    bool step_prema();
+    void cancel_all();
+
+    device& _dev;
+    scheduler_options _opt;
+
+    // Submission (any thread).
+    std::mutex _in_mu;
+    std::condition_variable _in_cv;
+    std::vector<record*> _incoming;
+    std::atomic<uint64_t> _incoming_n{0};
+    std::atomic<bool> _stop{false};
+    bool _stopped = false;  // guarded by _in_mu
+    task_id _next_id = 1;
+
+    // Results for wait().
+    std::mutex _res_mu;
+    std::condition_variable _res_cv;
+    std::unordered_map<task_id, task_result> _results;
+    std::unordered_map<task_id, bool> _waitable;  // submitted without callback, not yet ended
+
+    // Scheduler-thread state.
+    std::unique_ptr<vhq> _rt;
+    std::vector<std::unique_ptr<vhq>> _be;
+    bool _rt_mode = false;
+    uint32_t _rr = 0;
+    // prema
+    std::vector<record*> _pool;       // tasks not started
+    int64_t _last_tick = 0;
+    double _kernel_est_us = 100;      // running average of a kernel's time
+    uint64_t _drains = 0, _kills = 0;
+
+    // Reclamation.
+    std::mutex _rc_mu;
+    std::condition_variable _rc_cv;
+    std::vector<std::unique_ptr<std::vector<launch>>> _rc_queue;
+    bool _rc_stop = false;
+
+    mutable std::mutex _st_mu;
+    scheduler_stats _stats;
+
+    std::thread _thread, _reclaimer;
+};
+
+}  // namespace reefline::gpu
