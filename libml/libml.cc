@@ -114,6 +114,49 @@ void runtime::infer_batch_profiled(instance& in, std::span<const tensor> inputs,
     run(in, inputs, outputs, &launch_ms);
 }
 
+void runtime::write_inputs(instance& in, std::span<const tensor> inputs) {
+    const plan& p = *in._plan;
+    if (inputs.size() != p.inputs().size())
+        throw std::invalid_argument("infer_batch: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
+                                    std::to_string(p.inputs().size()));
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        const tensor_location& loc = p.inputs()[i];
+        if (inputs[i].type != loc.type || inputs[i].shape != loc.shape)
+            throw std::invalid_argument("infer_batch: input " + std::to_string(i) + " is " + dtype_name(inputs[i].type) +
+                                        shape_str(inputs[i].shape) + ", expected " + dtype_name(loc.type) + shape_str(loc.shape));
+        if (inputs[i].bytes())
+            std::memcpy(static_cast<std::byte*>(in._inputs) + loc.offset, inputs[i].data->data(), inputs[i].bytes());
+    }
+}
+
+std::vector<gpu::task_launch> runtime::task_launches(const instance& in) const {
+    std::vector<gpu::task_launch> out;
+    for (const planned_launch& l : in._plan->launches()) {
+        gpu::task_launch t;
+        t.kernel = l.kernel;
+        t.args = l.args;
+        t.grid = l.grid;
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+std::vector<tensor> runtime::read_outputs(const instance& in) {
+    std::vector<tensor> outputs;
+    for (const tensor_location& loc : in._plan->outputs()) {
+        const size_t bytes = dtype_size(loc.type) * size_t(element_count(loc.shape));
+        bytes_t host(bytes);
+        if (bytes) {
+            const std::byte* src = loc.where == region::weights ? static_cast<const std::byte*>(in._model->_weights)
+                                   : loc.where == region::arena  ? static_cast<const std::byte*>(in._arena)
+                                                                  : static_cast<const std::byte*>(in._inputs);
+            _device.ops().copy_to_host(&_device, host.data(), src + loc.offset, bytes);
+        }
+        outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
+    }
+    return outputs;
+}
+
 void runtime::infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs) {
     const plan& p = *in._plan;
     if (p.inputs().size() != 1 || p.inputs()[0].type != dtype::f32 || p.inputs()[0].shape.size() != 4)
@@ -142,17 +185,7 @@ void runtime::infer_images(instance& in, const image_batch& images, std::vector<
 void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
                   std::vector<double>* launch_ms, const kernels::gather_args* gather) {
     const plan& p = *in._plan;
-    if (!gather && inputs.size() != p.inputs().size())
-        throw std::invalid_argument("infer_batch: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
-                                    std::to_string(p.inputs().size()));
-    for (size_t i = 0; i < inputs.size(); ++i) {
-        const tensor_location& loc = p.inputs()[i];
-        if (inputs[i].type != loc.type || inputs[i].shape != loc.shape)
-            throw std::invalid_argument("infer_batch: input " + std::to_string(i) + " is " + dtype_name(inputs[i].type) +
-                                        shape_str(inputs[i].shape) + ", expected " + dtype_name(loc.type) + shape_str(loc.shape));
-        if (inputs[i].bytes())
-            std::memcpy(static_cast<std::byte*>(in._inputs) + loc.offset, inputs[i].data->data(), inputs[i].bytes());
-    }
+    if (!gather) write_inputs(in, inputs);
     gpu::task_words* task = in._task;
     task->preempt.store(0);
     task->completed.store(0);
@@ -178,20 +211,7 @@ void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tens
     if (task->completed.load() != launches.size() + first)
         throw std::runtime_error("infer_batch: the task was preempted (" + std::to_string(task->completed.load()) + " of " +
                                  std::to_string(launches.size() + first) + " kernels completed)");
-    outputs.clear();
-    for (const tensor_location& loc : p.outputs()) {
-        const size_t bytes = dtype_size(loc.type) * size_t(element_count(loc.shape));
-        bytes_t host(bytes);
-        if (bytes == 0) {
-            outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
-            continue;
-        }
-        const std::byte* src = loc.where == region::weights ? static_cast<const std::byte*>(in._model->_weights)
-                               : loc.where == region::arena  ? static_cast<const std::byte*>(in._arena)
-                                                              : static_cast<const std::byte*>(in._inputs);
-        _device.ops().copy_to_host(&_device, host.data(), src + loc.offset, bytes);
-        outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
-    }
+    outputs = read_outputs(in);
 }
 
 }  // namespace reefline::ml

@@ -19,6 +19,7 @@
 #include "libml/onnx_import.h"
 #include "libml/plan.h"
 #include "preempt/device.h"
+#include "preempt/scheduler.h"
 
 namespace reefline::ml {
 
@@ -94,6 +95,12 @@ public:
     // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes)
     // into the instance, runs every launch and copies the outputs back.
     void infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs);
+    // For running an instance under the scheduler (preempt/scheduler.h): write its inputs,
+    // submit task_launches() as a task, read its outputs once the task has completed.
+    void write_inputs(instance& in, std::span<const tensor> inputs);
+    std::vector<gpu::task_launch> task_launches(const instance& in) const;
+    std::vector<tensor> read_outputs(const instance& in);
+
     // Runs a batch of u8 HWC images given as gather lists of payload fragments (as the data
     // plane reassembles them, read in place): the gather kernel writes the normalised f32
     // NCHW input tensor as kernel 0 of the task, then the model's kernels run. The instance
