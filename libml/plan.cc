@@ -510,41 +510,47 @@ void planner::lower_matmul(int ni) {
 }
 
 void planner::lower_pool(const node& n, bool global) {
-    const int x = n.input(0), y = n.output(0);
+    const int x = n.input(0), y = n.output(0), idx = n.output(1);
     require_f32(n, x);
     shape_t xs = val(x).shape;
     shape_t ys = val(y).shape;
-    if (n.output(1) >= 0) unsupported(n, "the Indices output");
-    // 1-D pooling runs as 2-D over [N, C, 1, L] with a 1-row window.
-    const bool one_d = xs.size() == 3;
-    if (one_d) {
-        xs.insert(xs.begin() + 2, 1);
-        ys.insert(ys.begin() + 2, 1);
-    }
-    if (xs.size() != 4) unsupported(n, "only 1-D and 2-D pooling (NCW, NCHW) are implemented");
+    const size_t spatial = xs.size() - 2;
+    if (xs.size() < 3 || spatial > 3) unsupported(n, "only 1-D, 2-D and 3-D pooling (NCW, NCHW, NCDHW)");
     if (global) {
-        lower_rows(n, n.op == op_type::GlobalMaxPool ? k::row_op::reduce_max : k::row_op::reduce_mean,
-                   x, y, xs[0] * xs[1], xs[2] * xs[3], 1);
+        lower_rows(n, n.op == op_type::GlobalMaxPool ? k::row_op::reduce_max : k::row_op::reduce_mean, x, y,
+                   xs[0] * xs[1], product(xs, 2), 1);
         return;
     }
+    if (idx >= 0 && val(idx).type != dtype::i64) unsupported(n, "Indices output other than int64");
+    // Spatial attributes as 3-D (depth, height, width): missing leading dims are 1.
     ints ks = n.is("kernel_shape"), pads = n.is("pads"), st = n.is("strides");
-    ints dil = n.is("dilations", one_d ? ints{1} : ints{1, 1});
-    if (one_d) {  // prepend the unit row dimension to every spatial attribute
+    ints dil = n.is("dilations", ints(spatial, 1));
+    const size_t lead = 3 - spatial;
+    ints pb(pads.begin(), pads.begin() + long(spatial)), pe(pads.begin() + long(spatial), pads.end());
+    for (size_t i = 0; i < lead; ++i) {
         ks.insert(ks.begin(), 1);
         st.insert(st.begin(), 1);
         dil.insert(dil.begin(), 1);
-        pads = {0, pads.at(0), 0, pads.at(1)};
+        pb.insert(pb.begin(), 0);
+        pe.insert(pe.begin(), 0);
+        xs.insert(xs.begin() + 2, 1);
+        ys.insert(ys.begin() + 2, 1);
     }
     k::pool2d_args a{};
-    a.n = xs[0]; a.c = xs[1]; a.h = xs[2]; a.w = xs[3];
-    a.h_out = ys[2]; a.w_out = ys[3];
-    a.kh = ks.at(0); a.kw = ks.at(1);
-    a.stride_h = st.at(0); a.stride_w = st.at(1);
-    a.pad_top = pads.at(0); a.pad_left = pads.at(1); a.pad_bottom = pads.at(2); a.pad_right = pads.at(3);
-    a.dil_h = dil.at(0); a.dil_w = dil.at(1);
+    a.n = xs[0]; a.c = xs[1]; a.d = xs[2]; a.h = xs[3]; a.w = xs[4];
+    a.d_out = ys[2]; a.h_out = ys[3]; a.w_out = ys[4];
+    a.kd = ks[0]; a.kh = ks[1]; a.kw = ks[2];
+    a.stride_d = st[0]; a.stride_h = st[1]; a.stride_w = st[2];
+    a.dil_d = dil[0]; a.dil_h = dil[1]; a.dil_w = dil[2];
+    a.pad_front = pb[0]; a.pad_top = pb[1]; a.pad_left = pb[2];
+    a.pad_back = pe[0]; a.pad_bottom = pe[1]; a.pad_right = pe[2];
     a.op = n.op == op_type::MaxPool ? k::pool_op::max : k::pool_op::average;
     a.count_include_pad = n.i("count_include_pad", 0) != 0;
-    a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.h_out * a.w_out * a.kh * a.kw / 4));
+    a.column_major = n.i("storage_order", 0) != 0;
+    a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block /
+                                                  std::max<int64_t>(1, a.d_out * a.h_out * a.w_out * a.kd * a.kh * a.kw / 4));
+    if (idx >= 0)
+        return emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}, {&a.indices, idx}}, {x}, {y, idx});
     emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
 }
 

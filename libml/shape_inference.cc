@@ -393,15 +393,14 @@ void infer_impl(ctx& c) {
         if (!n.has("kernel_shape")) c.err("kernel_shape is required", K::invalid_graph);
         ints kernel = n.is("kernel_shape");
         if (kernel.size() != r - 2) c.err("kernel_shape " + ints_str(kernel) + " does not match input " + shape_str(x.shape));
-        if (n.output(1) >= 0) c.err("the Indices output is unsupported", K::unsupported_feature);
-        if (n.op == op_type::MaxPool && n.i("storage_order", 0) != 0)
-            c.err("storage_order=1 is unsupported", K::unsupported_feature);
         shape_t out{x.shape[0], x.shape[1]};
         conv_pool_dims(c, x.shape, kernel, true, out);
         n.set("ceil_mode", n.i("ceil_mode", 0));
-        n.erase("storage_order");
+        if (n.op == op_type::MaxPool) n.set("storage_order", n.i("storage_order", 0));
         if (n.op == op_type::AveragePool) n.set("count_include_pad", n.i("count_include_pad", 0));
         c.out(0, x.type, out, x.batched);
+        // MaxPool's Indices: int64, the output's shape (flat indices into X).
+        if (n.op == op_type::MaxPool && n.output(1) >= 0) c.out(1, dtype::i64, out, x.batched);
         break;
     }
     case op_type::GlobalAveragePool:

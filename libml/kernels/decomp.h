@@ -262,6 +262,12 @@ struct pool2d_args {
     bool count_include_pad;
     int64_t pad_bottom, pad_right;  // count_include_pad counts the window within the padding
     int64_t planes_per_block;       // of n*c
+    // 3-D pooling: a depth dimension in front of h, w (all 1 / 0 for 1-D and 2-D pooling).
+    int64_t d, d_out, kd, stride_d, pad_front, pad_back, dil_d;
+    // MaxPool's optional Indices output: the flat index of each maximum in x (int64), row
+    // major over the whole tensor, or column major over the spatial dims (storage_order 1).
+    int64_t* indices;
+    bool column_major;
 };
 RL_HD inline int64_t pool2d_grid(const pool2d_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
 
