@@ -847,6 +847,20 @@ graph specialize_graph(const graph& generic, const std::map<int, shape_t>& input
     return g;
 }
 
+
+// Drops the nodes marked dead (keeping the order of the rest) and recomputes every value's
+// producer index.
+void remove_nodes(graph& g, const std::vector<char>& dead) {
+    std::vector<node> kept;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        if (!dead[i]) kept.push_back(std::move(g.nodes[i]));
+    g.nodes = std::move(kept);
+    for (value& v : g.values) v.producer = -1;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (int v : g.nodes[i].outputs)
+            if (v >= 0) g.values[size_t(v)].producer = int(i);
+}
+
 void remove_identities(graph& g) {
     std::vector<char> dead(g.nodes.size(), 0);
     bool any = false;
@@ -889,14 +903,7 @@ void remove_identities(graph& g) {
         any = true;
     }
     if (!any) return;
-    std::vector<node> kept;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-        if (!dead[i]) kept.push_back(std::move(g.nodes[i]));
-    g.nodes = std::move(kept);
-    for (value& v : g.values) v.producer = -1;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-        for (int v : g.nodes[i].outputs)
-            if (v >= 0) g.values[size_t(v)].producer = int(i);
+    remove_nodes(g, dead);
 }
 
 void fuse_batchnorm(graph& g) {
@@ -971,14 +978,7 @@ void fuse_batchnorm(graph& g) {
         any = true;
     }
     if (!any) return;
-    std::vector<node> kept;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-        if (!dead[i]) kept.push_back(std::move(g.nodes[i]));
-    g.nodes = std::move(kept);
-    for (value& v : g.values) v.producer = -1;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-        for (int v : g.nodes[i].outputs)
-            if (v >= 0) g.values[size_t(v)].producer = int(i);
+    remove_nodes(g, dead);
 }
 
 void eliminate_dead_code(graph& g) {
