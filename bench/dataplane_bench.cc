@@ -166,8 +166,8 @@ uint32_t fragment_length(uint32_t index) {
 
 // The IF side of the data plane, minimal: one binding on if_port with a ring that the bench
 // drains itself, releasing each request (what an IF does once it has read the payload).
-struct if_stub {
-    explicit if_stub(const std::string& name, uint32_t readers) : ifs(readers) {
+struct bench_if {
+    explicit bench_if(const std::string& name, uint32_t readers) : ifs(readers) {
         ring = rte_ring_create(("bq_" + name).c_str(), 4096, SOCKET_ID_ANY, RING_F_SC_DEQ);
         if (!ring) throw std::runtime_error("rte_ring_create: " + std::string(rte_strerror(rte_errno)));
         dp::if_binding b;
@@ -177,7 +177,7 @@ struct if_stub {
         b.ring = ring;
         ifs.publish({b});
     }
-    ~if_stub() { rte_ring_free(ring); }
+    ~bench_if() { rte_ring_free(ring); }
     dp::if_table ifs;
     rte_ring* ring = nullptr;
 };
@@ -185,8 +185,8 @@ struct if_stub {
 // One rx lcore's state and the steps of dataplane::poll_rx from the parsed udp_views on:
 // IF lookup, parse_request, file_burst, completed requests onto the IF's ring.
 struct rx_lane {
-    rx_lane(const std::string& name, const dp::reassembly_config& rc, if_stub& stub, uint32_t reader)
-        : ifs(stub.ifs), ring(stub.ring), reader(reader) {
+    rx_lane(const std::string& name, const dp::reassembly_config& rc, bench_if& bench_if_, uint32_t reader)
+        : ifs(bench_if_.ifs), ring(bench_if_.ring), reader(reader) {
         queue.reasm = std::make_unique<dp::reassembler>(name, rc, queue.counters);
         ifs.reader_online(reader);
     }
@@ -276,14 +276,14 @@ enum class stage { harness, parse, full, full_timed };
 
 class dpdk_bench {
 public:
-    dpdk_bench(const options& o, if_stub& stub) : _o(o) {
+    dpdk_bench(const options& o, bench_if& bench_if_) : _o(o) {
         const uint32_t n = o.inflight * frags_per_request;
         _pool = rte_pktmbuf_pool_create("bench_dp_mbufs", n + 512, 256, 0, mbuf_room, SOCKET_ID_ANY);
         if (!_pool) throw std::runtime_error("mbuf pool: " + std::string(rte_strerror(rte_errno)));
         dp::reassembly_config rc;  // the appliance's defaults: 1024 entries, 100 ms age limit
         rc.entries = std::max<uint32_t>(rc.entries, 2 * o.inflight);
         rc.age_limit_us = o.age_limit_us;
-        _lane = std::make_unique<rx_lane>("bench_dp", rc, stub, 0);
+        _lane = std::make_unique<rx_lane>("bench_dp", rc, bench_if_, 0);
 
         // Frames, once: request s (id s+1) from source port 40000 + s % 4; the feed order is
         // fragment-major, so consecutive packets belong to different requests.
@@ -464,7 +464,7 @@ struct socket_result {
 
 class socket_bench {
 public:
-    socket_bench(const options& o, if_stub& stub) : _o(o), _stub(stub), _image(make_image()) {
+    socket_bench(const options& o, bench_if& bench_if_) : _o(o), _stub(bench_if_), _image(make_image()) {
         // Requests under reassembly, and the mbufs they may hold when datagrams are lost in
         // the kernel (incomplete requests wait for their age limit or eviction).
         _rc.entries = 2 * o.inflight;
@@ -738,7 +738,7 @@ private:
     }
 
     const options& _o;
-    if_stub& _stub;
+    bench_if& _stub;
     const std::vector<uint8_t> _image;
     dp::reassembly_config _rc;
     rte_mempool* _pool = nullptr;
@@ -772,7 +772,7 @@ int run(const options& o) {
     const std::vector<std::string> args = eal_args(o);
     const bool huge = std::find(args.begin(), args.end(), "--no-huge") == args.end();
     dp::eal_init("dataplane_bench", args);
-    if_stub stub("bench", 2);  // readers: 0 the DPDK lane, 1 the socket receiver
+    bench_if bench_if_("bench", 2);  // readers: 0 the DPDK lane, 1 the socket receiver
 
     std::printf("reefline dataplane_bench: %u B fragments of %ux%ux%u u8 images (%u B, %u fragments),"
                 " %u requests in flight, bursts of %u, %.2f s per path%s, %s\n",
@@ -787,7 +787,7 @@ int run(const options& o) {
     dpdk_result harness, parse, timed;
     double rx_ns = 0, release_ns = 0;
     {
-        dpdk_bench b(o, stub);
+        dpdk_bench b(o, bench_if_);
         b.run(stage::full, o.warmup);
         d = b.run(stage::full, o.seconds);
         if (o.breakdown) {
@@ -808,7 +808,7 @@ int run(const options& o) {
 
     socket_result s;
     if (o.socket) {
-        socket_bench sb(o, stub);
+        socket_bench sb(o, bench_if_);
         s = sb.run(o.warmup, o.seconds);
     }
 

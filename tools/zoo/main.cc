@@ -55,9 +55,9 @@ int main(int argc, char** argv) {
     }
 
     // Resolve --only into (entry, tiny) pairs, keeping the registry's order.
-    std::vector<std::pair<const zoo_entry*, bool>> todo;
+    std::vector<std::pair<const zoo_entry*, bool>> to_write;
     if (only.empty()) {
-        for (const zoo_entry& e : registry()) todo.emplace_back(&e, tiny);
+        for (const zoo_entry& e : registry()) to_write.emplace_back(&e, tiny);
     } else {
         for (const std::string& raw : only) {
             std::string name = raw;
@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
                 std::cerr << "zoo: unknown model '" << raw << "' (zoo --list names them)\n";
                 return 2;
             }
-            todo.emplace_back(e, t);
+            to_write.emplace_back(e, t);
         }
     }
 
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
         std::cerr << "zoo: cannot create " << out << ": " << ec.message() << "\n";
         return 2;
     }
-    for (const auto& [e, t] : todo) {
+    for (const auto& [e, t] : to_write) {
         variant_options v;
         v.tiny = t;
         v.calibrate = !no_calibration;
