@@ -227,7 +227,8 @@ private:
     void lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep = {}, float alpha = 0);
     void lower_copy_view(const node& n, int x, int y, const shape_t& shape, int64_t x_offset,
                          const shape_t& x_strides, int64_t y_offset, const shape_t& y_strides);
-    void lower_pool(const node& n, bool global);
+    void lower_pool(const node& n, bool global, int x = -1, int y = -1);
+    void lower_cast(const node& n, int x, int y);
     void lower_rows(const node& n, k::row_op op, int x, int y, int64_t outer, int64_t axis,
                     int64_t inner, int scale = -1, int bias = -1, float eps = 0);
 
@@ -301,6 +302,19 @@ void planner::lower_unary(const node& n, k::unary_op op, int x, int y, k::epilog
     }
     require_f32(n, x);
     emit(k::unary_kernel, args, k::unary_grid(args), n, {{&args.x, x}, {&args.y, y}}, {x}, {y});
+}
+
+void planner::lower_cast(const node& n, int x, int y) {
+    const auto xt = elem_of(val(x).type), yt = elem_of(val(y).type);
+    if (!xt || !yt) unsupported(n, std::string("cast from ") + dtype_name(val(x).type) + " to " + dtype_name(val(y).type));
+    k::unary_args a{};
+    a.count = element_count(val(y).shape);
+    if (a.count == 0) return;
+    a.op = k::unary_op::identity;
+    a.x_type = *xt;
+    a.y_type = *yt;
+    a.per_block = _o.elements_per_block;
+    emit(k::unary_kernel, a, k::unary_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
 }
 
 void planner::lower_copy_view(const node& n, int x, int y, const shape_t& shape, int64_t x_offset,
@@ -456,7 +470,7 @@ void planner::lower_gemm(int ni) {
 
 void planner::lower_matmul(int ni) {
     const node& n = _g.nodes[size_t(ni)];
-    const int A = n.input(0), B = n.input(1);
+    int A = n.input(0), B = n.input(1);
     int y = n.output(0);
     require_f32(n, A);
     require_f32(n, B);
@@ -464,12 +478,30 @@ void planner::lower_matmul(int ni) {
     if (as.size() == 1) as.insert(as.begin(), 1);
     if (bs.size() == 1) bs.push_back(1);
     const int64_t M = as[as.size() - 2], K = as.back(), N = bs.back();
-    const shape_t abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
+    shape_t abatch(as.begin(), as.end() - 2), bbatch(bs.begin(), bs.end() - 2);
+    // The broadcast batch shape; an operand whose batch dims are neither the full shape nor
+    // all ones is first expanded to it with a broadcast copy.
+    shape_t batch_shape(std::max(abatch.size(), bbatch.size()), 1);
+    for (size_t i = 0; i < batch_shape.size(); ++i) {
+        const size_t ia = i + abatch.size() - batch_shape.size(), ib = i + bbatch.size() - batch_shape.size();
+        const int64_t da = i + abatch.size() >= batch_shape.size() ? abatch[ia] : 1;
+        const int64_t db = i + bbatch.size() >= batch_shape.size() ? bbatch[ib] : 1;
+        batch_shape[i] = std::max(da, db);
+    }
+    const int64_t batch = product(batch_shape);
+    auto expand = [&](int v, const shape_t& mat, int64_t rows, int64_t cols) {
+        shape_t full = batch_shape;
+        full.push_back(rows);
+        full.push_back(cols);
+        const int t = temp(dtype::f32, full);
+        shape_t st(full.size());
+        broadcast_strides(full, mat, st.data());
+        lower_copy_view(n, v, t, full, 0, st, 0, contiguous_strides(full));
+        return t;
+    };
+    if (product(abatch) != batch && product(abatch) != 1) { A = expand(A, as, M, K); abatch = batch_shape; }
+    if (product(bbatch) != batch && product(bbatch) != 1) { B = expand(B, bs, K, N); bbatch = batch_shape; }
     const int64_t na = product(abatch), nb = product(bbatch);
-    const int64_t batch = std::max(na, nb);
-    if (na != batch && na != 1) unsupported(n, "batch broadcast of " + shape_str(val(A).shape));
-    if (nb != batch && nb != 1) unsupported(n, "batch broadcast of " + shape_str(val(B).shape));
-    if (na == nb && abatch != bbatch && na != 1) unsupported(n, "mixed batch broadcast");
     k::gemm_args g{};
     g.batch = batch;
     g.m = M; g.n = N; g.k = K;
@@ -509,8 +541,18 @@ void planner::lower_matmul(int ni) {
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.c, y}}, {A, B}, {y});
 }
 
-void planner::lower_pool(const node& n, bool global) {
-    const int x = n.input(0), y = n.output(0), idx = n.output(1);
+void planner::lower_pool(const node& n, bool global, int x, int y) {
+    if (x < 0) x = n.input(0);
+    if (y < 0) y = n.output(0);
+    const int idx = n.output(1);
+    if (val(x).type != dtype::f32 && n.op == op_type::MaxPool && !global &&
+        (val(x).type == dtype::u8 || val(x).type == dtype::i8)) {
+        // 8-bit values are exact in f32: cast, pool, cast back.
+        const int xf = temp(dtype::f32, val(x).shape), yf = temp(dtype::f32, val(y).shape);
+        lower_cast(n, x, xf);
+        lower_pool(n, global, xf, yf);
+        return lower_cast(n, yf, y);
+    }
     require_f32(n, x);
     shape_t xs = val(x).shape;
     shape_t ys = val(y).shape;
@@ -598,18 +640,7 @@ void planner::lower(int ni) {
     case op_type::Div: return lower_binary(n, k::binary_op::div, x, n.input(1), y);
     case op_type::Pow: return lower_binary(n, k::binary_op::pow, x, n.input(1), y);
     case op_type::Equal: return lower_binary(n, k::binary_op::equal, x, n.input(1), y);
-    case op_type::Cast: {
-        const auto xt = elem_of(val(x).type), yt = elem_of(val(y).type);
-        if (!xt || !yt) unsupported(n, std::string("cast from ") + dtype_name(val(x).type) + " to " + dtype_name(val(y).type));
-        k::unary_args a{};
-        a.count = element_count(val(y).shape);
-        if (a.count == 0) return;
-        a.op = k::unary_op::identity;
-        a.x_type = *xt;
-        a.y_type = *yt;
-        a.per_block = _o.elements_per_block;
-        return emit(k::unary_kernel, a, k::unary_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
-    }
+    case op_type::Cast: return lower_cast(n, x, y);
     case op_type::Sum: case op_type::Max: case op_type::Min: case op_type::Mean: {
         const k::binary_op op = n.op == op_type::Max ? k::binary_op::max
                                 : n.op == op_type::Min ? k::binary_op::min : k::binary_op::add;
