@@ -2,9 +2,11 @@
 # Numerics: every tiny zoo model (batch 2) through reefline's cpu backend (reefrun) against
 # ONNX Runtime (onnxruntime-node) on the same inputs: max |reefline - ort| must be
 # <= 1e-3 x max |ort| per output. `reefrun` fails on any plan whose idempotence check fails.
+# With a third argument `full`, the full-size models at batch 1 instead (slower; CI runs both).
 set -euo pipefail
 zoo=$1
 reefrun=$2
+size=${3:-tiny}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -15,20 +17,28 @@ fi
 py=/usr/bin/python3
 "$py" -c "import numpy, onnx" 2>/dev/null || { echo "skip: python3-onnx missing"; exit 77; }
 
-"$zoo" --out "$tmp/zoo" --tiny -q
+if [ "$size" = full ]; then
+  "$zoo" --out "$tmp/zoo" -q
+  models=$(ls "$tmp"/zoo/*.onnx)
+  batch=1
+else
+  "$zoo" --out "$tmp/zoo" --tiny -q
+  models=$(ls "$tmp"/zoo/*_tiny.onnx)
+  batch=2
+fi
 fail=0
-for m in "$tmp"/zoo/*_tiny.onnx; do
+for m in $models; do
   name=$(basename "$m" .onnx)
   out="$tmp/$name"
   mkdir -p "$out"
-  node "$root/tests/ort/run_model.js" "$m" --batch 2 --seed 5 --int-range 0,1000 --save-inputs \
+  node "$root/tests/ort/run_model.js" "$m" --batch $batch --seed 5 --int-range 0,1000 --save-inputs \
     --output-dir "$out/ort" > /dev/null
   args=()
   for f in $(ls "$out"/ort/input_*.pb | sort -V); do args+=(--input "$f"); done
   n=$(ls "$out"/ort/output_*.pb | wc -l)
   outs=()
   for i in $(seq 0 $((n - 1))); do outs+=(--output "$out/got_$i.pb"); done
-  if ! "$reefrun" "$m" --batch 2 "${args[@]}" "${outs[@]}" > "$out/reefrun.txt" 2>&1; then
+  if ! "$reefrun" "$m" --batch $batch "${args[@]}" "${outs[@]}" > "$out/reefrun.txt" 2>&1; then
     echo "FAIL $name: $(tail -n 1 "$out/reefrun.txt")"; fail=1; continue
   fi
   "$py" - "$out" "$n" "$name" <<'PY' || fail=1
@@ -48,5 +58,6 @@ for i in range(n):
         print(f"FAIL {name}: output {i} max error {err:.3g} of the output's scale"); sys.exit(1)
 print(f"ok   {name}: max error {worst:.2e} of the output's scale")
 PY
+  rm -rf "$out"  # full-size inputs and outputs are large
 done
 exit $fail
