@@ -464,7 +464,7 @@ struct socket_result {
 
 class socket_bench {
 public:
-    socket_bench(const options& o, bench_if& bench_if_) : _o(o), _stub(bench_if_), _image(make_image()) {
+    socket_bench(const options& o, bench_if& bench_if_) : _o(o), _bench_if(bench_if_), _image(make_image()) {
         // Requests under reassembly, and the mbufs they may hold when datagrams are lost in
         // the kernel (incomplete requests wait for their age limit or eviction).
         _rc.entries = 2 * o.inflight;
@@ -617,7 +617,7 @@ private:
         if (pin) pin_to(1);
         rte_thread_register();  // an lcore id, so that the mbuf pool's per-lcore cache is used
         {
-            rx_lane lane("bench_sk", _rc, _stub, 1);
+            rx_lane lane("bench_sk", _rc, _bench_if, 1);
             receive_loop(lane);
             lane.consume();
             lane.reasm->flush();
@@ -738,7 +738,7 @@ private:
     }
 
     const options& _o;
-    bench_if& _stub;
+    bench_if& _bench_if;
     const std::vector<uint8_t> _image;
     dp::reassembly_config _rc;
     rte_mempool* _pool = nullptr;

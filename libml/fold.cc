@@ -645,6 +645,19 @@ std::optional<std::vector<tensor>> evaluate(const graph& g, const node& n) {
 
 namespace {
 
+// Drops the nodes marked dead (keeping the order of the rest) and recomputes every value's
+// producer index.
+void remove_nodes(graph& g, const std::vector<char>& dead) {
+    std::vector<node> kept;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        if (!dead[i]) kept.push_back(std::move(g.nodes[i]));
+    g.nodes = std::move(kept);
+    for (value& v : g.values) v.producer = -1;
+    for (size_t i = 0; i < g.nodes.size(); ++i)
+        for (int v : g.nodes[i].outputs)
+            if (v >= 0) g.values[size_t(v)].producer = int(i);
+}
+
 struct folder {
     graph& g;
     const fold_limits& limits;
@@ -704,16 +717,7 @@ struct folder {
         }
     }
 
-    void compact() {
-        std::vector<node> kept;
-        for (size_t i = 0; i < g.nodes.size(); ++i)
-            if (!dead[i]) kept.push_back(std::move(g.nodes[i]));
-        g.nodes = std::move(kept);
-        for (value& v : g.values) v.producer = -1;
-        for (size_t i = 0; i < g.nodes.size(); ++i)
-            for (int v : g.nodes[i].outputs)
-                if (v >= 0) g.values[size_t(v)].producer = int(i);
-    }
+    void compact() { remove_nodes(g, dead); }
 };
 
 void replace_uses(graph& g, int from, int to) {
@@ -848,18 +852,6 @@ graph specialize_graph(const graph& generic, const std::map<int, shape_t>& input
 }
 
 
-// Drops the nodes marked dead (keeping the order of the rest) and recomputes every value's
-// producer index.
-void remove_nodes(graph& g, const std::vector<char>& dead) {
-    std::vector<node> kept;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-        if (!dead[i]) kept.push_back(std::move(g.nodes[i]));
-    g.nodes = std::move(kept);
-    for (value& v : g.values) v.producer = -1;
-    for (size_t i = 0; i < g.nodes.size(); ++i)
-        for (int v : g.nodes[i].outputs)
-            if (v >= 0) g.values[size_t(v)].producer = int(i);
-}
 
 void remove_identities(graph& g) {
     std::vector<char> dead(g.nodes.size(), 0);
