@@ -21,6 +21,7 @@
 #include "dataplane/engine.h"
 #include "dataplane/packet.h"
 #include "tools/reefgen/packet.h"
+#include "tools/reefgen/payload.h"
 
 namespace dp = reefline::dp;
 namespace wire = reefline::wire;
@@ -69,19 +70,11 @@ std::vector<uint8_t> frame_for(const wire::fields& h, std::span<const uint8_t> d
 request_frames make_request(uint64_t id, size_t total, size_t frag,
                             const gen::frame_addresses& a = addresses()) {
     request_frames r{id, payload_of(total, uint32_t(id)), {}, {}};
-    const size_t count = (total + frag - 1) / frag;
-    for (size_t i = 0; i < count; ++i) {
-        wire::fields h;
-        h.kind = uint8_t(wire::kind::request);
-        h.format = uint8_t(wire::format::raw);
-        h.request_id = id;
-        h.frag_index = uint16_t(i);
-        h.frag_count = uint16_t(count);
-        h.payload_offset = uint32_t(i * frag);
-        h.total_length = uint32_t(total);
-        const size_t len = std::min(frag, total - i * frag);
+    gen::request_payload payload;
+    payload.bytes = r.payload;
+    for (const wire::fields& h : gen::plan_fragments(payload, id, uint32_t(frag))) {
         r.headers.push_back(h);
-        r.frames.push_back(frame_for(h, {r.payload.data() + i * frag, len}, a));
+        r.frames.push_back(frame_for(h, {r.payload.data() + h.payload_offset, gen::fragment_length(h, uint32_t(frag))}, a));
     }
     return r;
 }

@@ -24,6 +24,16 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Waits until reefline (pid $1, stderr in $2) has published its IFs, or fails with its log.
+wait_started() {
+  for _ in $(seq 100); do
+    grep -q "IF crc32:9000" "$2" 2>/dev/null && return 0
+    kill -0 "$1" 2>/dev/null || { cat "$2"; echo "FAIL: reefline did not start"; exit 1; }
+    sleep 0.1
+  done
+  cat "$2"; echo "FAIL: reefline did not start within 10 s"; exit 1
+}
+
 ip netns add "$ns" || { echo "skip: cannot create network namespaces here"; exit 77; }
 ip link add "$host_if" type veth peer name "$cam_if"
 ip link set "$cam_if" netns "$ns"
@@ -40,11 +50,7 @@ cam_mac=$(ip netns exec "$ns" cat /sys/class/net/$cam_if/address)
 "$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=16384" \
   --builtin crc32:9000 --ip 198.18.0.2 --age-ms 500 > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
 pid=$!
-for _ in $(seq 100); do
-  grep -q "IF crc32:9000" "$tmp/reefline.err" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || { cat "$tmp/reefline.err"; echo "FAIL: reefline did not start"; exit 1; }
-  sleep 0.1
-done
+wait_started "$pid" "$tmp/reefline.err"
 
 # 1. tcpreplay of a capture at a set rate; responses captured on the camera side.
 "$reefgen" pcap --out "$tmp/req.pcap" --requests 50 --shape 224x224x3 --frag-size 1024 \
@@ -97,11 +103,7 @@ PY
 "$reefline" --eal "-l 0-1 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,qpairs=2,framecnt=16384" \
   --builtin crc32:9000 --ip 198.18.0.2 --rx-queues 2 --age-ms 500 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
 pid=$!
-for _ in $(seq 100); do
-  grep -q "IF crc32:9000" "$tmp/reefline2.err" 2>/dev/null && break
-  kill -0 "$pid" 2>/dev/null || { cat "$tmp/reefline2.err"; echo "FAIL: reefline (2 queues) did not start"; exit 1; }
-  sleep 0.1
-done
+wait_started "$pid" "$tmp/reefline2.err"
 grep -q "2 rx queue" "$tmp/reefline2.err" || { cat "$tmp/reefline2.err"; echo "FAIL: expected 2 rx queues"; exit 1; }
 for sport in 42000 42001; do
   ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport 9000 --requests 60 --rate 60 \

@@ -14,6 +14,7 @@
 
 #include "ifmanager/model_if.h"
 #include "tools/reefgen/packet.h"
+#include "tools/reefgen/payload.h"
 
 namespace dp = reefline::dp;
 namespace ml = reefline::ml;
@@ -87,19 +88,14 @@ protected:
         a.dst_ip = 0xc6120002;
         a.src_port = 40000;
         a.dst_port = port;
-        const size_t frag = 1000, count = (img.size() + frag - 1) / frag;
-        for (size_t i = 0; i < count; ++i) {
-            wire::fields f;
-            f.kind = uint8_t(wire::kind::request);
-            f.format = uint8_t(wire::format::image_u8_hwc);
-            f.request_id = id;
-            f.frag_index = uint16_t(i);
-            f.frag_count = uint16_t(count);
-            f.payload_offset = uint32_t(i * frag);
-            f.total_length = uint32_t(img.size());
-            f.dims[0] = h; f.dims[1] = w; f.dims[2] = c;
+        gen::request_payload payload;
+        payload.format = wire::format::image_u8_hwc;
+        payload.dims[0] = h; payload.dims[1] = w; payload.dims[2] = c;
+        payload.bytes = img;
+        constexpr uint32_t frag = 1000;
+        for (const wire::fields& f : gen::plan_fragments(payload, id, frag)) {
             std::vector<uint8_t> udp;
-            gen::append_udp_payload(udp, f, {img.data() + i * frag, std::min(frag, img.size() - i * frag)});
+            gen::append_udp_payload(udp, f, {img.data() + f.payload_offset, gen::fragment_length(f, frag)});
             const auto frame = gen::build_frame(a, 1, udp);
             rte_mbuf* m = rte_pktmbuf_alloc(_plane->eth().rx_pool());
             ASSERT_NE(m, nullptr);
