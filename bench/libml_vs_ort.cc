@@ -82,12 +82,15 @@ int main(int argc, char** argv) {
     int repeat = 5;
     bool quick = false;
     unsigned units = 0;
+    std::string root_dir;
     app.add_option("--models", models, "directory with resnet50.onnx and vgg19.onnx (default: written by build/tools/zoo)");
     app.add_option("--repeat", repeat, "timed runs per configuration")->capture_default_str();
     app.add_option("--compute-units", units, "cpu device compute units = ORT threads (default: cores - 1, at least 1)");
+    app.add_option("--root", root_dir, "repository root, for tests/ort and build/tools/zoo (default: two levels above the build dir)");
     app.add_flag("--quick", quick, "batch 1 only, 3 runs");
     CLI11_PARSE(app, argc, argv);
-    const fs::path root = fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path();
+    const fs::path root = root_dir.empty() ? fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path()
+                                           : fs::path(root_dir);
     if (!units) units = std::max(1u, std::thread::hardware_concurrency() - 1);
     if (quick) repeat = 3;
     try {

@@ -1,5 +1,10 @@
 // preempt_bench: the scheduler (preempt/scheduler.cc) on the cpu device, with synthetic kernels
-// (busy loops with a check point every ~10 us).
+// (busy loops with a check point every ~10 us), or on the GPU (--device cuda|hip, in builds
+// with -Dcuda=enabled / -Dhip=enabled) with the kernel library's gpu_spin kernel (the same
+// loops on the GPU clock; BE kernels fill every SM, 4 blocks each).
+//
+// On the GPU the RT kernel's first block marks a host-mapped word and the host timestamps the
+// moment it sees it: the latency includes that PCIe round trip (~1-2 us).
 //
 // 1. Preemption latency (RT arrival = submit -> first RT block running), p50/p99: reset-based
 //    (reef: vHQ reset, flag, kill at a check point) vs wait-based (REEF-N style: vHQ reset but
@@ -9,7 +14,7 @@
 //    for reef, seq, streams, prema against rt_only.
 // 3. Restore overhead: re-executed kernels per preemption, exact vs approximate restore.
 //
-// --quick: only what the last line needs. Last line:
+// --quick: only what the last line needs. --device cpu|cuda|hip (default cpu). Last line:
 //   reset_p99_us=A wait_p99_us=B rt_overhead_pct=C throughput_vs_rt_only=D
 #include "preempt/scheduler.h"
 
@@ -25,6 +30,11 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#if defined(REEFLINE_GPU_BACKEND)
+#include "libml/kernels/gpu/launcher.h"
+#include "preempt/gpu_device.h"
+#endif
 
 namespace {
 
@@ -60,11 +70,37 @@ bool busy_block(const void* a, const block_context& ctx) {
 }
 const kernel_info k_busy{"busy", busy_block, nullptr, 128, 32, 0, 0};
 
-task busy_task(task_class cls, uint32_t kernels, uint32_t us, std::atomic<int64_t>* first = nullptr) {
+// --device: the cpu backend, or the build's GPU backend.
+bool g_gpu = false;
+uint32_t g_gpu_units = 1;  // the GPU's compute units
+
+#if defined(REEFLINE_GPU_BACKEND)
+const kernel_info k_gpu_spin{"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
+#endif
+
+// How the RT task's first block reports its start: a steady_clock time (cpu), or a host-mapped
+// word the GPU kernel sets (the host timestamps when it sees it).
+struct start_probe {
+    std::atomic<int64_t> first{0};
+    uint32_t* mapped = nullptr;
+};
+
+task busy_task(task_class cls, uint32_t kernels, uint32_t us, start_probe* probe = nullptr) {
     task t;
     t.cls = cls;
-    for (uint32_t i = 0; i < kernels; ++i)
-        t.launches.push_back(task_launch::make(&k_busy, busy_args{us, i == 0 ? first : nullptr}, 1));
+    for (uint32_t i = 0; i < kernels; ++i) {
+#if defined(REEFLINE_GPU_BACKEND)
+        if (g_gpu) {
+            // BE kernels occupy the whole GPU; an RT kernel a quarter of it.
+            const uint32_t grid = cls == task_class::be ? 4 * g_gpu_units : std::max<uint32_t>(1, g_gpu_units / 4);
+            const reefline::ml::kernels::gpu_spin_args a{uint64_t(us) * 1000, 10'000,
+                                                         i == 0 && probe ? probe->mapped : nullptr};
+            t.launches.push_back(task_launch::make(&k_gpu_spin, a, grid));
+            continue;
+        }
+#endif
+        t.launches.push_back(task_launch::make(&k_busy, busy_args{us, i == 0 && probe ? &probe->first : nullptr}, 1));
+    }
     return t;
 }
 
@@ -84,6 +120,9 @@ double mean(const std::vector<double>& v) {
 uint32_t g_units = 1;
 
 std::unique_ptr<device> make_dev() {
+#if defined(REEFLINE_GPU_BACKEND)
+    if (g_gpu) return make_gpu_device();
+#endif
     cpu_device_options o;
     o.compute_units = g_units;
     o.scratch_per_unit = 1u << 16;
@@ -129,18 +168,34 @@ lat_result preemption_latency(preempt_mode mode, uint32_t queued, uint32_t us, i
     std::mt19937 rng(seed);
     be_clients be(s, 1, queued, us);
     std::vector<double> lat, st;
+    start_probe probe;
+    if (g_gpu) {
+        probe.mapped = static_cast<uint32_t*>(dev->alloc(64, memory_kind::host_mapped));
+        if (!probe.mapped) throw std::bad_alloc();
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
     for (int i = 0; i < samples; ++i) {
         // Arrive at a random point of a BE kernel (and after the previous restore).
         std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 1500));
-        std::atomic<int64_t> first{0};
-        const task_result r = s.wait(s.submit(busy_task(task_class::rt, 1, 20, &first)));
-        if (r.status == task_status::completed && first.load()) {
-            lat.push_back(double(first.load() - r.submit_ns) / 1000.0);
+        probe.first.store(0);
+        if (probe.mapped) *reinterpret_cast<volatile uint32_t*>(probe.mapped) = 0;
+        const task_id id = s.submit(busy_task(task_class::rt, 1, 20, &probe));
+        if (probe.mapped) {
+            // Poll the word the RT kernel's first block sets (bounded: a failed task never sets it).
+            const int64_t give_up = now_ns() + 1'000'000'000;
+            while (*reinterpret_cast<volatile uint32_t*>(probe.mapped) == 0 && now_ns() < give_up) {
+            }
+            if (*reinterpret_cast<volatile uint32_t*>(probe.mapped) != 0) probe.first.store(now_ns());
+        }
+        const task_result r = s.wait(id);
+        if (r.status == task_status::completed && probe.first.load()) {
+            lat.push_back(double(probe.first.load() - r.submit_ns) / 1000.0);
             st.push_back(double(r.start_ns - r.submit_ns) / 1000.0);
         }
     }
     be.join();
+    s.shutdown();
+    if (probe.mapped) dev->free(probe.mapped);
     return {pct(lat, 50), pct(lat, 99), pct(st, 50)};
 }
 
@@ -185,16 +240,42 @@ load_result load_run(policy pol, restore_mode rm, uint32_t be_n, double seconds,
 
 int main(int argc, char** argv) {
     bool quick = false;
+    std::string device_name = "cpu";
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick")) quick = true;
         else if (!std::strcmp(argv[i], "--units") && i + 1 < argc) g_units = uint32_t(std::atoi(argv[++i]));
+        else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device_name = argv[++i];
         else {
-            std::fprintf(stderr, "usage: preempt_bench [--quick] [--units N]\n");
+            std::fprintf(stderr, "usage: preempt_bench [--quick] [--units N] [--device cpu|cuda|hip]\n");
             return 2;
         }
     }
     if (g_units == 0) g_units = 1;
-    std::printf("preempt_bench: cpu device, %u compute unit(s)%s\n", g_units, quick ? ", quick" : "");
+    if (device_name != "cpu") {
+#if defined(REEFLINE_GPU_BACKEND)
+        if (device_name != gpu_backend_name()) {
+            std::fprintf(stderr, "preempt_bench: this build's GPU backend is %s, not %s\n", gpu_backend_name(),
+                         device_name.c_str());
+            return 2;
+        }
+        try {
+            const device_caps c = make_gpu_device()->caps();
+            g_gpu = true;
+            g_gpu_units = std::max<uint32_t>(1, c.compute_units);
+            std::printf("preempt_bench: %s device %s, %u compute units%s\n", device_name.c_str(), c.name.c_str(),
+                        c.compute_units, quick ? ", quick" : "");
+        } catch (const no_device_error& e) {
+            std::fprintf(stderr, "preempt_bench: %s\n", e.what());
+            return 77;
+        }
+#else
+        std::fprintf(stderr, "preempt_bench: --device %s needs a build with -D%s=enabled\n", device_name.c_str(),
+                     device_name.c_str());
+        return 2;
+#endif
+    } else {
+        std::printf("preempt_bench: cpu device, %u compute unit(s)%s\n", g_units, quick ? ", quick" : "");
+    }
 
     const int samples = quick ? 100 : 200;
     if (!quick) {

@@ -1,67 +1,135 @@
-// A model IF: serves requests for one ONNX model on one UDP port. Complete requests come off
-// its ring as gather lists of packet payloads; a batch of them runs as one task (gather
-// kernel straight from the payloads into the input tensor, then the model), and each request
-// is answered with its top-k classes, or with an error datagram that names the problem.
+// A model IF: serves image requests for one ONNX model on one UDP port.
+//
+// Complete requests come off the IF's ring as gather lists of packet payloads. Each request
+// goes to one of two lanes: RT (the IF's class is rt, or the request comes from a source the
+// operator named RT) or BE. A lane forms a batch when its batching controller (SLAB, AIMD or
+// fixed; libml/batching.h) says so and submits it to the GPU scheduler as one task of its
+// class: the gather kernel reads the payloads in place into the input tensor, then the model
+// runs. One batch per lane is in flight; the mbufs stay held until its task has ended (a
+// preempted task re-runs the gather from the same payloads). When the task completes, each
+// request is answered with its top-k classes; requests that can no longer meet the SLO are
+// answered with status overloaded instead of being served late (when shedding is on), and
+// bad requests get an error datagram that names the problem.
+//
+// Threads: poll() runs on the serving thread only. The control thread calls settings() /
+// update() / describe() / stats(); the scheduler thread only sets a lane's done flag.
 #pragma once
 
 #include <rte_ring.h>
 
+#include <array>
+#include <atomic>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "dataplane/engine.h"
 #include "dataplane/if_service.h"
 #include "dataplane/response.h"
+#include "libml/batching.h"
 #include "libml/libml.h"
+#include "preempt/scheduler.h"
 
 namespace reefline::ifm {
+
+// What an operator can change while the IF serves (`set`).
+struct model_settings {
+    gpu::task_class cls = gpu::task_class::be;
+    ml::batching_options batching;         // policy, SLO, batch limits
+    int priority = 0;                      // prema: 0 low, 1 medium, 2 high
+    std::vector<uint32_t> rt_sources_be;   // IPv4 sources whose requests are RT
+    bool shed = true;                      // answer overloaded instead of serving late
+};
 
 struct model_if_config {
     std::string name;
     std::string onnx;           // model file
     uint16_t udp_port = 0;
     uint16_t slot = 0;
-    uint32_t max_batch = 8;     // requests taken per task
     uint32_t top_k = 5;
     float mean[3] = {123.675f, 116.28f, 103.53f};  // ImageNet, u8 scale
     float std[3] = {58.395f, 57.12f, 57.375f};
     uint32_t ring_size = 1024;
+    bool warm_up = true;        // run every configured batch size once before serving
+    model_settings settings;
 };
+
+// Latency buckets (seconds) of the per-IF histogram: Prometheus-style, cumulative on export.
+inline constexpr std::array<double, 16> latency_buckets_s = {
+    0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60};
 
 class model_if final : public dp::if_service {
 public:
-    // Loads the model (weights shared with other IFs of the same model via `shared`, when
-    // given) and checks it takes one [N, C, H, W] f32 image input. Throws on a bad model.
-    model_if(dp::dataplane& plane, ml::runtime& runtime, const model_if_config& config,
-             std::shared_ptr<ml::model> shared = nullptr);
+    // Loads the model (or shares `shared`'s weights), plans the batch sizes the controller may
+    // pick, warms them up and checks it takes one f32 [N, C<=3, H, W] image input. Throws
+    // std::invalid_argument (bad settings or model) or the loader's error.
+    model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& scheduler,
+             const model_if_config& config, std::shared_ptr<ml::model> shared = nullptr);
+    // Waits for batches in flight, frees what is queued.
     ~model_if() override;
 
     dp::if_binding binding() const override { return {_config.name, _config.udp_port, _config.slot, _ring}; }
     uint32_t poll() override;
-    uint32_t queued() const override { return rte_ring_count(_ring); }
+    uint32_t queued() const override;
     const dp::if_counters& counters() const override { return _counters; }
     const std::string& name() const override { return _config.name; }
 
+    // True when nothing is queued, pending or in flight.
+    bool idle() const { return queued() == 0 && _in_flight.load(std::memory_order_relaxed) == 0; }
+    // Answers everything pending and still queued with status shutting_down (the daemon stops).
+    void fail_pending();
+
+    const model_if_config& config() const { return _config; }
+    model_settings settings() const;
+    // Applies new settings at the next batch (plans new batch sizes first). Throws
+    // std::invalid_argument on bad values; the IF keeps its old settings then.
+    void update(const model_settings& s);
+
     const std::shared_ptr<ml::model>& model() const { return _model; }
-    // The image shape requests must have: H, W, C.
     uint16_t height() const { return _h; }
     uint16_t width() const { return _w; }
     uint16_t channels() const { return _c; }
 
+    nlohmann::json describe() const;
+    nlohmann::json stats() const;
+
 private:
-    ml::instance& instance_for(uint32_t batch);
+    struct lane;
+    void intake(uint32_t& work);
+    void dispatch(lane& l);
+    void complete(lane& l);
+    void shed_late(lane& l, uint64_t now);
+    void plan_sizes(lane& l, uint32_t max_batch);
     void answer_error(const dp::request& r, wire::status status, const std::string& message);
     void send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec);
+    void record_latency(double seconds);
 
     dp::dataplane& _plane;
     ml::runtime& _runtime;
+    gpu::scheduler& _scheduler;
     model_if_config _config;
     std::shared_ptr<ml::model> _model;
-    std::map<uint32_t, std::unique_ptr<ml::instance>> _by_batch;  // plans per batch size
     rte_ring* _ring = nullptr;
-    dp::if_counters _counters;
     uint16_t _h = 0, _w = 0, _c = 0;
+    uint64_t _tsc_hz = 1;
+
+    // Settings: written by update() under _mu; the serving thread holds _mu while it polls
+    // (try_lock: a long update() skips this IF for a round instead of stalling the others).
+    mutable std::mutex _mu;
+    std::unique_ptr<lane> _lanes[2];  // [0] RT, [1] BE
+
+    dp::if_counters _counters;
+    // Statistics beyond the data plane's IF counters; single writer (the serving thread).
+    dp::counter _responses, _errors, _shed, _slo_violations, _batches, _batched_requests,
+        _preemptions, _reexecuted;
+    std::array<dp::counter, latency_buckets_s.size() + 1> _latency_hist;  // last: +Inf
+    std::atomic<uint64_t> _latency_sum_ns{0};
+    std::atomic<uint32_t> _in_flight{0};
+    std::atomic<uint32_t> _pending{0};
 };
 
 }  // namespace reefline::ifm

@@ -1,7 +1,10 @@
-// reefline: the appliance daemon. For now it starts EAL and one port, runs the data plane
-// with the built-in IFs named on the command line, and prints counters. Offline mode replays
-// a capture through net_pcap and exits once the capture is exhausted and every response has
-// been written; its last line of output is a JSON object of counters.
+// reefline: the appliance daemon. Starts EAL and one port, the device (cpu backend by
+// default), the GPU scheduler, the data plane, the IF manager with the model repository's
+// models, the ZeroMQ control plane (docs/control.md) and the Prometheus metrics endpoint;
+// serves until SIGINT/SIGTERM or a shutdown request, then stops ingest, answers or fails what
+// is in flight and checks that every mbuf went back to its pool. Offline mode replays a
+// capture through net_pcap without a control plane and exits once the capture is exhausted
+// and every response has been written. The last line of output is a JSON object of counters.
 #include <rte_cycles.h>
 #include <rte_eal.h>
 #include <rte_ethdev.h>
@@ -13,6 +16,9 @@
 
 #include <atomic>
 #include <csignal>
+#include <cstdlib>
+#include <fstream>
+#include <thread>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -20,6 +26,9 @@
 #include <vector>
 
 #include "dataplane/crc32_if.h"
+#include "ifmanager/control.h"
+#include "ifmanager/manager.h"
+#include "ifmanager/metrics.h"
 #include "ifmanager/model_if.h"
 #include "libml/libml.h"
 #include "dataplane/eal.h"
@@ -33,26 +42,28 @@ std::atomic<bool> stop_requested{false};
 
 void on_signal(int) { stop_requested.store(true, std::memory_order_relaxed); }
 
-struct model_spec {
-    std::string name;
-    uint16_t port;
-    std::string path;
-};
-
-model_spec parse_model(const std::string& s) {
-    const auto a = s.find(':'), b = a == std::string::npos ? a : s.find(':', a + 1);
-    if (b == std::string::npos)
-        throw CLI::ValidationError("--model", "expected NAME:PORT:FILE.onnx, got '" + s + "'");
-    model_spec m{s.substr(0, a), 0, s.substr(b + 1)};
-    try {
-        const unsigned long p = std::stoul(s.substr(a + 1, b - a - 1));
-        if (p == 0 || p > 65535) throw std::out_of_range("port");
-        m.port = uint16_t(p);
-    } catch (const std::exception&) {
-        throw CLI::ValidationError("--model", "bad UDP port in '" + s + "'");
+// --model NAME:PORT:FILE.onnx[:rt|be[:SLO_MS]] -> add_model fields.
+nlohmann::json parse_model(const std::string& s, uint32_t max_batch) {
+    std::vector<std::string> parts;
+    for (size_t at = 0;;) {
+        const size_t c = s.find(':', at);
+        parts.push_back(s.substr(at, c == std::string::npos ? c : c - at));
+        if (c == std::string::npos) break;
+        at = c + 1;
     }
-    if (m.name.empty()) throw CLI::ValidationError("--model", "empty model name in '" + s + "'");
-    return m;
+    if (parts.size() < 3 || parts.size() > 5)
+        throw CLI::ValidationError("--model", "expected NAME:PORT:FILE.onnx[:rt|be[:SLO_MS]], got '" + s + "'");
+    nlohmann::json f = {{"name", parts[0]}, {"onnx", parts[2]}, {"max_batch", max_batch}};
+    try {
+        const unsigned long p = std::stoul(parts[1]);
+        if (p == 0 || p > 65535) throw std::out_of_range("port");
+        f["port"] = p;
+        if (parts.size() > 3) f["class"] = parts[3];
+        if (parts.size() > 4) f["slo_ms"] = std::stod(parts[4]);
+    } catch (const std::exception&) {
+        throw CLI::ValidationError("--model", "bad UDP port or SLO in '" + s + "'");
+    }
+    return f;
 }
 
 struct builtin_spec {
@@ -111,22 +122,32 @@ int rx_worker(void* arg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"reefline: network inference appliance (data plane with built-in IFs)"};
-    std::string offline, responses, eal_args, lcores = "0", local_ip;
+    CLI::App app{"reefline: network inference appliance"};
+    app.set_config("--config", "", "configuration file (TOML: option = value, e.g. repo = \"/var/lib/reefline\"); flags override it");
+    std::string offline, responses, eal_args, lcores = "0", local_ip, control, repo_dir, policy_name = "reef",
+                                              backend = "cpu", metrics = "127.0.0.1:9464", curve_key_file;
     std::vector<std::string> builtins, models;
-    uint32_t max_batch = 8;
+    uint32_t max_batch = 8, compute_units = 0;
     uint16_t port_id = 0, rx_queues = 1;
     uint32_t entries = 1024, mbufs = 16383;
     uint64_t age_ms = 100;
     double duration = 0, stats_interval = 0;
-    app.add_option("--offline", offline, "replay this pcap through net_pcap, then exit")
+    bool busy_poll = false;
+    app.add_option("--control", control, "control endpoint: ipc://PATH (default " + reefline::ifm::default_control_endpoint() +
+                                             ") or tcp://127.0.0.1:PORT");
+    app.add_option("--curve-secret-key", curve_key_file, "file with the Z85 CURVE server secret key (allows tcp:// beyond loopback)");
+    app.add_option("--repo", repo_dir, "model repository directory, created if missing (default /var/lib/reefline/models as root, else ~/.reefline/models)");
+    app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema")->capture_default_str();
+    app.add_option("--backend", backend, "device backend: cpu (cuda/hip when built with them)")->capture_default_str();
+    app.add_option("--compute-units", compute_units, "cpu backend: worker threads (0: cores - 1)")->capture_default_str();
+    app.add_option("--metrics", metrics, "Prometheus endpoint HOST:PORT on loopback, or off")->capture_default_str();
+    app.add_option("--offline", offline, "replay this pcap through net_pcap, then exit (no control plane)")
         ->check(CLI::ExistingFile);
     app.add_option("--responses", responses, "offline: write responses to this pcap");
     app.add_option("--builtin", builtins, "built-in IF as NAME:UDP_PORT (crc32:9000); repeatable");
-    app.add_option("--model", models, "model IF as NAME:UDP_PORT:FILE.onnx (u8 HWC image requests, top-5 answers); repeatable");
-    app.add_option("--max-batch", max_batch, "largest batch a model IF forms from queued requests")
-        ->capture_default_str()->check(CLI::Range(1u, 256u));
-    app.add_option("--eal", eal_args, "EAL arguments, e.g. \"-l 0-1 --vdev=net_af_packet0,iface=veth0\"");
+    app.add_option("--model", models, "model IF NAME:UDP_PORT:FILE.onnx[:rt|be[:SLO_MS]] (not persisted); repeatable");
+    app.add_option("--max-batch", max_batch, "largest batch of a --model IF")->capture_default_str()->check(CLI::Range(1u, 256u));
+    app.add_option("--eal", eal_args, "EAL arguments, e.g. \"--no-huge -m 512 --no-pci --vdev=net_null0\"");
     app.add_option("--lcores", lcores, "EAL lcore list when --eal is not given")->capture_default_str();
     app.add_option("--port", port_id, "ethdev port id")->capture_default_str();
     app.add_option("--rx-queues", rx_queues, "rx queues (RSS keeps a request on one queue)")
@@ -137,8 +158,9 @@ int main(int argc, char** argv) {
     app.add_option("--age-ms", age_ms, "reassembly age limit in milliseconds")
         ->capture_default_str()->check(CLI::Range(1, 60000));
     app.add_option("--ip", local_ip, "the appliance's IPv4 address on the port (answers ARP for it)");
-    app.add_option("--duration", duration, "live: stop after this many seconds (0: until SIGINT)");
+    app.add_option("--duration", duration, "stop after this many seconds (0: until SIGINT/SIGTERM or shutdown)");
     app.add_option("--stats-interval", stats_interval, "print counters every N seconds (0: never)");
+    app.add_flag("--busy-poll", busy_poll, "never sleep when idle (lowest latency; burns the main lcore)");
     CLI11_PARSE(app, argc, argv);
 
     if (!offline.empty() && responses.empty()) {
@@ -146,18 +168,38 @@ int main(int argc, char** argv) {
         return 2;
     }
     std::vector<builtin_spec> specs;
-    std::vector<model_spec> model_specs;
+    std::vector<nlohmann::json> model_fields;
+    reefline::gpu::policy policy;
     try {
         for (const auto& b : builtins) specs.push_back(parse_builtin(b));
-        for (const auto& m : models) model_specs.push_back(parse_model(m));
-    } catch (const CLI::Error& e) {
+        for (const auto& m : models) model_fields.push_back(parse_model(m, max_batch));
+        if (!reefline::gpu::parse_policy(policy_name.c_str(), policy))
+            throw CLI::ValidationError("--policy", "unknown policy '" + policy_name + "' (reef, rt_only, seq, streams, prema)");
+        if (backend != "cpu")
+            throw CLI::ValidationError("--backend", "backend '" + backend + "' is not built in (this build has: cpu)");
+        if (metrics != "off") reefline::metrics::parse_listen_address(metrics);
+    } catch (const std::exception& e) {
         std::cerr << "reefline: " << e.what() << "\n";
         return 2;
+    }
+    std::string curve_secret;
+    if (!curve_key_file.empty()) {
+        std::ifstream in(curve_key_file);
+        if (!(in >> curve_secret) || curve_secret.size() != 40) {
+            std::cerr << "reefline: --curve-secret-key: " << curve_key_file << " does not hold a 40-character Z85 key\n";
+            return 2;
+        }
+    }
+    if (repo_dir.empty()) {
+        const char* home = std::getenv("HOME");
+        repo_dir = geteuid() == 0 || !home ? "/var/lib/reefline/models" : std::string(home) + "/.reefline/models";
     }
 
     std::vector<std::string> eal;
     if (eal_args.empty()) {
         eal = dp::eal_default_args(offline.empty() ? lcores : "0");
+        // The embedded default: a virtual port that receives nothing until told otherwise.
+        if (offline.empty()) eal.push_back("--vdev=net_null0,no-rx=1");
     } else {
         eal = dp::eal_split(eal_args);
     }
@@ -172,6 +214,7 @@ int main(int argc, char** argv) {
     }
     std::signal(SIGINT, on_signal);
     std::signal(SIGTERM, on_signal);
+    std::signal(SIGPIPE, SIG_IGN);
 
     int status = 0;
     {
@@ -194,51 +237,80 @@ int main(int argc, char** argv) {
             return 2;
         }
 
+        // Owned in dependency order: destroyed from the bottom up.
         std::unique_ptr<dp::dataplane> plane;
-        // The cpu device (embedded default) and the model runtime, when there are models.
         std::unique_ptr<reefline::gpu::device> device;
         std::unique_ptr<reefline::ml::runtime> runtime;
-        std::vector<std::unique_ptr<dp::if_service>> ifs;
-        try {
-            plane = std::make_unique<dp::dataplane>(config);
-            std::vector<dp::if_binding> bindings;
-            uint16_t slot = 0;
-            for (const auto& b : specs) {
-                ifs.push_back(std::make_unique<dp::crc32_if>(*plane, b.kind + ":" + std::to_string(b.port), b.port, slot++));
-                bindings.push_back(ifs.back()->binding());
-            }
-            if (!model_specs.empty()) {
-                device = reefline::gpu::make_cpu_device();
-                runtime = std::make_unique<reefline::ml::runtime>(*device);
-            }
-            for (const auto& m : model_specs) {
-                reefline::ifm::model_if_config mc;
-                mc.name = m.name;
-                mc.onnx = m.path;
-                mc.udp_port = m.port;
-                mc.slot = slot++;
-                mc.max_batch = max_batch;
-                auto mif = std::make_unique<reefline::ifm::model_if>(*plane, *runtime, mc);
-                std::fprintf(stderr, "reefline: model %s (%s): %ux%ux%u images, weights %.1f MB\n", m.name.c_str(),
-                             m.path.c_str(), mif->height(), mif->width(), mif->channels(),
-                             double(mif->model()->weight_bytes()) / 1e6);
-                ifs.push_back(std::move(mif));
-                bindings.push_back(ifs.back()->binding());
-            }
-            plane->ifs().publish(bindings);
-        } catch (const std::exception& e) {
-            std::cerr << "reefline: " << e.what() << "\n";
-            ifs.clear();
+        std::unique_ptr<reefline::gpu::scheduler> scheduler;
+        std::unique_ptr<reefline::ifm::model_repository> repo;
+        std::unique_ptr<reefline::ifm::if_manager> manager;
+        std::unique_ptr<reefline::ifm::control_server> control_plane;
+        std::unique_ptr<reefline::metrics::metrics_server> metrics_http;
+        auto tear_down = [&] {
+            metrics_http.reset();
+            control_plane.reset();
+            if (scheduler) scheduler->shutdown();
+            manager.reset();
+            scheduler.reset();
             runtime.reset();
             device.reset();
+        };
+        try {
+            plane = std::make_unique<dp::dataplane>(config);
+            reefline::gpu::cpu_device_options dopt;
+            dopt.compute_units = compute_units;
+            device = reefline::gpu::make_cpu_device(dopt);
+            runtime = std::make_unique<reefline::ml::runtime>(*device);
+            reefline::gpu::scheduler_options sopt;
+            sopt.pol = policy;
+            scheduler = std::make_unique<reefline::gpu::scheduler>(*device, sopt);
+            if (offline.empty()) repo = std::make_unique<reefline::ifm::model_repository>(repo_dir);
+            manager = std::make_unique<reefline::ifm::if_manager>(
+                *plane, *runtime, *scheduler, repo.get(),
+                reefline::ifm::manager_info{"0.1.0", device->caps().name, reefline::gpu::policy_name(policy)});
+            uint16_t slot = 0;
+            for (const auto& b : specs)
+                manager->add_service(std::make_shared<dp::crc32_if>(*plane, b.kind + ":" + std::to_string(b.port), b.port, slot++));
+            for (const auto& f : model_fields) {
+                const auto d = manager->add_model(f, false);
+                std::fprintf(stderr, "reefline: model %s (%s): input %s, weights %.1f MB\n", d["name"].get<std::string>().c_str(),
+                             d["onnx"].get<std::string>().c_str(), d["input"]["shape"].dump().c_str(),
+                             d["weight_bytes"].get<double>() / 1e6);
+            }
+            for (const auto& p : manager->load_repository()) std::fprintf(stderr, "reefline: repository: %s\n", p.c_str());
+            if (offline.empty()) {
+                control_plane = std::make_unique<reefline::ifm::control_server>(
+                    *manager, reefline::ifm::control_options{control, curve_secret});
+                std::fprintf(stderr, "reefline: control on %s (events on %s), repository %s\n",
+                             control_plane->endpoint().c_str(), control_plane->events_endpoint().c_str(), repo_dir.c_str());
+                if (metrics != "off") {
+                    const auto [host, mport] = reefline::metrics::parse_listen_address(metrics);
+                    auto* m = manager.get();
+                    metrics_http = std::make_unique<reefline::metrics::metrics_server>(
+                        host, mport, [m] { return reefline::metrics::prometheus_text(m->stats()); });
+                    std::fprintf(stderr, "reefline: metrics on http://%s:%u/metrics\n", host.c_str(), metrics_http->port());
+                }
+            }
+        } catch (const reefline::ifm::control_error& e) {
+            std::cerr << "reefline: " << e.code << ": " << e.what() << "\n";
+            status = 1;
+        } catch (const std::exception& e) {
+            std::cerr << "reefline: " << e.what() << "\n";
+            status = 1;
+        }
+        if (status) {
+            tear_down();
             plane.reset();
             dp::eal_cleanup();
-            return 1;
+            return status;
         }
-        std::fprintf(stderr, "reefline: port %u (%s), %u rx queue(s), %zu IF(s)%s\n",
-                     plane->eth().id(), plane->eth().driver().c_str(), plane->rx_queues(),
-                     ifs.size(), offline.empty() ? "" : ", offline");
-        for (auto& f : ifs) std::fprintf(stderr, "reefline: IF %s on UDP port %u\n", f->name().c_str(), f->binding().udp_port);
+        std::fprintf(stderr, "reefline: port %u (%s), %u rx queue(s), backend %s, policy %s%s\n", plane->eth().id(),
+                     plane->eth().driver().c_str(), plane->rx_queues(), device->caps().name.c_str(),
+                     reefline::gpu::policy_name(policy), offline.empty() ? "" : ", offline");
+        const nlohmann::json started = manager->stats();
+        for (const auto& f : started["ifs"])
+            std::fprintf(stderr, "reefline: IF %s on UDP port %u\n", f["name"].get<std::string>().c_str(),
+                         f["udp_port"].get<unsigned>());
 
         // Lcores: rx queues go to worker lcores when there are any; the main lcore answers
         // requests and transmits. On one lcore (and always offline) it does everything.
@@ -255,6 +327,8 @@ int main(int argc, char** argv) {
         }
         if (inline_rx)
             for (uint16_t q = 0; q < rx_queues; ++q) plane->rx_online(q);
+        manager->set_serving(true);
+        std::fprintf(stderr, "reefline: serving\n");
 
         const uint64_t hz = rte_get_tsc_hz();
         const uint64_t start = rte_rdtsc();
@@ -262,51 +336,48 @@ int main(int argc, char** argv) {
         uint64_t idle_polls = 0;
         auto snapshot = [&] {
             auto s = plane->counters();
-            for (auto& f : ifs) s.add(f->counters());
+            manager->add_if_counters(s);
             return s;
         };
-        auto serve = [&] {
-            uint32_t work = 0;
-            for (auto& f : ifs) work += f->poll();
-            work += plane->poll_tx();
-            return work;
-        };
-        while (!stop_requested.load(std::memory_order_relaxed)) {
+        while (!stop_requested.load(std::memory_order_relaxed) && !manager->shutdown_requested()) {
             uint32_t rx = 0;
             if (inline_rx)
                 for (uint16_t q = 0; q < rx_queues; ++q) rx += plane->poll_rx(q);
-            const uint32_t work = serve();
+            const uint32_t work = manager->serve();
             const uint64_t now = rte_rdtsc();
             if (stats_interval > 0 && now >= next_stats) {
                 print_summary(snapshot(), stderr);
                 next_stats = now + uint64_t(stats_interval * hz);
             }
             if (duration > 0 && now - start >= uint64_t(duration * hz)) break;
-            if (!offline.empty()) {
-                // net_pcap returns nothing once the capture is exhausted.
-                idle_polls = (rx || work) ? 0 : idle_polls + 1;
-                if (idle_polls > 10000) break;
-            }
+            idle_polls = (rx || work) ? 0 : idle_polls + 1;
+            // net_pcap returns nothing once the capture is exhausted.
+            if (!offline.empty() && idle_polls > 10000 && manager->quiet()) break;
+            // Idle: give the core to the device's compute units and the scheduler (they share
+            // the machine's cores on the embedded default) instead of spinning.
+            if (!busy_poll && offline.empty() && idle_polls > 256)
+                std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
         stop_requested.store(true);
         rte_eal_mp_wait_lcore();
         if (inline_rx)
             for (uint16_t q = 0; q < rx_queues; ++q) plane->rx_offline(q);
 
-        // Requests still incomplete are freed (counted as timeouts); complete ones are
-        // answered; every queued response is transmitted before the port closes.
+        // Ingest has stopped. Requests still under reassembly are freed (counted as
+        // timeouts); complete ones are answered, batches in flight finish (up to 10 s), then
+        // whatever still waits is answered with status shutting_down; every queued response
+        // is transmitted before the port closes.
         for (uint16_t q = 0; q < rx_queues; ++q) plane->flush(q);
-        for (int quiet = 0; quiet < 1000;) {
-            bool pending = plane->tx_pending() > 0;
-            for (auto& f : ifs) pending |= f->queued() > 0;
-            quiet = (serve() == 0 && !pending) ? quiet + 1 : 0;
-        }
+        const uint64_t drain_until = rte_rdtsc() + 10 * hz;
+        for (int quiet = 0; quiet < 1000 && rte_rdtsc() < drain_until;) quiet = manager->serve() == 0 && manager->quiet() ? quiet + 1 : 0;
+        manager->fail_pending();
+        for (int quiet = 0; quiet < 1000;) quiet = manager->serve() == 0 && manager->quiet() ? quiet + 1 : 0;
+        manager->set_serving(false);
         const rte_eth_stats ps = plane->eth().stats();
         const dp::counter_snapshot c = snapshot();
-        ifs.clear();
+        tear_down();
         rte_mempool* rx_pool = plane->eth().rx_pool();
         rte_mempool* tx_pool = plane->eth().tx_pool();
-        const std::string driver = plane->eth().driver();
         plane->eth().close();
         const uint64_t in_use = (rx_pool->size - rte_mempool_avail_count(rx_pool)) +
                                 (tx_pool->size - rte_mempool_avail_count(tx_pool));
@@ -321,8 +392,6 @@ int main(int argc, char** argv) {
         std::printf("%s\n", json.c_str());
         std::fflush(stdout);
         plane.reset();
-        runtime.reset();
-        device.reset();
     }
     dp::eal_cleanup();
     return status;

@@ -19,6 +19,7 @@ instance::~instance() {
     if (_task) _device->ops().task_words_destroy(_device, _task);
     if (_arena) _device->free(_arena);
     if (_inputs) _device->free(_inputs);
+    if (_gather_list) _device->free(_gather_list);
     if (_model) --_model->_instances;
 }
 
@@ -34,7 +35,10 @@ std::vector<tensor_desc> instance::outputs() const {
     return d;
 }
 
-runtime::runtime(gpu::device& device, plan_options options) : _device(device), _options(options) {}
+runtime::runtime(gpu::device& device, plan_options options) : _device(device), _options(options) {
+    if (_options.tiles == plan_options::tiles_for::device)
+        _options.tiles = device.caps().gpu ? plan_options::tiles_for::gpu : plan_options::tiles_for::cpu;
+}
 runtime::~runtime() = default;
 
 std::shared_ptr<model> runtime::finish_load(gpu::device& dev, graph g, std::string name) {
@@ -157,7 +161,7 @@ std::vector<tensor> runtime::read_outputs(const instance& in) {
     return outputs;
 }
 
-void runtime::infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs) {
+kernels::gather_args runtime::gather_for(instance& in, const image_batch& images) {
     const plan& p = *in._plan;
     if (p.inputs().size() != 1 || p.inputs()[0].type != dtype::f32 || p.inputs()[0].shape.size() != 4)
         throw std::invalid_argument("infer_images: the model's input is not one f32 [N, C, H, W] tensor");
@@ -166,9 +170,23 @@ void runtime::infer_images(instance& in, const image_batch& images, std::vector<
         throw std::invalid_argument("infer_images: " + std::to_string(images.first.size() - 1) +
                                     " images for an instance configured for batch " + std::to_string(s[0]));
     if (s[1] > 4) throw std::invalid_argument("infer_images: more than 4 channels");
+    // Segments first (8-byte aligned pointers), then the offsets.
+    const size_t seg_bytes = images.segments.size_bytes(), first_bytes = images.first.size_bytes();
+    if (seg_bytes + first_bytes > in._gather_list_size) {
+        if (in._gather_list) _device.free(in._gather_list);
+        in._gather_list_size = std::max<size_t>(4096, 2 * (seg_bytes + first_bytes));
+        in._gather_list = _device.alloc(in._gather_list_size, gpu::memory_kind::host_mapped);
+        if (!in._gather_list) {
+            in._gather_list_size = 0;
+            throw std::bad_alloc();
+        }
+    }
+    auto* list = static_cast<std::byte*>(in._gather_list);
+    std::memcpy(list, images.segments.data(), seg_bytes);
+    std::memcpy(list + seg_bytes, images.first.data(), first_bytes);
     kernels::gather_args g{};
-    g.segments = images.segments.data();
-    g.first = images.first.data();
+    g.segments = reinterpret_cast<const kernels::gather_segment*>(list);
+    g.first = reinterpret_cast<const uint32_t*>(list + seg_bytes);
     g.y = reinterpret_cast<float*>(static_cast<std::byte*>(in._inputs) + p.inputs()[0].offset);
     g.batch = s[0];
     g.c = s[1];
@@ -178,8 +196,23 @@ void runtime::infer_images(instance& in, const image_batch& images, std::vector<
         g.mean[i] = images.mean[i];
         g.inv_std[i] = 1.0f / images.std[i];
     }
-    g.bytes_per_block = std::max<int64_t>(g.c, (int64_t(1) << 16) / g.c * g.c);
+    // A GPU block reads its bytes over PCIe: many small blocks keep more reads in flight.
+    const int64_t per_block = _options.tiles == plan_options::tiles_for::gpu ? int64_t(1) << 12 : int64_t(1) << 16;
+    g.bytes_per_block = std::max<int64_t>(g.c, per_block / g.c * g.c);
+    return g;
+}
+
+void runtime::infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs) {
+    const kernels::gather_args g = gather_for(in, images);
     run(in, {}, outputs, nullptr, &g);
+}
+
+std::vector<gpu::task_launch> runtime::image_task(instance& in, const image_batch& images) {
+    const kernels::gather_args g = gather_for(in, images);
+    std::vector<gpu::task_launch> out;
+    out.push_back(gpu::task_launch::make(&kernels::gather_kernel, g, uint32_t(kernels::gather_grid(g))));
+    for (auto& l : task_launches(in)) out.push_back(std::move(l));
+    return out;
 }
 
 void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,

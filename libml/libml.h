@@ -77,6 +77,8 @@ private:
     std::unique_ptr<plan> _plan;
     void* _arena = nullptr;
     void* _inputs = nullptr;  // host-mapped: the gather kernel or the caller fills it
+    void* _gather_list = nullptr;  // host-mapped: the gather kernel's segments and offsets
+    size_t _gather_list_size = 0;
     size_t _arena_size = 0, _inputs_size = 0;
 };
 
@@ -112,6 +114,11 @@ public:
         float std[4] = {1, 1, 1, 1};
     };
     void infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs);
+    // The same batch as a task for the scheduler: the gather kernel, then the model's kernels.
+    // The gather list is copied into host-mapped memory the instance owns (kernels on any
+    // backend read it there), so the launches stay valid while the task runs and until the
+    // next image_task or infer_images on this instance. read_outputs() once it completed.
+    std::vector<gpu::task_launch> image_task(instance& in, const image_batch& images);
     // The same, synchronising after every launch: `launch_ms[i]` is launch i's time. For
     // profiles (kprof) and finding hot kernels; slower than infer_batch.
     void infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
@@ -122,6 +129,7 @@ public:
 private:
     void run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
              std::vector<double>* launch_ms, const kernels::gather_args* gather = nullptr);
+    kernels::gather_args gather_for(instance& in, const image_batch& images);
     static std::shared_ptr<model> finish_load(gpu::device& dev, graph g, std::string name);
 
     gpu::device& _device;

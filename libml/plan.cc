@@ -17,6 +17,23 @@ namespace {
 constexpr int64_t alignment = 64;
 int64_t align_up(int64_t v) { return (v + alignment - 1) / alignment * alignment; }
 
+// GPU tiles (plan_options::tiles_for::gpu): one 64 x 64 output tile per block, the sub-tile
+// the GPU kernels compute with 256 threads (libml/kernels/gpu/gemm_conv.cu), and a flag check
+// every 128 elements of K (a few microseconds of work). The cpu tiles above are sized for
+// OpenBLAS calls instead and would leave most of a GPU idle.
+void use_gpu_tiles(k::conv2d_args& a) {
+    const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out, K = k::conv2d_k(a);
+    a.tile_co = int32_t(std::clamp<int64_t>(co_g, 1, 64));
+    a.tile_pix = int32_t(std::clamp<int64_t>(npix, 1, 64));
+    a.tile_k = int32_t(std::clamp<int64_t>(K, 1, 128));
+}
+
+void use_gpu_tiles(k::gemm_args& g) {
+    g.tile_m = int32_t(std::clamp<int64_t>(g.m, 1, 64));
+    g.tile_n = int32_t(std::clamp<int64_t>(g.n, 1, 64));
+    g.tile_k = int32_t(std::clamp<int64_t>(g.k, 1, 128));
+}
+
 [[noreturn]] void unsupported(const node& n, const std::string& what) {
     throw model_error(model_error::kind::unsupported_feature, n.label() + ": " + what);
 }
@@ -405,6 +422,7 @@ void planner::lower_conv(int ni) {
     a.tile_pix = int32_t(std::clamp<int64_t>((int64_t(1) << 20) / std::max<int64_t>(1, K), 64, std::max<int64_t>(64, npix)));
     a.tile_pix = int32_t(std::min<int64_t>(a.tile_pix, npix));
     a.tile_k = int32_t(std::min<int64_t>(K, 1024));
+    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
     std::vector<int> reads{x, w};
     if (b >= 0) reads.push_back(b);
     if (residual >= 0) reads.push_back(residual);
@@ -462,6 +480,7 @@ void planner::lower_gemm(int ni) {
     g.tile_m = int32_t(std::min<int64_t>(g.m, 64));
     g.tile_n = int32_t(std::min<int64_t>(g.n, 256));
     g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(g.k, 2048)));
+    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
     if (C >= 0)
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, C}, {&g.c, y}}, {A, B, C}, {y});
     else
@@ -535,6 +554,7 @@ void planner::lower_matmul(int ni) {
     g.tile_m = int32_t(std::min<int64_t>(M, 64));
     g.tile_n = int32_t(std::min<int64_t>(N, 256));
     g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(K, 2048)));
+    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
     if (bias >= 0)
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, bias}, {&g.c, y}}, {A, B, bias}, {y});
     else

@@ -56,6 +56,11 @@ struct plan_options {
     int restore_window = 4;  // REEF's c: kernels that approximate restore may re-execute
     // Roughly how much work one block should do; smaller grids preempt at finer grain.
     int64_t elements_per_block = 16384;
+    // Block tiles of GEMM/conv (and the gather's block size): sized for the cpu backend's
+    // OpenBLAS calls or for a GPU's 256-thread blocks. `device`: the runtime picks from the
+    // device it runs on (device_caps::gpu); plan::build alone reads it as cpu.
+    enum class tiles_for : uint8_t { device, cpu, gpu };
+    tiles_for tiles = tiles_for::device;
 };
 
 struct memory_bases {

@@ -62,7 +62,8 @@ using cpu_block_fn = bool (*)(const void* args, const block_context& ctx);
 struct kernel_info {
     const char* name;
     cpu_block_fn cpu;           // cpu backend implementation of one block
-    const void* gpu;            // CUDA/HIP __global__ symbol, null until issue 6
+    const void* gpu;            // unused: GPU backends find the kernel by name in the GPU
+                                // kernel library (libml/kernels/gpu/launcher.h)
     uint32_t threads_per_block; // GPU resource needs (profiles, DKP occupancy)
     uint32_t registers;
     uint32_t shared_bytes;
@@ -89,6 +90,7 @@ struct device_caps {
     uint32_t max_queue_depth;     // device-queue capacity per stream
     int lowest_priority;          // numerically: higher number = lower priority, as in CUDA
     int highest_priority;
+    bool gpu = false;             // a CUDA/HIP device (issue 6): plans pick GPU tile sizes
 };
 
 class device;

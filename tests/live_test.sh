@@ -48,6 +48,7 @@ host_mac=$(cat /sys/class/net/$host_if/address)
 cam_mac=$(ip netns exec "$ns" cat /sys/class/net/$cam_if/address)
 
 "$reefline" --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=16384" \
+  --control "ipc://$tmp/control.sock" --repo "$tmp/repo" --metrics off \
   --builtin crc32:9000 --ip 198.18.0.2 --age-ms 500 > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
 pid=$!
 wait_started "$pid" "$tmp/reefline.err"
@@ -101,6 +102,7 @@ PY
 # flows over its queues, and two cameras send at once from different ports. Both lcores
 # busy-poll, so on a 2-core machine the cameras and the kernel share them: keep the rate low.
 "$reefline" --eal "-l 0-1 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,qpairs=2,framecnt=16384" \
+  --control "ipc://$tmp/control.sock" --repo "$tmp/repo" --metrics off \
   --builtin crc32:9000 --ip 198.18.0.2 --rx-queues 2 --age-ms 500 > "$tmp/reefline2.out" 2> "$tmp/reefline2.err" &
 pid=$!
 wait_started "$pid" "$tmp/reefline2.err"

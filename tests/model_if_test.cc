@@ -11,8 +11,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <random>
+#include <thread>
 
 #include "ifmanager/model_if.h"
+#include "tests/ring_port.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/payload.h"
 
@@ -40,26 +42,32 @@ protected:
         _dir = fs::temp_directory_path() / ("model_if_test." + std::to_string(getpid()));
         fs::create_directories(_dir);
         ASSERT_EQ(std::system((std::string(zoo) + " --out " + _dir.string() + " --tiny --only resnet50_tiny -q").c_str()), 0);
-        static int seq = 0;
-        const std::string n = std::to_string(seq++);
-        _rx = rte_ring_create(("mrx" + n).c_str(), 4096, 0, RING_F_SP_ENQ | RING_F_SC_DEQ);
-        _tx = rte_ring_create(("mtx" + n).c_str(), 4096, 0, RING_F_SP_ENQ | RING_F_SC_DEQ);
-        const int pid = rte_eth_from_rings(("mring" + n).c_str(), &_rx, 1, &_tx, 1, 0);
-        ASSERT_GE(pid, 0);
-        dp::dataplane_config c;
-        c.port.port_id = uint16_t(pid);
-        c.port.rx_mbufs = 8191;
-        c.port.tx_mbufs = 1023;
-        c.port.rx_descriptors = c.port.tx_descriptors = 512;
+        _ring = std::make_unique<reefline::testing::ring_port>("mif");
+        ASSERT_GE(_ring->port_id, 0);
+        _rx = _ring->rx;
+        _tx = _ring->tx;
+        auto c = _ring->config(8191, 1023);
         _plane = std::make_unique<dp::dataplane>(c);
         _device = reefline::gpu::make_cpu_device();
         _runtime = std::make_unique<ml::runtime>(*_device);
+        _scheduler = std::make_unique<reefline::gpu::scheduler>(*_device);
+        start_if([](reefline::ifm::model_if_config&) {});
+    }
+
+    template <typename F>
+    void start_if(F&& adjust) {
+        if (_if) {
+            _plane->rx_offline(0);
+            _plane->ifs().publish({});
+            _if.reset();
+        }
         reefline::ifm::model_if_config mc;
         mc.name = "resnet50_tiny";
         mc.onnx = (_dir / "resnet50_tiny.onnx").string();
         mc.udp_port = port;
-        mc.max_batch = 4;
-        _if = std::make_unique<reefline::ifm::model_if>(*_plane, *_runtime, mc);
+        mc.settings.batching.max_batch = 4;
+        adjust(mc);
+        _if = std::make_unique<reefline::ifm::model_if>(*_plane, *_runtime, *_scheduler, mc);
         _plane->ifs().publish({_if->binding()});
         _plane->rx_online(0);
     }
@@ -69,48 +77,38 @@ protected:
         _plane->flush(0);
         _plane->rx_offline(0);
         _if.reset();
+        _scheduler.reset();
         rte_mempool* rx = _plane->eth().rx_pool();
         rte_mempool* tx = _plane->eth().tx_pool();
         _plane->eth().close();
         EXPECT_EQ(rte_mempool_avail_count(rx), rx->size);
         EXPECT_EQ(rte_mempool_avail_count(tx), tx->size);
         _plane.reset();
-        rte_ring_free(_rx);
-        rte_ring_free(_tx);
+        _ring.reset();
         fs::remove_all(_dir);
     }
 
     void send_image(uint64_t id, const std::vector<uint8_t>& img, uint16_t h, uint16_t w, uint16_t c) {
-        gen::frame_addresses a;
-        a.src_mac = {0x02, 0, 0, 0, 0, 0x01};
-        a.dst_mac = {0x02, 0, 0, 0, 0, 0x02};
-        a.src_ip = 0xc6120001;
-        a.dst_ip = 0xc6120002;
-        a.src_port = 40000;
-        a.dst_port = port;
-        gen::request_payload payload;
-        payload.format = wire::format::image_u8_hwc;
-        payload.dims[0] = h; payload.dims[1] = w; payload.dims[2] = c;
-        payload.bytes = img;
-        constexpr uint32_t frag = 1000;
-        for (const wire::fields& f : gen::plan_fragments(payload, id, frag)) {
-            std::vector<uint8_t> udp;
-            gen::append_udp_payload(udp, f, {img.data() + f.payload_offset, gen::fragment_length(f, frag)});
-            const auto frame = gen::build_frame(a, 1, udp);
-            rte_mbuf* m = rte_pktmbuf_alloc(_plane->eth().rx_pool());
-            ASSERT_NE(m, nullptr);
-            std::memcpy(rte_pktmbuf_append(m, uint16_t(frame.size())), frame.data(), frame.size());
-            ASSERT_EQ(rte_ring_enqueue(_rx, m), 0);
-        }
+        reefline::testing::enqueue_image(*_plane, _rx, id, port, img, h, w, c);
     }
 
-    std::vector<answer> pump_and_collect() {
-        for (int i = 0; i < 64; ++i) {
+    // Polls until `expected` answers came out (batches run asynchronously on the scheduler),
+    // then a little longer to catch extra ones.
+    std::vector<answer> pump_and_collect(size_t expected) {
+        std::vector<answer> out;
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+        for (int extra = 0; extra < 200 && std::chrono::steady_clock::now() < deadline;) {
             _plane->poll_rx(0);
             _if->poll();
             _plane->poll_tx();
+            collect(out);
+            if (out.size() >= expected) ++extra;
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
         }
-        std::vector<answer> out;
+        return out;
+    }
+
+    void collect(std::vector<answer>& out) {
         void* obj;
         while (rte_ring_dequeue(_tx, &obj) == 0) {
             auto* m = static_cast<rte_mbuf*>(obj);
@@ -134,8 +132,9 @@ protected:
             out.push_back(a);
             rte_pktmbuf_free(m);
         }
-        return out;
     }
+
+    void check_answers(const std::vector<answer>& answers, const std::vector<std::vector<uint8_t>>& images);
 
     // The reference: host-side u8 HWC -> normalised f32 NCHW, then libml directly.
     std::vector<float> reference_scores(const std::vector<uint8_t>& img) {
@@ -153,25 +152,115 @@ protected:
     }
 
     fs::path _dir;
+    std::unique_ptr<reefline::testing::ring_port> _ring;
     rte_ring* _rx = nullptr;
     rte_ring* _tx = nullptr;
     std::unique_ptr<dp::dataplane> _plane;
     std::unique_ptr<reefline::gpu::device> _device;
     std::unique_ptr<ml::runtime> _runtime;
+    std::unique_ptr<reefline::gpu::scheduler> _scheduler;
     std::unique_ptr<reefline::ifm::model_if> _if;
 };
 
 TEST_F(model_if_test, answers_equal_libml_on_the_same_images) {
     const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
-    std::mt19937 rng(7);
-    std::vector<std::vector<uint8_t>> images(6);
-    for (auto& img : images) {
-        img.resize(size_t(h) * w * c);
-        for (auto& v : img) v = uint8_t(rng());
-    }
+    const auto images = reefline::testing::random_images(6, size_t(h) * w * c, 7);
     for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
-    const auto answers = pump_and_collect();
-    ASSERT_EQ(answers.size(), images.size());  // batches of up to 4: 4 + 2
+    const auto answers = pump_and_collect(images.size());
+    ASSERT_EQ(answers.size(), images.size());
+    check_answers(answers, images);
+    EXPECT_EQ(_if->counters().responses_sent.get(), images.size());
+}
+
+// Fixed batches of 4 with 3 requests: the batch is padded (the last image repeated) and
+// the padding changes no answer.
+TEST_F(model_if_test, padded_batches_give_the_same_answers) {
+    start_if([](reefline::ifm::model_if_config& c) {
+        c.settings.batching.policy = ml::batching_policy::fixed;
+        c.settings.batching.fixed_batch = 4;
+        c.settings.batching.min_batch = 3;
+    });
+    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const auto images = reefline::testing::random_images(3, size_t(h) * w * c, 9);
+    for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
+    const auto answers = pump_and_collect(images.size());
+    ASSERT_EQ(answers.size(), images.size());
+    check_answers(answers, images);
+    EXPECT_EQ(_if->stats()["batches_total"], 1);
+}
+
+// The settings the end-to-end test uses: RT class, SLAB up to 16.
+TEST_F(model_if_test, rt_slab_answers_equal_libml) {
+    start_if([](reefline::ifm::model_if_config& c) {
+        c.settings.cls = reefline::gpu::task_class::rt;
+        c.settings.batching.max_batch = 16;
+    });
+    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const auto images = reefline::testing::random_images(7, size_t(h) * w * c, 11);
+    for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
+    const auto answers = pump_and_collect(images.size());
+    ASSERT_EQ(answers.size(), images.size());
+    check_answers(answers, images);
+}
+
+TEST_F(model_if_test, reefgen_images_answer_equal_libml) {
+    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    gen::payload_options po;
+    po.shape = {h, w, c};
+    po.seed = 21;
+    gen::payload_source src(po);
+    std::vector<std::vector<uint8_t>> images;
+    for (uint64_t i = 0; i < 3; ++i) images.push_back(src.make(i).bytes);
+    for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
+    const auto answers = pump_and_collect(images.size());
+    ASSERT_EQ(answers.size(), images.size());
+    check_answers(answers, images);
+}
+
+// An SLO no batch can meet: every request is answered with status overloaded, none served late.
+TEST_F(model_if_test, requests_that_cannot_meet_the_slo_are_shed) {
+    start_if([](reefline::ifm::model_if_config& c) { c.settings.batching.slo_ms = 0.001; });
+    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    std::vector<uint8_t> img(size_t(h) * w * c, 3);
+    for (uint64_t i = 0; i < 5; ++i) send_image(i, img, h, w, c);
+    const auto answers = pump_and_collect(5);
+    ASSERT_EQ(answers.size(), 5u);
+    for (const answer& a : answers) {
+        EXPECT_EQ(a.head.kind, uint8_t(wire::kind::error));
+        EXPECT_EQ(a.head.status, uint8_t(wire::status::overloaded)) << a.message;
+    }
+    EXPECT_EQ(_if->stats()["shed_total"], 5);
+    EXPECT_EQ(_if->stats()["responses_total"], 0);
+}
+
+// Requests from an RT source run as RT tasks in a BE IF; `update` moves the whole IF to RT.
+TEST_F(model_if_test, rt_sources_and_class_changes_reach_the_scheduler) {
+    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    std::vector<uint8_t> img(size_t(h) * w * c, 5);
+    send_image(1, img, h, w, c);
+    ASSERT_EQ(pump_and_collect(1).size(), 1u);
+    EXPECT_EQ(_scheduler->stats().completed_be, 1u);
+    EXPECT_EQ(_scheduler->stats().completed_rt, 0u);
+    auto s = _if->settings();
+    s.rt_sources_be = {htonl(reefline::testing::camera_ip)};
+    _if->update(s);
+    send_image(2, img, h, w, c);
+    ASSERT_EQ(pump_and_collect(1).size(), 1u);
+    EXPECT_EQ(_scheduler->stats().completed_rt, 1u);
+    s.rt_sources_be.clear();
+    s.cls = reefline::gpu::task_class::rt;
+    _if->update(s);
+    send_image(3, img, h, w, c);
+    ASSERT_EQ(pump_and_collect(1).size(), 1u);
+    EXPECT_EQ(_scheduler->stats().completed_rt, 2u);
+    EXPECT_EQ(_scheduler->stats().completed_be, 1u);
+    EXPECT_THROW({
+        s.batching.min_batch = 9;
+        _if->update(s);
+    }, std::invalid_argument);
+}
+
+void model_if_test::check_answers(const std::vector<answer>& answers, const std::vector<std::vector<uint8_t>>& images) {
     for (const answer& a : answers) {
         ASSERT_EQ(a.head.kind, uint8_t(wire::kind::response)) << a.message;
         ASSERT_EQ(a.head.format, uint8_t(wire::format::result_topk));
@@ -186,13 +275,12 @@ TEST_F(model_if_test, answers_equal_libml_on_the_same_images) {
         const float best = *std::max_element(want.begin(), want.end());
         EXPECT_NEAR(a.topk[0].second, best, 1e-4f * (1 + std::fabs(best)));
     }
-    EXPECT_EQ(_if->counters().responses_sent.get(), images.size());
 }
 
 TEST_F(model_if_test, wrong_shape_gets_an_error_naming_it) {
     std::vector<uint8_t> img(16 * 16 * 3, 7);
     send_image(77, img, 16, 16, 3);
-    const auto answers = pump_and_collect();
+    const auto answers = pump_and_collect(1);
     ASSERT_EQ(answers.size(), 1u);
     EXPECT_EQ(answers[0].head.kind, uint8_t(wire::kind::error));
     EXPECT_EQ(answers[0].head.status, uint8_t(wire::status::bad_request));

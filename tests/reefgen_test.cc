@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -685,6 +686,89 @@ TEST(ReefgenSend, WrongAndMissingAnswersAreReported) {
     EXPECT_NE(log.str().find("bad: request id="), std::string::npos) << log.str();
 }
 
+std::vector<std::string> read_lines(const std::string& path) {
+    std::ifstream in(path);
+    std::vector<std::string> out;
+    for (std::string l; std::getline(in, l);) out.push_back(l);
+    return out;
+}
+
+// --results: one line per answered request, in request order, with the payload index that
+// payload_source::make() built it from (the pool of 16 payloads wraps at request 16).
+TEST(ReefgenSend, ResultsFileRecordsEveryAnswerInRequestOrder) {
+    loopback_responder responder;
+    temp_dir dir;
+    send_options o = loopback_options(responder.port());
+    o.requests = 20;
+    o.closed_loop = 4;
+    o.results_file = dir.file("answers.jsonl");
+    std::ostringstream log;
+    const send_result r = run_send(o, log);
+    ASSERT_EQ(r.responses, 20u) << log.str();
+    EXPECT_NE(log.str().find("results: 20 answers written to " + o.results_file), std::string::npos)
+        << log.str();
+    const std::vector<std::string> lines = read_lines(o.results_file);
+    ASSERT_EQ(lines.size(), 20u);
+    for (size_t i = 0; i < lines.size(); ++i) {
+        // The responder answers crc32 results: no topk list, no message.
+        const std::string head = "{\"id\":" + std::to_string(i) + ",\"payload\":" +
+                                 std::to_string(i % 16) +
+                                 ",\"kind\":\"response\",\"status\":0,\"format\":16,\"latency_us\":";
+        EXPECT_EQ(lines[i].rfind(head, 0), 0u) << lines[i];
+        EXPECT_EQ(lines[i].back(), '}') << lines[i];
+    }
+}
+
+TEST(ReefgenSend, ResultsLinesForTopKAndErrors) {
+    std::vector<answer_record> records(2);
+    records[0].request = 3;
+    records[0].payload = 3;
+    records[0].kind = uint8_t(wire::kind::response);
+    records[0].format = uint8_t(wire::format::result_topk);
+    records[0].latency_us = 1234.56;
+    const std::pair<uint32_t, float> topk[] = {{7, 0.1f}, {1000, -2.25f}, {2, NAN}};
+    for (const auto& [cls, score] : topk) {
+        uint8_t e[8];
+        uint32_t bits;
+        std::memcpy(&bits, &score, 4);
+        store_be32(e, cls);
+        store_be32(e + 4, bits);
+        records[0].payload_bytes.insert(records[0].payload_bytes.end(), e, e + 8);
+    }
+    records[1].request = 20;
+    records[1].payload = 4;
+    records[1].kind = uint8_t(wire::kind::error);
+    records[1].status = uint8_t(wire::status::overloaded);
+    records[1].latency_us = 5;
+    // A quote, a backslash, a newline, UTF-8 e-acute, and a lone byte that is not UTF-8.
+    const std::string msg = "say \"no\"\\\n\xc3\xa9\xff";
+    records[1].payload_bytes.assign(msg.begin(), msg.end());
+    std::ostringstream out;
+    write_results(out, records);
+    EXPECT_EQ(out.str(),
+              "{\"id\":3,\"payload\":3,\"kind\":\"response\",\"status\":0,\"format\":17,"
+              "\"topk\":[[7,0.100000001],[1000,-2.25],[2,null]],\"latency_us\":1234.6}\n"
+              "{\"id\":20,\"payload\":4,\"kind\":\"error\",\"status\":3,\"format\":0,"
+              "\"message\":\"say \\\"no\\\"\\\\\\u000a\xc3\xa9\\ufffd\",\"latency_us\":5.0}\n");
+}
+
+TEST(ReefgenSend, AResultsFileThatCannotBeCreatedFailsBeforeSending) {
+    loopback_responder responder;
+    temp_dir dir;
+    send_options o = loopback_options(responder.port());
+    o.results_file = dir.file("no-such-dir/answers.jsonl");
+    std::ostringstream log;
+    try {
+        run_send(o, log);
+        FAIL() << "run_send accepted an uncreatable --results path";
+    } catch (const usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("--results: cannot create '" + o.results_file + "'"),
+                  std::string::npos)
+            << e.what();
+    }
+    EXPECT_EQ(log.str(), "");  // nothing was sent: the "send:" line comes first
+}
+
 // The tool itself: exit statuses and --help, when the build tells us where it is.
 namespace {
 
@@ -745,6 +829,13 @@ TEST(ReefgenCli, ExitStatusesAndHelp) {
         << out;
     EXPECT_NE(out.find("none.pcap"), std::string::npos) << out;
     EXPECT_EQ(run_tool("send --dst not-an-ip --requests 1", &out), 2) << out;
+    EXPECT_EQ(run_tool("send --help", &out), 0) << out;
+    EXPECT_NE(out.find("--results"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("send --dst 127.0.0.1 --requests 1 --results " + dir.file("none/r.jsonl"),
+                       &out),
+              2)
+        << out;
+    EXPECT_NE(out.find("--results: cannot create"), std::string::npos) << out;
     EXPECT_EQ(run_tool("bogus", &out), 2) << out;
 }
 

@@ -189,6 +189,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.0, 1.0));
     send_cmd->add_flag("--json", json, "Print the result as one JSON object");
     send_cmd->add_option("--show", so.show, "Print the first N requests' results, one line each");
+    send_cmd->add_option("--results", so.results_file,
+                         "After the run, write every answered request to this file as JSON lines "
+                         "(id, payload index, kind, status, format, topk or message, latency_us); "
+                         "reefverify checks model answers from it");
 
     try {
         app.parse(argc, argv);

@@ -14,6 +14,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <mutex>
 #include <sstream>
 #include <system_error>
@@ -99,6 +100,9 @@ struct request_state {
     int64_t done_ns = 0;
     bool answered = false;
     bool released = false;  // no longer counted as outstanding (answered or timed out)
+    // Kept for --results only: the first answer's header fields and its payload.
+    uint8_t kind = 0, status = 0, format = 0;
+    std::vector<uint8_t> answer;
 };
 
 // Everything the sender and the receiver thread share, under one mutex.
@@ -229,6 +233,16 @@ void receive_loop(int fd, const send_options& o, uint64_t id_base,
             }
             rs.answered = true;
             rs.done_ns = t;
+            if (!o.results_file.empty()) {
+                rs.kind = msg.head.kind;
+                rs.status = msg.head.status;
+                rs.format = msg.head.format;
+                // A crc32 result is fully judged here; only top-k lists and error messages
+                // are worth keeping for a later check.
+                if (msg.head.kind == uint8_t(wire::kind::error) ||
+                    msg.head.format == uint8_t(wire::format::result_topk))
+                    rs.answer.assign(msg.payload.begin(), msg.payload.end());
+            }
             ++st.answered;
             if (!rs.released) {
                 rs.released = true;
@@ -293,6 +307,53 @@ void wait_until_ns(int64_t target) {
     }
 }
 
+// Appends `text` as the body of a JSON string. Error messages come off the wire: bytes that
+// are not valid UTF-8 become U+FFFD so that every JSON reader accepts the line.
+void append_json_string(std::string& out, const std::vector<uint8_t>& text) {
+    static const char hex[] = "0123456789abcdef";
+    size_t i = 0;
+    while (i < text.size()) {
+        const uint8_t c = text[i];
+        if (c < 0x80) {
+            if (c == '"' || c == '\\') {
+                out += '\\';
+                out += char(c);
+            } else if (c < 0x20 || c == 0x7f) {
+                out += "\\u00";
+                out += hex[c >> 4];
+                out += hex[c & 15];
+            } else {
+                out += char(c);
+            }
+            ++i;
+            continue;
+        }
+        // Length of a well-formed sequence starting here (RFC 3629: no overlongs, no
+        // surrogates, nothing above U+10FFFF), or 0.
+        size_t n = 0;
+        uint32_t lo = 0x80, hi = 0xbf;  // allowed range of the second byte
+        if (c >= 0xc2 && c <= 0xdf) n = 2;
+        else if (c >= 0xe0 && c <= 0xef) {
+            n = 3;
+            if (c == 0xe0) lo = 0xa0;
+            if (c == 0xed) hi = 0x9f;
+        } else if (c >= 0xf0 && c <= 0xf4) {
+            n = 4;
+            if (c == 0xf0) lo = 0x90;
+            if (c == 0xf4) hi = 0x8f;
+        }
+        bool ok = n > 0 && i + n <= text.size() && text[i + 1] >= lo && text[i + 1] <= hi;
+        for (size_t j = 2; ok && j < n; ++j) ok = text[i + j] >= 0x80 && text[i + j] <= 0xbf;
+        if (ok) {
+            out.append(reinterpret_cast<const char*>(text.data() + i), n);
+            i += n;
+        } else {
+            out += "\\ufffd";
+            ++i;
+        }
+    }
+}
+
 double percentile(const std::vector<double>& sorted, double p) {
     if (sorted.empty()) return 0;
     // Nearest rank: the smallest value with at least p of the samples at or below it.
@@ -310,6 +371,15 @@ send_result run_send(const send_options& o, std::ostream& log) {
     if (o.poisson && o.rate == 0) throw usage_error("--poisson: needs --rate");
 
     const payload_source source(o.payload);
+    // Opened (and truncated) before anything is sent: a path that cannot be written fails
+    // the run at once instead of after the traffic it was meant to record.
+    std::ofstream results;
+    if (!o.results_file.empty()) {
+        results.open(o.results_file, std::ios::out | std::ios::trunc);
+        if (!results)
+            throw usage_error("--results: cannot create '" + o.results_file +
+                              "': " + std::strerror(errno));
+    }
     std::vector<prepared_request> pool;
     for (uint64_t i = 0; i < std::min(o.requests, payload_pool_size); ++i)
         pool.push_back(prepare(source.make(i), o.frag_size));
@@ -424,6 +494,28 @@ send_result run_send(const send_options& o, std::ostream& log) {
         if (st.bad > st.problems.size())
             log << "... and " << (st.bad - st.problems.size()) << " more bad responses\n";
     }
+    if (results.is_open()) {
+        // The receiver has stopped: the request states are ours alone now.
+        std::vector<answer_record> records;
+        records.reserve(r.responses);
+        for (uint64_t i = 0; i < st.requests.size(); ++i) {
+            request_state& rs = st.requests[i];
+            if (!rs.answered) continue;
+            answer_record a;
+            a.request = i;
+            a.payload = i % pool.size();  // the pool entry send_request() sent
+            a.kind = rs.kind;
+            a.status = rs.status;
+            a.format = rs.format;
+            a.payload_bytes = std::move(rs.answer);
+            a.latency_us = double(rs.done_ns - rs.sent_ns) / 1e3;
+            records.push_back(std::move(a));
+        }
+        write_results(results, records);
+        results.close();
+        if (!results) throw std::runtime_error("--results: cannot write '" + o.results_file + "'");
+        log << "results: " << records.size() << " answers written to " << o.results_file << '\n';
+    }
     r.lost = r.sent - r.responses;
     r.elapsed_s = double(end - start) / 1e9;
     std::sort(lat.begin(), lat.end());
@@ -444,6 +536,44 @@ send_result run_send(const send_options& o, std::ostream& log) {
         << "elapsed_s=" << r.elapsed_s << " duplicates=" << r.duplicates << " stray=" << r.stray
         << " loss=" << r.loss() << '\n';
     return r;
+}
+
+void write_results(std::ostream& out, const std::vector<answer_record>& records) {
+    std::string line;
+    char num[64];
+    for (const answer_record& a : records) {
+        const bool error = a.kind == uint8_t(wire::kind::error);
+        line = "{\"id\":" + std::to_string(a.request) + ",\"payload\":" + std::to_string(a.payload) +
+               ",\"kind\":\"" + (error ? "error" : "response") + "\",\"status\":" +
+               std::to_string(a.status) + ",\"format\":" + std::to_string(a.format);
+        if (error) {
+            line += ",\"message\":\"";
+            append_json_string(line, a.payload_bytes);
+            line += '"';
+        } else if (a.format == uint8_t(wire::format::result_topk)) {
+            line += ",\"topk\":[";
+            for (size_t j = 0; j + 8 <= a.payload_bytes.size(); j += 8) {
+                const uint32_t cls = load_be32(a.payload_bytes.data() + j);
+                const uint32_t bits = load_be32(a.payload_bytes.data() + j + 4);
+                float score;
+                std::memcpy(&score, &bits, 4);
+                if (j) line += ',';
+                line += "[" + std::to_string(cls) + ',';
+                if (std::isfinite(score)) {
+                    // %.9g: enough digits that the text reads back as the same float.
+                    std::snprintf(num, sizeof num, "%.9g", double(score));
+                    line += num;
+                } else {
+                    line += "null";
+                }
+                line += ']';
+            }
+            line += ']';
+        }
+        std::snprintf(num, sizeof num, ",\"latency_us\":%.1f}\n", a.latency_us);
+        line += num;
+        out << line;
+    }
 }
 
 std::string format_send_result(const send_result& r, bool json) {

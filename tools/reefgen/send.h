@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "tools/reefgen/payload.h"
 
@@ -25,6 +26,9 @@ struct send_options {
     uint32_t timeout_ms = 1000;  // wait after the last send; in closed loop also per request
     uint64_t seed = 1;
     uint32_t show = 0;  // print the first N requests' results, one line each
+    // Non-empty: after the run, one JSON object per answered request, in request order (see
+    // write_results); reefverify reads it to check model answers against libml.
+    std::string results_file;
 };
 
 struct send_result {
@@ -40,6 +44,23 @@ struct send_result {
     double elapsed_s = 0;  // first send to the end of the wait
     double loss() const { return sent ? double(lost) / double(sent) : 0; }
 };
+
+// One answered request as --results records it.
+struct answer_record {
+    uint64_t request = 0;  // request index, 0-based
+    uint64_t payload = 0;  // the n passed to payload_source::make for this request
+    uint8_t kind = 0;      // wire::kind::response or wire::kind::error
+    uint8_t status = 0;
+    uint8_t format = 0;
+    std::vector<uint8_t> payload_bytes;  // the reassembled result or error message
+    double latency_us = 0;
+};
+
+// Writes `records` as JSON lines: {"id":I,"payload":P,"kind":"response"|"error","status":S,
+// "format":F,"topk":[[class,score],...] (result_topk only),"message":"..." (errors only),
+// "latency_us":X}. Scores are printed with 9 significant digits, so they read back as the
+// same float; a non-finite score is written as null (JSON has no NaN).
+void write_results(std::ostream& out, const std::vector<answer_record>& records);
 
 // Runs the exchange; detail lines (configuration, first problems, latency summary) go to
 // `log`. Throws usage_error on bad options, std::system_error on socket failures.

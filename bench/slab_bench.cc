@@ -1,0 +1,438 @@
+// slab_bench: SLAB vs Clipper's AIMD vs a fixed batch size (libml/batching.h) on the same
+// load, serving a real model on the cpu device backend.
+//
+// A generator thread replays one open-loop arrival schedule (Poisson at --rate, or uniform
+// with --uniform; the same seed for every policy) into a queue; the serving loop asks the
+// controller whether to launch and how many, assembles the batch input from the requests'
+// images, runs infer_batch on the instance configured for that batch size, and tells the
+// controller the service time and the worst latency. A request's latency runs from its
+// scheduled arrival (open loop: a late generator thread counts against the server, as a slow
+// rx path would) to the end of its batch.
+//
+// Per policy: convergence time (from the start until the target batch size stays within
+// +-max(1, 10%) of its final value, the median over the last quarter of the run), throughput
+// within the SLO (requests answered within the SLO per second of load), SLO violations, mean
+// batch, latency percentiles. Rounds run the policies in rotated order so that host noise
+// (other builds, steal) falls on all of them alike; the table gives medians and ranges.
+//
+// The rate comes from calibration (the service time at every batch size, in passes over all
+// sizes, each run after a pause as in serving): 15% above what batch 1 can serve, at most 75%
+// of what the best batch whose two service times fit the SLO with 20% to spare can serve, so
+// that batch 1 cannot keep up and a moderate batch can. On the cpu backend that band is
+// narrow: batching gains 1.2-1.6x there.
+//
+// Last line: slab_converge_ms=A aimd_converge_ms=B slab_throughput_vs_aimd=C (medians over the
+// rounds; the ratio is the median of the per-round ratios).
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "libml/batching.h"
+#include "libml/libml.h"
+
+namespace fs = std::filesystem;
+namespace ml = reefline::ml;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+double ms_between(clk::time_point a, clk::time_point b) {
+    return std::chrono::duration<double, std::milli>(b - a).count();
+}
+
+double percentile(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, size_t(p * double(v.size())))];
+}
+
+double median(std::vector<double> v) { return percentile(std::move(v), 0.5); }
+
+// The model at every batch size, with a pool of distinct input images.
+struct served_model {
+    ml::runtime& rt;
+    std::shared_ptr<ml::model> model;
+    std::vector<std::unique_ptr<ml::instance>> by_batch;  // index = batch size
+    ml::dtype type = ml::dtype::f32;
+    ml::shape_t one_shape;          // the input shape at batch 1
+    size_t image_bytes = 0;
+    std::vector<ml::bytes_t> images;
+
+    served_model(ml::runtime& r, const fs::path& file, uint32_t max_batch) : rt(r) {
+        model = rt.load_model(file.string());
+        by_batch.resize(max_batch + 1);
+        for (uint32_t b = 1; b <= max_batch; ++b) {
+            auto in = rt.link_model(model);
+            if (in->batch() != b) rt.configure_batch(*in, b);
+            by_batch[b] = std::move(in);
+        }
+        const auto ins = by_batch[1]->inputs();
+        if (ins.size() != 1) throw std::runtime_error("the bench serves models with one input; this one has " + std::to_string(ins.size()));
+        type = ins[0].type;
+        one_shape = ins[0].shape;
+        image_bytes = size_t(ml::element_count(one_shape)) * ml::dtype_size(type);
+        std::mt19937 rng(1);
+        std::normal_distribution<float> d;
+        for (int i = 0; i < 64; ++i) {
+            ml::bytes_t img(image_bytes);
+            if (type == ml::dtype::f32) {
+                auto* f = reinterpret_cast<float*>(img.data());
+                for (size_t k = 0; k < image_bytes / 4; ++k) f[k] = d(rng);
+            } else {
+                for (auto& x : img) x = std::byte(rng() & 0x7f);
+            }
+            images.push_back(std::move(img));
+        }
+    }
+
+    // Runs the batch made of these requests' images; returns the service time in ms.
+    double run(const std::vector<uint64_t>& ids) {
+        const auto t0 = clk::now();
+        const uint32_t b = uint32_t(ids.size());
+        ml::bytes_t batch(image_bytes * b);
+        for (uint32_t i = 0; i < b; ++i)
+            std::memcpy(batch.data() + i * image_bytes, images[ids[i] % images.size()].data(), image_bytes);
+        ml::shape_t shape = one_shape;
+        shape[0] = b;
+        std::vector<ml::tensor> in{ml::tensor::make(type, shape, std::move(batch))};
+        std::vector<ml::tensor> out;
+        rt.infer_batch(*by_batch[b], in, out);
+        return ms_between(t0, clk::now());
+    }
+
+    double median_service(uint32_t b, int reps) {
+        std::vector<uint64_t> ids(b);
+        for (uint32_t i = 0; i < b; ++i) ids[i] = i;
+        std::vector<double> t;
+        for (int r = 0; r < reps; ++r) {
+            // As served: a batch follows a pause (waiting for requests), in which the device's
+            // workers go to sleep and the caches cool; back-to-back runs would hide that.
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+            t.push_back(run(ids));
+        }
+        return median(t);
+    }
+};
+
+struct policy_result {
+    ml::batching_policy policy;
+    double converge_ms = 0;
+    double goodput = 0;       // requests answered within the SLO per second of load
+    uint64_t arrivals = 0, answered = 0, late = 0, shed = 0;
+    double mean_batch = 0;
+    uint32_t final_target = 0;
+    double p50 = 0, p99 = 0;
+    double generator_lag_p99 = 0;
+    double drain_pct = 0;  // slab: share of batches after which it was draining a backlog
+    double violation_pct() const { return arrivals ? 100.0 * double(late + shed) / double(arrivals) : 0; }
+};
+
+// The time from the start until the target stayed within +-max(1, 10%) of its final value
+// (the median over the last quarter of the batches) for the rest of the run.
+double convergence_ms(const std::vector<std::pair<double, uint32_t>>& trace, uint32_t& final_target) {
+    if (trace.empty()) return 0;
+    std::vector<double> tail;
+    for (size_t i = trace.size() * 3 / 4; i < trace.size(); ++i) tail.push_back(trace[i].second);
+    final_target = uint32_t(median(tail));
+    const double tol = std::max(1.0, 0.1 * final_target);
+    double since = 0;
+    for (const auto& [t, target] : trace) {
+        if (std::abs(double(target) - double(final_target)) > tol)
+            since = -1;
+        else if (since < 0)
+            since = t;
+    }
+    // `since` < 0: it never settled (the last value is off its own tail's median).
+    return since < 0 ? trace.back().first : since;
+}
+
+struct request {
+    uint64_t id;
+    clk::time_point arrival;  // scheduled
+};
+
+policy_result run_policy(served_model& sm, const ml::batching_options& opts, const std::vector<double>& schedule_ms,
+                         double seconds, bool shed, FILE* trace_file, int round) {
+    ml::batch_controller bc(opts);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<request> queue;
+    bool done = false;
+    std::vector<double> lag;
+    lag.reserve(schedule_ms.size());
+
+    policy_result r;
+    r.policy = opts.policy;
+    r.arrivals = schedule_ms.size();
+    const auto start = clk::now() + std::chrono::milliseconds(20);
+    std::thread generator([&] {
+        for (size_t i = 0; i < schedule_ms.size(); ++i) {
+            const auto at = start + std::chrono::duration_cast<clk::duration>(std::chrono::duration<double, std::milli>(schedule_ms[i]));
+            std::this_thread::sleep_until(at);
+            const auto now = clk::now();
+            {
+                std::lock_guard<std::mutex> g(mu);
+                queue.push_back({i, at});
+            }
+            lag.push_back(ms_between(at, now));
+            cv.notify_one();
+        }
+        std::lock_guard<std::mutex> g(mu);
+        done = true;
+        cv.notify_one();
+    });
+
+    std::vector<std::pair<double, uint32_t>> trace{{0.0, bc.target()}};
+    std::vector<double> latency;
+    latency.reserve(schedule_ms.size());
+    uint64_t batches = 0, draining = 0;
+    std::vector<uint64_t> ids;
+    std::vector<clk::time_point> arrived;
+    for (;;) {
+        {
+            std::unique_lock<std::mutex> lk(mu);
+            if (queue.empty()) {
+                if (done) break;
+                cv.wait_for(lk, std::chrono::milliseconds(5));
+                continue;
+            }
+            const auto now = clk::now();
+            // Shedding (the IF's option): requests that can no longer make the SLO are
+            // answered with a status instead of being served late.
+            while (shed && !queue.empty() && bc.batches() > 0 &&
+                   ms_between(queue.front().arrival, now) +
+                           bc.predict_ms(std::min<uint32_t>(uint32_t(queue.size()), bc.target())) >
+                       opts.slo_ms) {
+                queue.pop_front();
+                ++r.shed;
+            }
+            if (queue.empty()) continue;
+            if (!bc.dispatch_now(uint32_t(queue.size()), ms_between(queue.front().arrival, now))) {
+                // Until the next arrival, or a short while (a deadline may pass meanwhile).
+                cv.wait_for(lk, std::chrono::microseconds(200));
+                continue;
+            }
+            const uint32_t b = std::min<uint32_t>(uint32_t(queue.size()), bc.target());
+            ids.clear();
+            arrived.clear();
+            for (uint32_t i = 0; i < b; ++i) {
+                ids.push_back(queue.front().id);
+                arrived.push_back(queue.front().arrival);
+                queue.pop_front();
+            }
+        }
+        const double service = sm.run(ids);
+        const auto end = clk::now();
+        double worst = 0;
+        for (const auto& a : arrived) {
+            const double l = ms_between(a, end);
+            worst = std::max(worst, l);
+            latency.push_back(l);
+            ++r.answered;
+            if (l > opts.slo_ms) ++r.late;
+        }
+        bc.observe(uint32_t(ids.size()), service, worst);
+        ++batches;
+        draining += bc.draining();
+        trace.emplace_back(ms_between(start, end), bc.target());
+        if (trace_file)
+            std::fprintf(trace_file, "%d,%s,%.3f,%zu,%.3f,%.3f,%u,%.3f,%.3f\n", round, ml::batching_policy_name(opts.policy),
+                         trace.back().first, ids.size(), service, worst, bc.target(), bc.predict_ms(bc.target()),
+                         bc.margin_ms());
+    }
+    generator.join();
+    r.converge_ms = convergence_ms(trace, r.final_target);
+    r.goodput = double(r.answered - r.late) / seconds;
+    r.mean_batch = batches ? double(r.answered) / double(batches) : 0;
+    r.p50 = percentile(latency, 0.5);
+    r.p99 = percentile(latency, 0.99);
+    r.generator_lag_p99 = percentile(lag, 0.99);
+    r.drain_pct = batches ? 100.0 * double(draining) / double(batches) : 0;
+    return r;
+}
+
+std::string run_cmd(const std::string& cmd) {
+    std::string out;
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p) throw std::runtime_error("cannot run: " + cmd);
+    char buf[4096];
+    while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+    if (pclose(p) != 0) throw std::runtime_error("failed: " + cmd + "\n" + out);
+    return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"slab_bench: SLAB vs AIMD vs fixed batching on the same load, real model, cpu backend"};
+    std::string model, trace_path;
+    double seconds = 4, slo_ms = 25, rate = 0;
+    uint32_t max_batch = 16, fixed_batch = 0, units = 0;
+    int rounds = 3;
+    bool quick = false, uniform = false, shed = false, calibrate_only = false;
+    app.add_option("--model", model, "ONNX model with one image input (default: the zoo's resnet50_tiny, written to a temp dir)");
+    app.add_option("--seconds", seconds, "seconds of load per policy and round")->capture_default_str();
+    app.add_option("--slo-ms", slo_ms, "per-request latency objective")->capture_default_str();
+    app.add_option("--rate", rate, "arrivals per second (default: from calibration, half way from what batch 1 to what the best batch within the SLO can serve)");
+    app.add_option("--max-batch", max_batch, "largest batch (instances are configured for 1..max)")->capture_default_str();
+    app.add_option("--fixed-batch", fixed_batch, "the fixed policy's batch size (default: max-batch)");
+    app.add_option("--rounds", rounds, "rounds; each runs every policy once, in rotated order")->capture_default_str();
+    app.add_option("--compute-units", units, "cpu device compute units (default: cores - 1, at least 1)");
+    app.add_flag("--uniform", uniform, "evenly spaced arrivals instead of Poisson");
+    app.add_flag("--shed", shed, "answer requests that can no longer make the SLO with a status instead of serving them late");
+    app.add_flag("--quick", quick, "one short round (1.5 s per policy)");
+    app.add_flag("--calibrate", calibrate_only, "print the service times per batch size and exit");
+    app.add_option("--trace", trace_path, "write every batch as CSV (round, policy, ms, batch, service, worst, target, predicted, margin)");
+    CLI11_PARSE(app, argc, argv);
+    if (quick) {
+        rounds = 1;
+        seconds = std::min(seconds, 1.5);
+    }
+    if (max_batch < 2 || max_batch > 256 || rounds < 1 || seconds <= 0 || fixed_batch > max_batch || !(slo_ms > 0)) {
+        std::fprintf(stderr, "slab_bench: need 2 <= --max-batch <= 256, --rounds >= 1, --seconds > 0, --slo-ms > 0, --fixed-batch <= --max-batch\n");
+        return 2;
+    }
+    fs::path work;
+    try {
+        if (model.empty()) {
+            // The zoo binary of the same build: <build>/bench/slab_bench -> <build>/tools/zoo.
+            const char* env = std::getenv("REEFLINE_ZOO");
+            const fs::path zoo = env ? fs::path(env) : fs::canonical("/proc/self/exe").parent_path().parent_path() / "tools" / "zoo";
+            if (!fs::exists(zoo)) throw std::runtime_error("no zoo binary at " + zoo.string() + " (build tools/zoo, or pass --model)");
+            work = fs::temp_directory_path() / ("slab_bench." + std::to_string(getpid()));
+            fs::create_directories(work);
+            run_cmd(zoo.string() + " --out " + work.string() + " --tiny --only resnet50_tiny -q");
+            model = (work / "resnet50_tiny.onnx").string();
+        }
+        reefline::gpu::cpu_device_options dopt;
+        dopt.compute_units = units;
+        auto device = reefline::gpu::make_cpu_device(dopt);
+        ml::runtime rt(*device);
+        std::printf("model %s, batch sizes 1..%u, cpu device with %u compute unit(s), %u hardware threads\n",
+                    fs::path(model).filename().c_str(), max_batch, device->caps().compute_units,
+                    std::thread::hardware_concurrency());
+        served_model sm(rt, model, max_batch);
+
+        // Calibration: the median service time at every size. On the cpu backend batching
+        // pays only up to a point (per-request time falls, then rises once a batch's working
+        // set leaves the caches), so the defaults come from the measured curve, not a line.
+        // Passes go over all sizes in turn, so that a burst of host load hits them alike.
+        std::vector<std::vector<double>> runs(max_batch + 1);
+        for (uint32_t b = 1; b <= max_batch; ++b) sm.median_service(b, 1);  // warm-up
+        for (int pass = 0; pass < 9; ++pass)
+            for (uint32_t b = 1; b <= max_batch; ++b) runs[b].push_back(sm.median_service(b, 1));
+        std::vector<double> t(max_batch + 1, 0.0);
+        std::printf("calibration, median of 9 passes (ms):");
+        for (uint32_t b = 1; b <= max_batch; ++b) {
+            t[b] = median(runs[b]);
+            std::printf("%s t(%u)=%.2f", (b - 1) % 8 ? "" : "\n ", b, t[b]);
+        }
+        // The best throughput among the sizes whose two service times fit the SLO with 20% to
+        // spare (how SLAB sizes batches).
+        uint32_t b_best = 1;
+        for (uint32_t b = 2; b <= max_batch; ++b)
+            if (2 * t[b] <= 0.8 * slo_ms && b / t[b] > b_best / t[b_best]) b_best = b;
+        const double cap1 = 1000.0 / t[1], cap_best = 1000.0 * b_best / t[b_best];
+        std::printf("\n  batch 1 serves %.0f req/s; batch %u, the best within the SLO, %.0f req/s (%.2fx); batch %u %.0f req/s\n",
+                    cap1, b_best, cap_best, cap_best / cap1, max_batch, 1000.0 * max_batch / t[max_batch]);
+        if (calibrate_only) {
+            if (!work.empty()) fs::remove_all(work);
+            return 0;
+        }
+        // Above what batch 1 can serve (by 15%) but well below what the best batch can (75%):
+        // batch 1 cannot keep up, a moderate batch can, with room for this host's noise.
+        if (rate <= 0) rate = std::round(std::min(1.15 * cap1, 0.75 * cap_best));
+        std::printf("SLO %.1f ms, rate %.0f req/s %s, %.1f s per policy, %d round(s)%s\n", slo_ms, rate,
+                    uniform ? "uniform" : "Poisson", seconds, rounds, shed ? ", shedding late requests" : "");
+        if (rate <= cap1) std::printf("note: batch 1 keeps up with this rate; batching matters little here\n");
+        if (rate >= cap_best) std::printf("note: no batch size keeps up with this rate: an overload run\n");
+
+        FILE* trace = nullptr;
+        if (!trace_path.empty()) {
+            trace = std::fopen(trace_path.c_str(), "w");
+            if (!trace) throw std::runtime_error("cannot write " + trace_path);
+            std::fprintf(trace, "round,policy,ms,batch,service_ms,worst_ms,target,predicted_ms,margin_ms\n");
+        }
+        // One schedule for every policy and round.
+        std::vector<double> schedule;
+        std::mt19937_64 rng(2024);
+        std::exponential_distribution<double> gap(rate / 1000.0);
+        for (double t = uniform ? 0 : gap(rng); t < seconds * 1000.0; t += uniform ? 1000.0 / rate : gap(rng))
+            schedule.push_back(t);
+
+        const ml::batching_policy order[3] = {ml::batching_policy::slab, ml::batching_policy::aimd, ml::batching_policy::fixed};
+        std::vector<policy_result> results[3];
+        std::vector<double> ratios;
+        std::printf("\n%-6s %5s %10s %10s %9s %9s %7s %6s %6s %7s %8s %8s %8s\n", "round", "policy", "converge", "within/s",
+                    "late", "shed", "viol%", "meanb", "final", "drain%", "p50 ms", "p99 ms", "lag p99");
+        for (int round = 0; round < rounds; ++round) {
+            double good[3] = {0, 0, 0};
+            for (int k = 0; k < 3; ++k) {
+                const int p = (round + k) % 3;
+                ml::batching_options o;
+                o.policy = order[p];
+                o.slo_ms = slo_ms;
+                o.max_batch = max_batch;
+                o.fixed_batch = fixed_batch;
+                const policy_result r = run_policy(sm, o, schedule, seconds, shed, trace, round + 1);
+                good[p] = r.goodput;
+                std::printf("%-6d %5s %8.0fms %10.1f %9llu %9llu %7.2f %6.2f %6u %7.1f %8.1f %8.1f %8.2f\n", round + 1,
+                            ml::batching_policy_name(r.policy), r.converge_ms, r.goodput,
+                            static_cast<unsigned long long>(r.late), static_cast<unsigned long long>(r.shed),
+                            r.violation_pct(), r.mean_batch, r.final_target, r.drain_pct, r.p50, r.p99,
+                            r.generator_lag_p99);
+                std::fflush(stdout);
+                results[p].push_back(r);
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            }
+            ratios.push_back(good[1] > 0 ? good[0] / good[1] : 0);
+        }
+
+        std::printf("\nover %d round(s): median [min .. max]\n", rounds);
+        std::printf("%-6s %22s %26s %22s %16s\n", "policy", "converge ms", "within SLO req/s", "violations %", "mean batch");
+        double conv_med[3], good_med[3];
+        for (int p = 0; p < 3; ++p) {
+            std::vector<double> cv_, gp, vp, mb;
+            for (const auto& r : results[p]) {
+                cv_.push_back(r.converge_ms);
+                gp.push_back(r.goodput);
+                vp.push_back(r.violation_pct());
+                mb.push_back(r.mean_batch);
+            }
+            const auto range = [](const std::vector<double>& v, const char* f) {
+                char buf[96];
+                std::snprintf(buf, sizeof buf, f, median(v), *std::min_element(v.begin(), v.end()),
+                              *std::max_element(v.begin(), v.end()));
+                return std::string(buf);
+            };
+            conv_med[p] = median(cv_);
+            good_med[p] = median(gp);
+            std::printf("%-6s %22s %26s %22s %16s\n", ml::batching_policy_name(order[p]),
+                        range(cv_, "%.0f [%.0f .. %.0f]").c_str(), range(gp, "%.1f [%.1f .. %.1f]").c_str(),
+                        range(vp, "%.2f [%.2f .. %.2f]").c_str(), range(mb, "%.2f [%.2f .. %.2f]").c_str());
+        }
+        (void)good_med;
+        if (trace) std::fclose(trace);
+        if (!work.empty()) fs::remove_all(work);
+        std::printf("slab_converge_ms=%.0f aimd_converge_ms=%.0f slab_throughput_vs_aimd=%.3f\n", conv_med[0], conv_med[1],
+                    median(ratios));
+    } catch (const std::exception& e) {
+        if (!work.empty()) fs::remove_all(work);
+        std::fprintf(stderr, "slab_bench: %s\n", e.what());
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,110 @@
+#include "ifmanager/repository.h"
+
+#include <algorithm>
+#include <fstream>
+#include <stdexcept>
+#include <system_error>
+
+namespace reefline::ifm {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_atomically(const fs::path& path, const std::string& text) {
+    const fs::path tmp = path.string() + ".tmp";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << text;
+        out.flush();
+        if (!out) throw std::runtime_error("cannot write " + tmp.string());
+    }
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec) throw std::runtime_error("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+}
+
+}  // namespace
+
+model_repository::model_repository(fs::path dir) : _dir(std::move(dir)) {
+    std::error_code ec;
+    fs::create_directories(_dir, ec);
+    if (ec || !fs::is_directory(_dir))
+        throw std::runtime_error("model repository " + _dir.string() + ": cannot create it: " +
+                                 (ec ? ec.message() : "not a directory"));
+}
+
+bool model_repository::contains(const std::string& name) const {
+    std::error_code ec;
+    return fs::exists(model_dir(name) / "config.json", ec);
+}
+
+fs::path model_repository::save(const std::string& name, const nlohmann::json& config, const fs::path& onnx) {
+    const fs::path dir = model_dir(name);
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw std::runtime_error("cannot create " + dir.string() + ": " + ec.message());
+    const fs::path target = dir / "model.onnx";
+    if (!fs::exists(target, ec) || !fs::equivalent(onnx, target, ec)) {
+        const fs::path tmp = target.string() + ".tmp";
+        fs::copy_file(onnx, tmp, fs::copy_options::overwrite_existing, ec);
+        if (ec) throw std::runtime_error("cannot copy " + onnx.string() + " to " + tmp.string() + ": " + ec.message());
+        fs::rename(tmp, target, ec);
+        if (ec) throw std::runtime_error("cannot rename " + tmp.string() + ": " + ec.message());
+    }
+    nlohmann::json c = config;
+    c["onnx"] = target.string();
+    write_atomically(dir / "config.json", c.dump(2) + "\n");
+    return target;
+}
+
+void model_repository::save_config(const std::string& name, const nlohmann::json& config) {
+    nlohmann::json c = config;
+    c["onnx"] = (model_dir(name) / "model.onnx").string();
+    write_atomically(model_dir(name) / "config.json", c.dump(2) + "\n");
+}
+
+void model_repository::remove(const std::string& name) {
+    std::error_code ec;
+    fs::remove_all(model_dir(name), ec);
+    if (ec) throw std::runtime_error("cannot remove " + model_dir(name).string() + ": " + ec.message());
+}
+
+repository_entry model_repository::entry(const std::string& name) const {
+    const fs::path dir = model_dir(name);
+    repository_entry e;
+    e.name = name;
+    e.onnx = dir / "model.onnx";
+    std::ifstream in(dir / "config.json");
+    if (!in) throw std::runtime_error("no repository entry " + (dir / "config.json").string());
+    try {
+        e.config = nlohmann::json::parse(in);
+    } catch (const std::exception& ex) {
+        throw std::runtime_error((dir / "config.json").string() + ": " + ex.what());
+    }
+    if (!e.config.is_object()) throw std::runtime_error((dir / "config.json").string() + ": not a JSON object");
+    std::error_code ec;
+    if (!fs::is_regular_file(e.onnx, ec)) throw std::runtime_error("missing " + e.onnx.string());
+    e.config["name"] = name;
+    e.config["onnx"] = e.onnx.string();
+    return e;
+}
+
+std::vector<repository_entry> model_repository::entries(std::vector<std::string>& problems) const {
+    std::vector<repository_entry> out;
+    std::error_code ec;
+    std::vector<std::string> names;
+    for (const auto& d : fs::directory_iterator(_dir, ec))
+        if (d.is_directory()) names.push_back(d.path().filename().string());
+    std::sort(names.begin(), names.end());
+    for (const auto& n : names) {
+        try {
+            out.push_back(entry(n));
+        } catch (const std::exception& e) {
+            problems.push_back(e.what());
+        }
+    }
+    return out;
+}
+
+}  // namespace reefline::ifm

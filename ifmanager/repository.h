@@ -1,0 +1,47 @@
+// The model repository: one directory per model, `<repo>/<model>/config.json` (the add_model
+// request that created it, as the control plane took it) and `model.onnx`. Models added
+// through the control plane are written here, so a restart brings them back; removing one
+// deletes its directory. Writes go to a temporary name first and are renamed into place, so
+// a crash never leaves a half-written config that would stop the next start.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace reefline::ifm {
+
+struct repository_entry {
+    std::string name;
+    nlohmann::json config;              // add_model fields, "onnx" pointing into the entry
+    std::filesystem::path onnx;
+};
+
+class model_repository {
+public:
+    // Creates the directory if missing. Throws std::runtime_error when it cannot.
+    explicit model_repository(std::filesystem::path dir);
+
+    const std::filesystem::path& dir() const { return _dir; }
+    std::filesystem::path model_dir(const std::string& name) const { return _dir / name; }
+    bool contains(const std::string& name) const;
+
+    // Stores `onnx` (copied unless it already is the entry's file) and `config`.
+    // Returns the entry's model.onnx path. Throws std::runtime_error naming the path.
+    std::filesystem::path save(const std::string& name, const nlohmann::json& config,
+                               const std::filesystem::path& onnx);
+    // Rewrites only the config (after `set`).
+    void save_config(const std::string& name, const nlohmann::json& config);
+    void remove(const std::string& name);
+    // Every entry with a readable config and model file; the others are reported in `problems`.
+    std::vector<repository_entry> entries(std::vector<std::string>& problems) const;
+    // One entry. Throws std::runtime_error when it is missing or unreadable.
+    repository_entry entry(const std::string& name) const;
+
+private:
+    std::filesystem::path _dir;
+};
+
+}  // namespace reefline::ifm

@@ -1,0 +1,322 @@
+#include "libml/batching.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace reefline::ml {
+
+namespace {
+
+// Margin = k x deviation. The worst request of a batch sees two service times (the batch
+// ahead of it, then its own), each off the model by about one deviation; 3 mean absolute
+// deviations of their sum keeps a miss to a few percent of batches for roughly normal noise.
+constexpr double k_dev = 3.0;
+// Never plan closer to the SLO than this fraction of it: the serving loop notices a deadline
+// only when it polls, and a timestamp is taken a little after the packet arrived.
+constexpr double margin_floor = 0.02;
+// EWMA gains. The deviation follows Jacobson's RTT variance estimator (1/4); a size's own
+// service time moves faster (0.3) so that a slower device shows within a few batches.
+constexpr double dev_gain = 0.25;
+constexpr double size_gain = 0.3;
+// A level shift: this many batches in a row off the model, on the same side, by more than
+// shift_rel of the prediction. One slow batch is host noise (steal, another tenant's burst);
+// two in a row are taken as a device that changed, which costs little when wrong: the next
+// two batches, back at the old speed, shift the table back. The test is relative, not in
+// deviations: a wrong model inflates the deviation, and a threshold that grew with it could
+// never see the model come right again (the table would stay scaled up, the margin wide and
+// the batch at its minimum, where the only size run cannot correct the line).
+constexpr int shift_batches = 2;
+constexpr double shift_rel = 0.2;
+// How far one sample may move its size's entry: clip_devs deviations, or clip_rel of the entry.
+constexpr double clip_devs = 3.0;
+constexpr double clip_rel = 0.1;
+// The line is fitted over every size seen, each weighted by its sample count (capped, so that
+// the size run most does not pin the line) and halved every `half_life` batches since it was
+// last run: recent sizes describe the device as it is now, old ones still fix the slope once
+// the controller has settled on one size.
+constexpr double half_life = 32;
+constexpr uint32_t count_cap = 8;
+// Clipper's backoff: "multiplicatively reduce the batch size by 10%".
+constexpr double aimd_backoff = 0.9;
+constexpr uint32_t max_sizes = 65536;
+
+}  // namespace
+
+const char* batching_policy_name(batching_policy p) {
+    switch (p) {
+    case batching_policy::slab: return "slab";
+    case batching_policy::aimd: return "aimd";
+    case batching_policy::fixed: return "fixed";
+    }
+    return "?";
+}
+
+bool parse_batching_policy(std::string_view s, batching_policy& out) {
+    for (auto p : {batching_policy::slab, batching_policy::aimd, batching_policy::fixed})
+        if (s == batching_policy_name(p)) {
+            out = p;
+            return true;
+        }
+    return false;
+}
+
+batch_controller::batch_controller(const batching_options& o) {
+    check(o);
+    _options = o;
+    _target = _options.policy == batching_policy::fixed ? clamp(_options.fixed_batch ? _options.fixed_batch : _options.max_batch)
+                                                        : _options.min_batch;
+}
+
+// An operator's mistake is refused rather than silently reinterpreted: the control plane
+// turns the exception into an error reply and the IF keeps its previous settings.
+void batch_controller::check(const batching_options& o) {
+    if (o.policy != batching_policy::slab && o.policy != batching_policy::aimd && o.policy != batching_policy::fixed)
+        throw std::invalid_argument("batching: unknown policy");
+    if (!std::isfinite(o.slo_ms) || o.slo_ms <= 0)
+        throw std::invalid_argument("batching: slo_ms must be a positive number");
+    if (o.max_batch == 0 || o.max_batch > max_sizes)
+        throw std::invalid_argument("batching: max_batch must be 1.." + std::to_string(max_sizes));
+    if (o.min_batch == 0 || o.min_batch > o.max_batch)
+        throw std::invalid_argument("batching: min_batch must be 1..max_batch");
+    if (o.fixed_batch != 0 && (o.fixed_batch < o.min_batch || o.fixed_batch > o.max_batch))
+        throw std::invalid_argument("batching: fixed_batch must be 0 or min_batch..max_batch");
+}
+
+void batch_controller::configure(const batching_options& o) {
+    check(o);
+    _options = o;
+    switch (_options.policy) {
+    case batching_policy::fixed:
+        _target = clamp(_options.fixed_batch ? _options.fixed_batch : _options.max_batch);
+        break;
+    case batching_policy::slab:
+        // The model already knows what a tighter SLO allows: act on it before the next batch
+        // rather than after a miss. A looser one is taken up by observe(), at its growth rate.
+        _draining = false;
+        _target = clamp(_target);
+        if (_batches) _target = std::min(_target, slo_batch());
+        break;
+    case batching_policy::aimd:
+        _target = clamp(_target);
+        break;
+    }
+}
+
+uint32_t batch_controller::clamp(int64_t b) const {
+    return uint32_t(std::clamp<int64_t>(b, _options.min_batch, _options.max_batch));
+}
+
+double batch_controller::margin_ms() const {
+    return std::max(k_dev * _dev_ms, margin_floor * _options.slo_ms);
+}
+
+double batch_controller::predict_ms(uint32_t batch) const {
+    if (_batches == 0 || batch == 0) return 0;
+    return _a_ms + _c_ms * batch;
+}
+
+void batch_controller::refit() {
+    const auto weight = [this](const size_stats& s) {
+        const double age = double(_batches - s.last);
+        return std::max(double(std::min(s.count, count_cap)) * std::exp2(-age / half_life), 1e-9);
+    };
+    double sw = 0, sx = 0, sy = 0;
+    int distinct = 0;
+    for (size_t b = 1; b < _sizes.size(); ++b) {
+        if (!_sizes[b].count) continue;
+        const double w = weight(_sizes[b]);
+        sw += w;
+        sx += w * double(b);
+        sy += w * _sizes[b].ewma_ms;
+        ++distinct;
+    }
+    if (sw <= 0) return;
+    const double xm = sx / sw, ym = sy / sw;
+    double sxx = 0, sxy = 0, sxx0 = 0, sxy0 = 0;
+    for (size_t b = 1; b < _sizes.size(); ++b) {
+        if (!_sizes[b].count) continue;
+        const double w = weight(_sizes[b]), x = double(b), y = _sizes[b].ewma_ms;
+        sxx += w * (x - xm) * (x - xm);
+        sxy += w * (x - xm) * (y - ym);
+        sxx0 += w * x * x;
+        sxy0 += w * x * y;
+    }
+    // With one size (or sizes whose weights have all but vanished) the slope is unknown:
+    // assume all the time is per request (t = b x t(b0)/b0). That over-predicts larger
+    // batches when there is a fixed cost, so growth errs on the side of the SLO.
+    if (distinct < 2 || sxx <= 1e-9 * sw * xm * xm) {
+        _a_ms = 0;
+        _c_ms = ym / xm;
+        return;
+    }
+    _c_ms = sxy / sxx;
+    _a_ms = ym - _c_ms * xm;
+    if (_c_ms < 0) {
+        // Larger batches measured faster: noise on a flat region. Believing it would send the
+        // batch to max_batch on nothing; the proportional line is the safe reading.
+        _a_ms = 0;
+        _c_ms = ym / xm;
+    } else if (_a_ms < 0) {
+        // A negative fixed cost is not physical: fit through the origin instead.
+        _a_ms = 0;
+        _c_ms = sxy0 / sxx0;
+    }
+}
+
+uint32_t batch_controller::slo_batch() const {
+    if (_batches == 0) return _options.min_batch;
+    // The queue wait a batch size implies: under a load that keeps the device busy, the
+    // request that arrives just after a launch waits for that batch, then runs in its own,
+    // so a batch of b has a worst latency of two service times t(b).
+    const double m = margin_ms();
+    for (uint32_t b = _options.max_batch; b > _options.min_batch; --b)
+        if (2 * predict_ms(b) + m <= _options.slo_ms) return b;
+    return _options.min_batch;
+}
+
+bool batch_controller::dispatch_now(uint32_t queued, double oldest_wait_ms) const {
+    if (queued == 0) return false;
+    if (queued >= _target) return true;
+    // Clipper runs whatever is queued as soon as the model is free; its batch size only caps.
+    if (_options.policy == batching_policy::aimd) return true;
+    // Nothing learned yet: no basis for waiting, and a first measurement is worth more.
+    if (_batches == 0) return true;
+    const double t = predict_ms(_target);
+    // fixed: wait for a full batch unless the oldest request would then miss the SLO.
+    if (_options.policy == batching_policy::fixed) return oldest_wait_ms + t + margin_ms() >= _options.slo_ms;
+    // slab: waiting for a fuller batch buys efficiency (fewer, larger launches: device time
+    // for other IFs) with the requests' headroom. It stops while the oldest request can still
+    // absorb its own batch and one more service time, the same two-batch budget target() is
+    // sized by: requests that arrive behind this launch wait for it, and idling until the
+    // oldest's last moment leaves them no room, so under load every burst becomes misses.
+    // When the SLO sizes the target the budget is about zero and a batch goes as soon as the
+    // device is free; it opens up when max_batch bounds the batch instead.
+    return oldest_wait_ms + 2 * t + margin_ms() >= _options.slo_ms;
+}
+
+void batch_controller::observe(uint32_t batch, double service_ms, double worst_latency_ms) {
+    if (batch == 0 || batch >= max_sizes || !std::isfinite(service_ms) || service_ms < 0 ||
+        !std::isfinite(worst_latency_ms))
+        return;
+    const double dev_before = _dev_ms;
+    if (_batches == 0) {
+        _dev_ms = 0.1 * service_ms;  // a first guess; residuals take over from the next batch
+    } else {
+        const double predicted = predict_ms(batch);
+        const double residual = service_ms - predicted;
+        // A device that slows down (another tenant, thermal limits, a smaller GPU share) slows
+        // every batch size alike, but only the size being run shows it: rescale the whole
+        // table so that sizes not run lately are not read at the old speed (which would tilt
+        // the line and send the batch size the wrong way).
+        if (predicted > 0 && std::abs(residual) > shift_rel * predicted) {
+            const bool same_side = _shift_run && (residual > 0) == _shift_up;
+            if (!same_side) {
+                _shift_up = residual > 0;
+                _shift_base.resize(_sizes.size());
+                for (size_t b = 0; b < _sizes.size(); ++b) _shift_base[b] = _sizes[b].ewma_ms;
+            }
+            _shift_run = same_side ? _shift_run + 1 : 1;
+            _shift_ratio = (same_side ? _shift_ratio : 0) + service_ms / predicted;
+            if (_shift_run >= shift_batches) {
+                // From the table as it was before the shift: sizes run during it have partly
+                // moved already and would be scaled twice.
+                const double f = _shift_ratio / _shift_run;
+                for (size_t b = 0; b < _shift_base.size(); ++b)
+                    if (_shift_base[b] > 0) _sizes[b].ewma_ms = _shift_base[b] * f;
+                _shift_run = 0;
+                _shift_ratio = 0;
+                refit();
+            }
+        } else {
+            _shift_run = 0;
+            _shift_ratio = 0;
+        }
+        // Clipped (at 4 deviations, or clip_rel): a lone spike raises the margin a little
+        // instead of shrinking the batch for the next ten batches; noise that lasts still
+        // doubles the deviation every few batches until it is matched.
+        _dev_ms += dev_gain * (std::min(std::abs(residual), std::max(4 * _dev_ms, clip_rel * predicted)) - _dev_ms);
+    }
+    ++_batches;
+    if (batch >= _sizes.size()) _sizes.resize(batch + 1);
+    size_stats& s = _sizes[batch];
+    if (s.count) {
+        // An outlier moves its size's entry only as far as the clipping band: a single
+        // spike (steal, a page fault storm) must not stay in the table, where it would hold
+        // the batch size down long after the device is back; the margin, through the
+        // deviation, already answers it. A lasting change is taken up whole above.
+        const double band = std::max(clip_devs * dev_before, clip_rel * s.ewma_ms);
+        const double x = std::clamp(service_ms, s.ewma_ms - band, s.ewma_ms + band);
+        s.ewma_ms += size_gain * (x - s.ewma_ms);
+    } else {
+        s.ewma_ms = service_ms;
+    }
+    ++s.count;
+    s.last = _batches;
+    refit();
+    switch (_options.policy) {
+    case batching_policy::slab: observe_slab(batch, service_ms, worst_latency_ms); break;
+    case batching_policy::aimd: observe_aimd(batch, service_ms); break;
+    case batching_policy::fixed: break;
+    }
+    _last_service_ms = service_ms;
+}
+
+// SLAB. GSLICE moves each IF's batch size in proportion to its headroom (SLO - observed
+// latency) and deviation, growing fast while there is headroom and shrinking before the SLO is
+// missed. Here the learned line turns the headroom into a batch size directly: the target is
+// the largest batch whose predicted worst latency plus k x deviation fits (one step instead of
+// many small ones, which is what makes it converge in a handful of batches; the deviation is
+// what shrinks it before a miss), and growth is capped at doubling per batch so that a line
+// fitted on small batches is never extrapolated far in one go. A slower device is met by the
+// level-shift rescaling in observe() within two batches.
+//
+// The end-to-end latency is not fed back as a reason to shrink: beyond the batch ahead, a
+// request's wait is backlog (a burst, arrivals above capacity, a stalled host), and a smaller
+// batch lowers capacity and lengthens the backlog, a spiral. It is read the other way: a full
+// batch whose oldest request waited longer than the batch ahead (and than dispatch_now may
+// hold a batch) means requests are being left behind, and then the batch size limits
+// throughput, not latency. Until a batch is not full again, SLAB drains: the target may grow
+// (at the same doubling rate) to the largest batch whose own predicted service time fits the
+// SLO, which clears a burst in fewer, more efficient batches instead of leaving part of it for
+// the next round. (Requests that cannot make their SLO anyway are the IF's to shed.)
+void batch_controller::observe_slab(uint32_t batch, double service_ms, double worst_ms) {
+    const double slo = _options.slo_ms, m = margin_ms();
+    const double wait = std::max(0.0, worst_ms - service_ms);
+    const double ahead = _last_service_ms > 0 ? _last_service_ms : service_ms;
+    const double hold = std::max(0.0, slo - 2 * predict_ms(_target) - m);
+    if (batch >= _target && wait > ahead + hold + margin_floor * slo)
+        _draining = true;
+    else if (batch < _target)
+        _draining = false;
+    int64_t next = slo_batch();
+    if (_draining) next = std::max<int64_t>(next, throughput_batch());
+    _target = clamp(next > int64_t(_target) ? std::min<int64_t>(next, 2 * int64_t(_target)) : next);
+}
+
+// No margin here: the margin protects requests that can still be on time, and in a backlog
+// the ones it would protect are late already. On an erratic host (stalls inflate the
+// deviation until the margin exceeds the SLO) keeping it would pin the batch at min_batch
+// exactly when capacity is needed, and the backlog would never clear.
+uint32_t batch_controller::throughput_batch() const {
+    if (_batches == 0) return _options.min_batch;
+    for (uint32_t b = _options.max_batch; b > _options.min_batch; --b)
+        if (predict_ms(b) <= _options.slo_ms) return b;
+    return _options.min_batch;
+}
+
+// AIMD as in Clipper: the signal is the batch's own processing latency against the SLO
+// (Clipper's definition), not the end-to-end latency, so queueing never triggers a decrease
+// that would shrink throughput under a backlog. The size only grows when a full batch was
+// run: a smaller batch says nothing about whether the target itself fits.
+void batch_controller::observe_aimd(uint32_t batch, double service_ms) {
+    if (service_ms > _options.slo_ms) {
+        const int64_t cut = std::min<int64_t>(int64_t(_target) - 1, int64_t(std::floor(_target * aimd_backoff)));
+        _target = clamp(cut);
+    } else if (batch >= _target) {
+        _target = clamp(int64_t(_target) + 1);
+    }
+}
+
+}  // namespace reefline::ml

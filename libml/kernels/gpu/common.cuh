@@ -1,0 +1,312 @@
+// What every GPU kernel of the library shares: the launch context (block slice, task words,
+// counters), the preemption checks, the completion accounting, the fused activations and the
+// element-type helpers. Compiled by nvcc and by hipcc (vendor.h maps the names).
+//
+// The semantics are the cpu backend's (preempt/cpu_device.cc), block for block:
+// - a block checks the task's flag at its start; a raised flag makes it exit at once;
+// - GEMM/conv blocks check again per K chunk (preempt_check below);
+// - the launch's last block to finish advances task->completed to kernel_index + 1 unless a
+//   block of the launch exited on the flag.
+#pragma once
+
+#include <stdint.h>
+#include <string.h>
+
+#include "libml/kernels/decomp.h"
+#include "libml/kernels/gpu/launcher.h"
+#include "libml/kernels/gpu/vendor.h"
+
+namespace reefline::ml::kernels::gpu_impl {
+
+// Threads per block of every kernel: 8 groups of 32 lanes (AMD's 64-wide wavefronts hold two
+// such groups; the code never assumes more than 32 lanes act together).
+constexpr unsigned kThreads = 256;
+constexpr unsigned kLanes = 32;
+constexpr unsigned kGroups = kThreads / kLanes;
+
+struct launch_ctx {
+    uint32_t offset;        // block_offset: GPU block i runs decomp block offset + i
+    uint32_t count;         // GPU blocks of this launch (>= 1)
+    uint32_t kernel_index;
+    uint32_t sequence;
+    const uint32_t* preempt;  // task words (host-mapped): [0] preempt flag, [1] completed; or null
+    uint32_t* completed;
+    uint32_t* counter;        // [0] blocks finished, [1] some block exited on the flag
+    uint32_t* stream_done;    // host-mapped: sequence of the last finished launch on the stream
+};
+
+inline launch_ctx make_ctx(const gpu_launch_params& p) {
+    launch_ctx c;
+    c.offset = p.block_offset;
+    c.count = p.block_count ? p.block_count : 1;
+    c.kernel_index = p.kernel_index;
+    c.sequence = p.sequence;
+    c.preempt = p.task;
+    c.completed = p.task ? p.task + 1 : nullptr;
+    c.counter = p.counter;
+    c.stream_done = p.stream_done;
+    return c;
+}
+
+// The argument struct from the launch's bytes. The struct may have grown trailing fields
+// since the bytes were made (never the reverse in one build): missing bytes read as zero.
+template <typename Args>
+inline Args args_from(const gpu_launch_params& p) {
+    Args a;
+    memset(static_cast<void*>(&a), 0, sizeof a);
+    if (p.args) memcpy(static_cast<void*>(&a), p.args, p.args_size < sizeof a ? p.args_size : sizeof a);
+    return a;
+}
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(RL_GPU_EMU)
+
+// A load that always goes to memory: the host writes the flag behind the GPU's back.
+__device__ __forceinline__ uint32_t load_flag(const uint32_t* p) {
+    return p ? *reinterpret_cast<const volatile uint32_t*>(p) : 0u;
+}
+
+// At block start. Thread 0 reads the flag; every thread learns the answer. True: run.
+__device__ __forceinline__ bool block_begin(const launch_ctx& c) {
+    return __syncthreads_or(threadIdx.x == 0 && c.preempt ? int(load_flag(c.preempt)) : 0) == 0;
+}
+
+// At block end, by every thread (ok: the block finished its work). The last block of the
+// launch advances the task's counter and the stream's finished word and resets the launch
+// counter, which the next launch on the stream (it starts after this one has ended) reuses.
+__device__ __forceinline__ void block_end(const launch_ctx& c, bool ok) {
+    __threadfence();  // this thread's output writes before the block is counted
+    __syncthreads();
+    if (threadIdx.x != 0) return;
+    if (!ok) atomicOr(&c.counter[1], 1u);
+    __threadfence();
+    const uint32_t before = atomicAdd(&c.counter[0], 1u);
+    if (before + 1 != c.count) return;
+    __threadfence();
+    const uint32_t failed = atomicOr(&c.counter[1], 0u);
+    atomicExch(&c.counter[0], 0u);
+    atomicExch(&c.counter[1], 0u);
+    __threadfence_system();
+    if (c.completed && failed == 0) *reinterpret_cast<volatile uint32_t*>(c.completed) = c.kernel_index + 1;
+    *reinterpret_cast<volatile uint32_t*>(c.stream_done) = c.sequence;
+    __threadfence_system();
+}
+
+// Check points inside a block's main loop (GEMM/conv: per K chunk). Thread 0 issues the
+// flag's load at one check and the block acts on it at the next, so the PCIe round trip of
+// the host-mapped read overlaps a chunk of work instead of stalling the block. A raised flag
+// stops the block within one or two chunks.
+struct preempt_check {
+    const uint32_t* flag;
+    uint32_t pending;
+    __device__ explicit preempt_check(const uint32_t* f) : flag(f), pending(0) {}
+    // Every thread, uniformly. True: stop now.
+    __device__ __forceinline__ bool at_check_point() {
+        if (!flag) return false;
+        const bool stop = __syncthreads_or(threadIdx.x == 0 ? int(pending) : 0) != 0;
+        if (threadIdx.x == 0) pending = load_flag(flag);
+        return stop;
+    }
+};
+
+// 32-lane groups (a CUDA warp; half an AMD wavefront of 64).
+__device__ __forceinline__ double group_sum(double v) {
+    for (int m = kLanes / 2; m > 0; m >>= 1) {
+#if defined(RL_GPU_HIP)
+        v += __shfl_xor(v, m, kLanes);
+#else
+        v += __shfl_xor_sync(0xffffffffu, v, m, kLanes);
+#endif
+    }
+    return v;
+}
+
+// max as the cpu kernels compute it (std::max(m, v): keeps m unless m < v, so NaNs are passed over).
+__device__ __forceinline__ float max_keep(float m, float v) { return m < v ? v : m; }
+
+__device__ __forceinline__ float group_max(float v) {
+    for (int m = kLanes / 2; m > 0; m >>= 1) {
+#if defined(RL_GPU_HIP)
+        v = max_keep(v, __shfl_xor(v, m, kLanes));
+#else
+        v = max_keep(v, __shfl_xor_sync(0xffffffffu, v, m, kLanes));
+#endif
+    }
+    return v;
+}
+
+// The fused activation, formula for formula as the cpu kernels (cpu_gemm_conv.cc: act()).
+__device__ __forceinline__ float act(float x, const epilogue& ep) {
+    switch (ep.act) {
+    case activation::none: return x;
+    case activation::relu: return x > 0 ? x : 0;
+    case activation::leaky_relu: return x >= 0 ? x : ep.alpha * x;
+    case activation::sigmoid: return 1.0f / (1.0f + expf(-x));
+    case activation::tanh: return tanhf(x);
+    case activation::clip: { const float v = x < ep.alpha ? ep.alpha : x; return v > ep.beta ? ep.beta : v; }
+    case activation::hard_sigmoid: {
+        const float v = ep.alpha * x + ep.beta;
+        return v < 0 ? 0 : (v > 1 ? 1 : v);
+    }
+    case activation::hard_swish: {
+        const float v = x / 6.0f + 0.5f;
+        return x * (v < 0 ? 0 : (v > 1 ? 1 : v));
+    }
+    case activation::gelu_erf: return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+    case activation::gelu_tanh:
+        return 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    }
+    return x;
+}
+
+// nd_offset (decomp.h) with 32-bit index arithmetic when every index fits: a 64-bit division
+// costs tens of instructions on a GPU. Same result.
+__device__ __forceinline__ int64_t nd_offset_fast(const nd_shape& s, const int64_t* strides, int64_t e, bool narrow) {
+    if (!narrow) return nd_offset(s, strides, e);
+    int64_t off = 0;
+    uint32_t r = uint32_t(e);
+    for (int i = s.rank - 1; i >= 0; --i) {
+        const uint32_t d = uint32_t(s.dims[i]);
+        const uint32_t q = r / d;
+        off += int64_t(r - q * d) * strides[i];
+        r = q;
+    }
+    return off;
+}
+
+__device__ __forceinline__ bool shape_is_narrow(const nd_shape& s) {
+    const int64_t n = nd_count(s);
+    return n >= 0 && n <= int64_t(0xffffffffu);
+}
+
+// ---- typed element access, as the cpu kernels' (cpu_elementwise.cc) ----------------------
+__device__ inline float half_to_float_bits(uint16_t h) {
+    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
+    uint32_t bits;
+    if (exp == 0) {
+        if (man == 0) {
+            bits = sign;
+        } else {
+            int e = -1;
+            uint32_t m = man;
+            do { m <<= 1; ++e; } while (!(m & 0x400));
+            bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
+        }
+    } else if (exp == 31) {
+        bits = sign | 0x7f800000u | man << 13;
+    } else {
+        bits = sign | (exp + 127 - 15) << 23 | man << 13;
+    }
+    return __uint_as_float(bits);
+}
+
+__device__ inline uint16_t float_to_half_bits(float f) {
+    const uint32_t x = __float_as_uint(f);
+    const uint32_t sign = (x >> 16) & 0x8000;
+    const int32_t exp = int32_t((x >> 23) & 0xff) - 127 + 15;
+    uint32_t man = x & 0x7fffff;
+    if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
+    if (exp >= 31) return uint16_t(sign | 0x7c00);
+    if (exp <= 0) {
+        if (exp < -10) return uint16_t(sign);
+        man |= 0x800000;
+        const int shift = 14 - exp;
+        uint32_t h = man >> shift;
+        const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (h & 1))) ++h;
+        return uint16_t(sign | h);
+    }
+    uint32_t h = sign | uint32_t(exp) << 10 | man >> 13;
+    const uint32_t rem = man & 0x1fff;
+    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
+    return uint16_t(h);
+}
+
+__device__ __forceinline__ bool is_integral(elem t) {
+    return t == elem::i64 || t == elem::i32 || t == elem::i8 || t == elem::u8 || t == elem::boolean;
+}
+
+__device__ __forceinline__ int elem_bytes(elem t) {
+    return t == elem::f64 || t == elem::i64 ? 8 : t == elem::f32 || t == elem::i32 ? 4 : t == elem::f16 ? 2 : 1;
+}
+
+__device__ inline double load_f(const void* p, elem t, int64_t i) {
+    switch (t) {
+    case elem::f32: return static_cast<const float*>(p)[i];
+    case elem::f64: return static_cast<const double*>(p)[i];
+    case elem::f16: return half_to_float_bits(static_cast<const uint16_t*>(p)[i]);
+    case elem::i64: return double(static_cast<const int64_t*>(p)[i]);
+    case elem::i32: return static_cast<const int32_t*>(p)[i];
+    case elem::i8: return static_cast<const int8_t*>(p)[i];
+    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
+    }
+    return 0;
+}
+
+__device__ inline int64_t load_i(const void* p, elem t, int64_t i) {
+    switch (t) {
+    case elem::i64: return static_cast<const int64_t*>(p)[i];
+    case elem::i32: return static_cast<const int32_t*>(p)[i];
+    case elem::i8: return static_cast<const int8_t*>(p)[i];
+    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
+    default: return int64_t(load_f(p, t, i));
+    }
+}
+
+__device__ inline void store_f(void* p, elem t, int64_t i, double v) {
+    switch (t) {
+    case elem::f32: static_cast<float*>(p)[i] = float(v); break;
+    case elem::f64: static_cast<double*>(p)[i] = v; break;
+    case elem::f16: static_cast<uint16_t*>(p)[i] = float_to_half_bits(float(v)); break;
+    case elem::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
+    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
+    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
+    }
+}
+
+__device__ inline void store_i(void* p, elem t, int64_t i, int64_t v) {
+    switch (t) {
+    case elem::i64: static_cast<int64_t*>(p)[i] = v; break;
+    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
+    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
+    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
+    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
+    default: store_f(p, t, i, double(v));
+    }
+}
+
+#endif  // device code
+
+// Launches a kernel of the library: `kernel` takes (Args, launch_ctx). An empty slice runs the
+// accounting block alone (launch_account_only, registry.cu).
+int launch_account_only(const gpu_launch_params& p);
+
+#if defined(__CUDACC__) || defined(__HIPCC__) || defined(RL_GPU_EMU)
+template <typename Args>
+int launch_kernel(const gpu_launch_params& p, void (*kernel)(Args, launch_ctx), size_t shared_bytes = 0) {
+    if (p.block_count == 0) return launch_account_only(p);
+    if (p.block_count > 0x7fffffffu) return int(cudaErrorInvalidValue);
+    const Args a = args_from<Args>(p);
+    const launch_ctx c = make_ctx(p);
+    RL_LAUNCH(kernel, dim3(p.block_count), dim3(kThreads), shared_bytes, static_cast<cudaStream_t>(p.stream), a, c);
+    return int(cudaGetLastError());
+}
+#endif
+
+// Launchers of the library's kernels (one per kernel; gemm_conv.cu, gather.cu, elementwise.cu).
+int launch_gemm(const gpu_launch_params& p);
+int launch_conv2d(const gpu_launch_params& p);
+int launch_gather(const gpu_launch_params& p);
+int launch_copy(const gpu_launch_params& p);
+int launch_binary(const gpu_launch_params& p);
+int launch_unary(const gpu_launch_params& p);
+int launch_where(const gpu_launch_params& p);
+int launch_row(const gpu_launch_params& p);
+int launch_pool2d(const gpu_launch_params& p);
+int launch_lrn(const gpu_launch_params& p);
+int launch_batchnorm(const gpu_launch_params& p);
+int launch_gather_axis(const gpu_launch_params& p);
+int launch_spin(const gpu_launch_params& p);
+
+}  // namespace reefline::ml::kernels::gpu_impl

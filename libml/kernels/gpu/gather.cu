@@ -1,0 +1,92 @@
+// The gather kernel on the GPU: packet payloads, read in place from host memory registered
+// with the GPU (the data plane's hugepage mbufs), into the normalised f32 NCHW batch tensor.
+// u8 HWC -> f32 NCHW and (x - mean) * inv_std are fused; no CPU copy, no per-packet memcpy.
+//
+// Block b converts HWC bytes [q0, q0 + bytes_per_block) of one image (decomp.h), which span
+// several segments (one per packet). Every read of a payload or of the gather list crosses
+// PCIe, so the kernel keeps many independent reads in flight instead of walking a list:
+// 1. the block's threads read the image's segment descriptors side by side and mark the
+//    ones that overlap its byte range (one round trip for up to 256 segments);
+// 2. each 32-lane group takes whole segments; its lanes read the payload as aligned 32-bit
+//    words (a group's read is one 128-byte request) and convert each byte of the range.
+//    A word may hold up to 3 bytes outside the segment; they are in the same page as a byte
+//    of it, so in registered memory, and are read but not used.
+#include "libml/kernels/gpu/common.cuh"
+
+namespace reefline::ml::kernels::gpu_impl {
+
+namespace {
+
+__device__ bool gather_block_gpu(const gather_args& g, int64_t block) {
+    __shared__ uint32_t s_seg0, s_seg1, s_lo, s_hi;
+    const int64_t per_image = gather_blocks_per_image(g);
+    const int64_t image = block / per_image;
+    const int64_t bytes = g.h * g.w * g.c;
+    const int64_t q0 = (block % per_image) * g.bytes_per_block;
+    const int64_t q1 = q0 + g.bytes_per_block < bytes ? q0 + g.bytes_per_block : bytes;
+    if (threadIdx.x == 0) {
+        s_seg0 = g.first[image];
+        s_seg1 = g.first[image + 1];
+        s_lo = 0xffffffffu;
+        s_hi = 0;
+    }
+    __syncthreads();
+    const uint32_t seg0 = s_seg0, seg1 = s_seg1;
+    for (uint32_t i = seg0 + threadIdx.x; i < seg1; i += kThreads) {
+        const int64_t off = g.segments[i].offset, len = g.segments[i].length;
+        if (len > 0 && off < q1 && off + len > q0) {
+            atomicMin(&s_lo, i);
+            atomicMax(&s_hi, i);
+        }
+    }
+    __syncthreads();
+    const uint32_t lo = s_lo, hi = s_hi;
+    if (lo > hi) return true;  // no payload in this range (an incomplete list converts nothing)
+
+    const uint32_t c = uint32_t(g.c);
+    const int64_t plane = g.h * g.w;
+    float* y = g.y + image * g.c * plane;
+    float mean[4], inv_std[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+        mean[k] = g.mean[k];
+        inv_std[k] = g.inv_std[k];
+    }
+    const unsigned group = threadIdx.x / kLanes, lane = threadIdx.x % kLanes;
+    for (uint32_t s = lo + group; s <= hi; s += kGroups) {
+        const gather_segment seg = g.segments[s];
+        const int64_t a = q0 > int64_t(seg.offset) ? q0 : int64_t(seg.offset);
+        const int64_t e = q1 < int64_t(seg.offset) + seg.length ? q1 : int64_t(seg.offset) + seg.length;
+        if (a >= e) continue;
+        const uintptr_t src = reinterpret_cast<uintptr_t>(seg.data) + uintptr_t(a - seg.offset);
+        const uintptr_t src_end = src + uintptr_t(e - a);
+        const uintptr_t w0 = src & ~uintptr_t(3);
+        const uint32_t words = uint32_t((src_end - w0 + 3) / 4);
+#pragma unroll 4
+        for (uint32_t w = lane; w < words; w += kLanes) {
+            const uintptr_t at = w0 + uintptr_t(w) * 4;
+            const uint32_t word = *reinterpret_cast<const uint32_t*>(at);
+#pragma unroll
+            for (uint32_t j = 0; j < 4; ++j) {
+                const uintptr_t p = at + j;
+                if (p < src || p >= src_end) continue;
+                const uint32_t q = uint32_t(a + int64_t(p - src));  // byte index in the image (HWC)
+                const uint32_t pixel = q / c, ch = q - pixel * c;
+                y[int64_t(ch) * plane + pixel] = (float((word >> (8 * j)) & 0xffu) - mean[ch]) * inv_std[ch];
+            }
+        }
+    }
+    return true;
+}
+
+__global__ void __launch_bounds__(kThreads) gather_kernel(gather_args g, launch_ctx ctx) {
+    bool ok = block_begin(ctx);
+    if (ok) ok = gather_block_gpu(g, int64_t(blockIdx.x) + ctx.offset);
+    block_end(ctx, ok);
+}
+
+}  // namespace
+
+int launch_gather(const gpu_launch_params& p) { return launch_kernel<gather_args>(p, gather_kernel); }
+
+}  // namespace reefline::ml::kernels::gpu_impl

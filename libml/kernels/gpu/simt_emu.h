@@ -1,0 +1,533 @@
+// A software SIMT machine for the GPU kernel sources (vendor.h, REEFLINE_SIMT_EMU=1): the .cu
+// files and the cuda device backend (preempt/gpu_device.cc) compiled by the host compiler and
+// run on the CPU, so that the kernels' indexing, barriers, check points and completion
+// accounting, and the backend's streams, events, counters and queues, are exercised on
+// machines without a GPU (-Dgpu_emu=true; the GPU tests then run against it).
+//
+// The machine: one OS thread per GPU thread of a block (up to 256), the blocks of a launch one
+// after another, so `__shared__` (function-scope statics here) is the block's shared memory;
+// __syncthreads is a barrier of the block's threads, the shuffles exchange through memory
+// between the 32 lanes of a group. Streams are in-order queues, each with its own thread; one
+// launch runs at a time on the whole machine (the thread pool is the machine's one SM), so
+// streams interleave at launch boundaries, not block by block, and priorities are not
+// modelled. Memory is host memory: device, pinned and host-mapped allocations are the same
+// kind here. What it cannot show: timing, tensor-core code (WMMA is not compiled), memory
+// coherence across PCIe, and the hardware's own limits (registers, shared memory size).
+#pragma once
+
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <climits>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#define RL_GPU_EMU 1
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+
+using std::isnan;
+
+struct dim3 {
+    unsigned x = 1, y = 1, z = 1;
+    dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
+};
+struct rl_emu_uint3 {
+    unsigned x = 0, y = 0, z = 0;
+};
+inline thread_local rl_emu_uint3 threadIdx, blockIdx;
+inline thread_local dim3 blockDim, gridDim;
+
+namespace rl_emu {
+
+constexpr unsigned kMaxThreads = 256;
+constexpr unsigned kLanes = 32;
+
+// A barrier whose waiters sleep on a futex at once: hundreds of emulated threads on a few cores
+// must not spin.
+class barrier {
+public:
+    explicit barrier(unsigned n) : _n(n) {}
+    void arrive_and_wait() {
+        const uint32_t g = _generation.load(std::memory_order_acquire);
+        if (_arrived.fetch_add(1, std::memory_order_acq_rel) + 1 == _n) {
+            _arrived.store(0, std::memory_order_relaxed);
+            _generation.fetch_add(1, std::memory_order_release);
+            syscall(SYS_futex, reinterpret_cast<uint32_t*>(&_generation), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr,
+                    nullptr, 0);
+            return;
+        }
+        while (_generation.load(std::memory_order_acquire) == g)
+            syscall(SYS_futex, reinterpret_cast<uint32_t*>(&_generation), FUTEX_WAIT_PRIVATE, g, nullptr, nullptr, 0);
+    }
+
+private:
+    const unsigned _n;
+    std::atomic<uint32_t> _arrived{0};
+    std::atomic<uint32_t> _generation{0};
+};
+
+// One launch on the machine: the block barrier, the lane groups' barriers and exchange.
+struct launch_state {
+    unsigned threads;
+    barrier block;
+    std::vector<std::unique_ptr<barrier>> groups;
+    std::atomic<int> vote{0};
+    double exchange[kMaxThreads] = {};
+    explicit launch_state(unsigned t) : threads(t), block(t) {
+        for (unsigned g = 0; g < (t + kLanes - 1) / kLanes; ++g)
+            groups.push_back(std::make_unique<barrier>(std::min(kLanes, t - g * kLanes)));
+    }
+};
+inline thread_local launch_state* current = nullptr;
+
+// The machine's threads: kMaxThreads workers that run one launch at a time.
+class machine {
+public:
+    static machine& get() {
+        static machine m;
+        return m;
+    }
+    // Runs every block of a launch; returns when all are done.
+    void run(dim3 grid, dim3 block, const std::function<void()>& body) {
+        std::lock_guard one(_one_launch);
+        launch_state st(std::min(block.x, kMaxThreads));
+        {
+            std::lock_guard lk(_mu);
+            _state = &st;
+            _grid = grid;
+            _block = block;
+            _body = &body;
+            _left = st.threads;
+            ++_generation;
+        }
+        _cv.notify_all();
+        std::unique_lock lk(_mu);
+        _done_cv.wait(lk, [&] { return _left == 0; });
+        _state = nullptr;
+    }
+    ~machine() {
+        {
+            std::lock_guard lk(_mu);
+            _stop = true;
+            ++_generation;
+        }
+        _cv.notify_all();
+        for (auto& t : _threads) t.join();
+    }
+
+private:
+    machine() {
+        for (unsigned t = 0; t < kMaxThreads; ++t) _threads.emplace_back([this, t] { worker(t); });
+    }
+    void worker(unsigned t) {
+        uint64_t seen = 0;
+        for (;;) {
+            launch_state* st;
+            dim3 grid, block;
+            const std::function<void()>* body;
+            {
+                std::unique_lock lk(_mu);
+                _cv.wait(lk, [&] { return _generation != seen; });
+                seen = _generation;
+                if (_stop) return;
+                st = _state;
+                grid = _grid;
+                block = _block;
+                body = _body;
+            }
+            if (!st || t >= st->threads) continue;
+            current = st;
+            threadIdx = {t, 0, 0};
+            blockDim = block;
+            gridDim = grid;
+            for (unsigned b = 0; b < grid.x; ++b) {
+                blockIdx = {b, 0, 0};
+                (*body)();
+                st->block.arrive_and_wait();  // the next block reuses the shared statics
+            }
+            current = nullptr;
+            std::lock_guard lk(_mu);
+            if (--_left == 0) _done_cv.notify_all();
+        }
+    }
+    std::mutex _one_launch;
+    std::mutex _mu;
+    std::condition_variable _cv, _done_cv;
+    uint64_t _generation = 0;
+    bool _stop = false;
+    launch_state* _state = nullptr;
+    dim3 _grid, _block;
+    const std::function<void()>* _body = nullptr;
+    unsigned _left = 0;
+    std::vector<std::thread> _threads;
+};
+
+// ---- streams and events -----------------------------------------------------------------------
+struct stream_t {
+    int priority = 0;
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::function<void()>> work;
+    uint64_t enqueued = 0, completed = 0;
+    bool stop = false;
+    std::thread thread;
+    stream_t() {
+        thread = std::thread([this] {
+            for (;;) {
+                std::function<void()> f;
+                {
+                    std::unique_lock lk(mu);
+                    cv.wait(lk, [&] { return stop || !work.empty(); });
+                    if (work.empty()) return;
+                    f = std::move(work.front());
+                    work.pop_front();
+                }
+                f();
+                std::lock_guard lk(mu);
+                ++completed;
+                cv.notify_all();
+            }
+        });
+    }
+    ~stream_t() {
+        {
+            std::lock_guard lk(mu);
+            stop = true;
+        }
+        cv.notify_all();
+        thread.join();
+    }
+    void push(std::function<void()> f) {
+        std::lock_guard lk(mu);
+        work.push_back(std::move(f));
+        ++enqueued;
+        cv.notify_all();
+    }
+    void wait_until(uint64_t n) {
+        std::unique_lock lk(mu);
+        cv.wait(lk, [&] { return completed >= n; });
+    }
+    uint64_t done() {
+        std::lock_guard lk(mu);
+        return completed;
+    }
+    uint64_t ticket() {
+        std::lock_guard lk(mu);
+        return enqueued;
+    }
+};
+
+struct event_t {
+    std::mutex mu;
+    stream_t* s = nullptr;
+    uint64_t ticket = 0;
+};
+
+struct registry {
+    std::mutex mu;
+    std::set<stream_t*> streams;
+    std::set<void*> registered;
+    static registry& get() {
+        static registry r;
+        return r;
+    }
+};
+
+inline void enqueue(void* stream, dim3 grid, dim3 block, std::function<void()> body) {
+    auto* s = static_cast<stream_t*>(stream);
+    auto job = [grid, block, body = std::move(body)] { machine::get().run(grid, block, body); };
+    if (s) s->push(std::move(job));
+    else job();
+}
+
+}  // namespace rl_emu
+
+// ---- device functions -------------------------------------------------------------------------
+inline void __syncthreads() { rl_emu::current->block.arrive_and_wait(); }
+
+inline int __syncthreads_or(int p) {
+    rl_emu::launch_state& st = *rl_emu::current;
+    st.block.arrive_and_wait();
+    if (p) st.vote.fetch_or(1);
+    st.block.arrive_and_wait();
+    const int r = st.vote.load();
+    st.block.arrive_and_wait();
+    if (threadIdx.x == 0) st.vote.store(0);
+    return r;
+}
+
+inline void __threadfence() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+inline void __threadfence_system() { std::atomic_thread_fence(std::memory_order_seq_cst); }
+
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+    rl_emu::launch_state& st = *rl_emu::current;
+    const unsigned t = threadIdx.x, g = t / rl_emu::kLanes;
+    st.exchange[t] = double(v);
+    st.groups[g]->arrive_and_wait();
+    const T r = T(st.exchange[(t ^ unsigned(mask)) % rl_emu::kMaxThreads]);
+    st.groups[g]->arrive_and_wait();
+    return r;
+}
+
+inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
+inline unsigned atomicExch(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).exchange(v); }
+inline unsigned atomicMin(unsigned* p, unsigned v) {
+    std::atomic_ref<unsigned> a(*p);
+    unsigned cur = a.load();
+    while (v < cur && !a.compare_exchange_weak(cur, v)) {
+    }
+    return cur;
+}
+inline unsigned atomicMax(unsigned* p, unsigned v) {
+    std::atomic_ref<unsigned> a(*p);
+    unsigned cur = a.load();
+    while (v > cur && !a.compare_exchange_weak(cur, v)) {
+    }
+    return cur;
+}
+inline float __uint_as_float(unsigned u) { return std::bit_cast<float>(u); }
+inline unsigned __float_as_uint(float f) { return std::bit_cast<unsigned>(f); }
+
+// ---- 16-bit inputs and WMMA, for the tensor-core path -------------------------------------------
+// __half and __nv_bfloat16 keep a float rounded (to nearest even) to the type's precision and
+// range; a WMMA fragment is the whole 16 x 16 tile in every lane (each lane computes the same
+// product; stores write the same values), which is enough to check the kernels' tiling and
+// layouts, not the hardware's order of accumulation.
+namespace rl_emu {
+inline float round_mantissa(float f, int drop_bits) {
+    uint32_t u = std::bit_cast<uint32_t>(f);
+    if ((u & 0x7f800000u) == 0x7f800000u) return f;  // inf, nan
+    const uint32_t half = 1u << (drop_bits - 1), mask = (1u << drop_bits) - 1;
+    const uint32_t rem = u & mask;
+    u &= ~mask;
+    if (rem > half || (rem == half && (u & (1u << drop_bits)))) u += 1u << drop_bits;
+    return std::bit_cast<float>(u);
+}
+}  // namespace rl_emu
+struct __half {
+    float v = 0;
+};
+struct __nv_bfloat16 {
+    float v = 0;
+};
+inline __half __float2half_rn(float f) {
+    // fp16: 10 mantissa bits, largest finite 65504, subnormals below 2^-14 (steps of 2^-24).
+    float r;
+    if (std::fabs(f) < 6.103515625e-05f) r = std::nearbyint(f * 16777216.0f) / 16777216.0f;
+    else r = rl_emu::round_mantissa(f, 13);
+    if (std::fabs(r) > 65504.0f) r = std::copysign(INFINITY, f);
+    return __half{r};
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) { return __nv_bfloat16{rl_emu::round_mantissa(f, 16)}; }
+inline float rl_emu_value(const __half& h) { return h.v; }
+inline float rl_emu_value(const __nv_bfloat16& h) { return h.v; }
+inline float rl_emu_value(float f) { return f; }
+
+namespace nvcuda::wmma {
+struct matrix_a {};
+struct matrix_b {};
+struct accumulator {};
+struct row_major {};
+enum layout_t { mem_row_major };
+template <typename Use, int M, int N, int K, typename T, typename Layout = void>
+struct fragment {
+    T x[M * N];
+};
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void fill_fragment(fragment<Use, M, N, K, T, L>& f, float v) {
+    for (auto& e : f.x) e = T(v);
+}
+template <typename Use, int M, int N, int K, typename T, typename L>
+inline void load_matrix_sync(fragment<Use, M, N, K, T, L>& f, const T* p, unsigned ldm) {
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) f.x[r * 16 + c] = p[r * ldm + c];
+}
+template <int M, int N, int K, typename T>
+inline void store_matrix_sync(float* p, const fragment<accumulator, M, N, K, T>& f, unsigned ldm, layout_t) {
+    for (int r = 0; r < 16; ++r)
+        for (int c = 0; c < 16; ++c) std::atomic_ref<float>(p[r * ldm + c]).store(f.x[r * 16 + c]);
+}
+template <typename TA, typename TB, typename LA, typename LB>
+inline void mma_sync(fragment<accumulator, 16, 16, 16, float>& d, const fragment<matrix_a, 16, 16, 16, TA, LA>& a,
+                     const fragment<matrix_b, 16, 16, 16, TB, LB>& b, const fragment<accumulator, 16, 16, 16, float>& c) {
+    fragment<accumulator, 16, 16, 16, float> r;
+    for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 16; ++j) {
+            float s = c.x[i * 16 + j];
+            for (int k = 0; k < 16; ++k) s += rl_emu_value(a.x[i * 16 + k]) * rl_emu_value(b.x[k * 16 + j]);
+            r.x[i * 16 + j] = s;
+        }
+    d = r;
+}
+}  // namespace nvcuda::wmma
+
+// ---- the runtime API subset the backend uses ----------------------------------------------------
+enum cudaError_t : int {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorNotReady = 600,
+    cudaErrorHostMemoryAlreadyRegistered = 712,
+};
+using cudaStream_t = void*;
+using cudaEvent_t = rl_emu::event_t*;
+struct cudaDeviceProp {
+    char name[256];
+    int multiProcessorCount;
+};
+enum cudaMemcpyKind : int { cudaMemcpyDefault = 4 };
+constexpr unsigned cudaHostAllocPortable = 1, cudaHostAllocMapped = 2;
+constexpr unsigned cudaHostRegisterPortable = 1, cudaHostRegisterMapped = 2;
+constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
+
+inline cudaError_t cudaGetLastError() { return cudaSuccess; }
+inline const char* cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorInvalidValue: return "invalid argument";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorHostMemoryAlreadyRegistered: return "part or all of the requested memory range is already mapped";
+    }
+    return "unknown error";
+}
+inline cudaError_t cudaGetDeviceCount(int* n) {
+    *n = 1;
+    return cudaSuccess;
+}
+inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
+inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
+    std::snprintf(p->name, sizeof p->name, "SIMT emulation");
+    p->multiProcessorCount = 4;
+    return cudaSuccess;
+}
+inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+    *least = 0;
+    *greatest = -5;
+    return cudaSuccess;
+}
+inline cudaError_t cudaMalloc(void** p, size_t n) {
+    if (n > (size_t(1) << 40)) return cudaErrorMemoryAllocation;
+    *p = std::aligned_alloc(256, (std::max<size_t>(n, 1) + 255) / 256 * 256);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+inline cudaError_t cudaFree(void* p) {
+    std::free(p);
+    return cudaSuccess;
+}
+inline cudaError_t cudaHostAlloc(void** p, size_t n, unsigned) { return cudaMalloc(p, n); }
+inline cudaError_t cudaFreeHost(void* p) { return cudaFree(p); }
+inline cudaError_t cudaHostGetDevicePointer(void** d, void* h, unsigned) {
+    *d = h;
+    return cudaSuccess;
+}
+inline cudaError_t cudaHostRegister(void* p, size_t, unsigned) {
+    auto& r = rl_emu::registry::get();
+    std::lock_guard lk(r.mu);
+    return r.registered.insert(p).second ? cudaSuccess : cudaErrorHostMemoryAlreadyRegistered;
+}
+inline cudaError_t cudaHostUnregister(void* p) {
+    auto& r = rl_emu::registry::get();
+    std::lock_guard lk(r.mu);
+    return r.registered.erase(p) ? cudaSuccess : cudaErrorInvalidValue;
+}
+inline cudaError_t cudaMemset(void* p, int v, size_t n) {
+    std::memset(p, v, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) {
+    std::memmove(d, s, n);
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int priority) {
+    auto* st = new rl_emu::stream_t;
+    st->priority = priority;
+    auto& r = rl_emu::registry::get();
+    std::lock_guard lk(r.mu);
+    r.streams.insert(st);
+    *s = st;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    auto* st = static_cast<rl_emu::stream_t*>(s);
+    {
+        auto& r = rl_emu::registry::get();
+        std::lock_guard lk(r.mu);
+        r.streams.erase(st);
+    }
+    st->wait_until(st->ticket());
+    delete st;
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
+    auto* st = static_cast<rl_emu::stream_t*>(s);
+    st->wait_until(st->ticket());
+    return cudaSuccess;
+}
+inline cudaError_t cudaStreamQuery(cudaStream_t s) {
+    auto* st = static_cast<rl_emu::stream_t*>(s);
+    return st->done() >= st->ticket() ? cudaSuccess : cudaErrorNotReady;
+}
+inline cudaError_t cudaDeviceSynchronize() {
+    std::vector<rl_emu::stream_t*> all;
+    {
+        auto& r = rl_emu::registry::get();
+        std::lock_guard lk(r.mu);
+        all.assign(r.streams.begin(), r.streams.end());
+    }
+    for (auto* s : all) s->wait_until(s->ticket());
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
+    *e = new rl_emu::event_t;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    std::lock_guard lk(e->mu);
+    e->s = static_cast<rl_emu::stream_t*>(s);
+    e->ticket = e->s->ticket();
+    return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+    std::lock_guard lk(e->mu);
+    return !e->s || e->s->done() >= e->ticket ? cudaSuccess : cudaErrorNotReady;
+}
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    rl_emu::stream_t* s;
+    uint64_t t;
+    {
+        std::lock_guard lk(e->mu);
+        s = e->s;
+        t = e->ticket;
+    }
+    if (s) s->wait_until(t);
+    return cudaSuccess;
+}

@@ -1,0 +1,338 @@
+// The IF manager and its ZeroMQ control plane in one process, on a net_ring port with a
+// serving thread: every operation of docs/control.md, every kind of bad request (each must get
+// an error reply and leave the daemon answering), the model repository across a restart,
+// events on the PUB socket, and adding/removing a model while another IF serves traffic.
+#include <gtest/gtest.h>
+#include <rte_eth_ring.h>
+#include <rte_ethdev.h>
+#include <rte_ring.h>
+#include <zmq.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "ifmanager/control.h"
+#include "ifmanager/manager.h"
+#include "tests/ring_port.h"
+#include "tools/reefgen/packet.h"
+#include "tools/reefgen/payload.h"
+
+namespace dp = reefline::dp;
+namespace ml = reefline::ml;
+namespace ifm = reefline::ifm;
+namespace wire = reefline::wire;
+namespace gen = reefline::reefgen;
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+class control_test : public ::testing::Test {
+protected:
+    void SetUp() override {
+        const char* zoo = std::getenv("REEFLINE_ZOO");
+        if (!zoo) GTEST_SKIP() << "REEFLINE_ZOO (path of build/tools/zoo) not set";
+        _dir = fs::temp_directory_path() / ("control_test." + std::to_string(getpid()));
+        fs::create_directories(_dir);
+        ASSERT_EQ(std::system((std::string(zoo) + " --out " + _dir.string() + " --tiny --only resnet50_tiny,alexnet_tiny -q").c_str()), 0);
+        _model = (_dir / "resnet50_tiny.onnx").string();
+        _ring = std::make_unique<reefline::testing::ring_port>("ctl");
+        ASSERT_GE(_ring->port_id, 0);
+        _rx = _ring->rx;
+        _tx = _ring->tx;
+        const auto c = _ring->config();
+        _plane = std::make_unique<dp::dataplane>(c);
+        _device = reefline::gpu::make_cpu_device();
+        _runtime = std::make_unique<ml::runtime>(*_device);
+        _scheduler = std::make_unique<reefline::gpu::scheduler>(*_device);
+        _endpoint = "ipc://" + (_dir / "control.sock").string();
+        start_daemon();
+        _ctx = zmq_ctx_new();
+    }
+
+    void start_daemon() {
+        _repo = std::make_unique<ifm::model_repository>(_dir / "repo");
+        _manager = std::make_unique<ifm::if_manager>(*_plane, *_runtime, *_scheduler, _repo.get(),
+                                                     ifm::manager_info{"0.1.0", "cpu", "reef"});
+        _load_problems = _manager->load_repository();
+        _control = std::make_unique<ifm::control_server>(*_manager, ifm::control_options{_endpoint, ""});
+        _stop = false;
+        _plane->rx_online(0);
+        _manager->set_serving(true);
+        _serving = std::thread([this] {
+            while (!_stop.load()) {
+                _plane->poll_rx(0);
+                _manager->serve();
+            }
+        });
+    }
+
+    void stop_daemon() {
+        _control.reset();
+        _stop = true;
+        if (_serving.joinable()) _serving.join();
+        _plane->rx_offline(0);
+        _plane->flush(0);
+        _manager->set_serving(false);
+        _manager->fail_pending();
+        while (_manager->serve()) {}
+        _scheduler->shutdown();
+        _manager.reset();
+        _scheduler = std::make_unique<reefline::gpu::scheduler>(*_device);
+    }
+
+    void TearDown() override {
+        if (!_plane) return;
+        if (_ctx) zmq_ctx_term(_ctx);
+        stop_daemon();
+        _scheduler.reset();
+        drain_tx();
+        rte_mempool* rx = _plane->eth().rx_pool();
+        rte_mempool* tx = _plane->eth().tx_pool();
+        _plane->eth().close();
+        EXPECT_EQ(rte_mempool_avail_count(rx), rx->size);
+        EXPECT_EQ(rte_mempool_avail_count(tx), tx->size);
+        _plane.reset();
+        _ring.reset();
+        fs::remove_all(_dir);
+    }
+
+    // One request/reply over a fresh REQ socket; the raw reply text.
+    std::string call_raw(const std::string& body, bool multipart = false) {
+        void* s = zmq_socket(_ctx, ZMQ_REQ);
+        int zero = 0, timeout = 60000;
+        zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+        zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+        EXPECT_EQ(zmq_connect(s, _endpoint.c_str()), 0);
+        if (multipart) zmq_send(s, "x", 1, ZMQ_SNDMORE);
+        EXPECT_GE(zmq_send(s, body.data(), body.size(), 0), 0);
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        std::string reply;
+        if (zmq_msg_recv(&m, s, 0) >= 0) reply.assign(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+        zmq_msg_close(&m);
+        zmq_close(s);
+        return reply;
+    }
+    json call(const json& request) {
+        const std::string r = call_raw(request.dump());
+        EXPECT_FALSE(r.empty()) << "no reply to " << request.dump();
+        return r.empty() ? json() : json::parse(r);
+    }
+    // Expects an error reply with this code; returns its message.
+    std::string expect_error(const json& reply, const std::string& code) {
+        EXPECT_EQ(reply.value("ok", true), false) << reply.dump();
+        EXPECT_EQ(reply["error"].value("code", ""), code) << reply.dump();
+        return reply["error"].value("message", "");
+    }
+    json add(const std::string& name, uint16_t port, const std::string& file, json extra = json::object()) {
+        json r = {{"v", 1}, {"op", "add_model"}, {"name", name}, {"port", port}, {"onnx", file}};
+        r.update(extra);
+        return call(r);
+    }
+
+    // Sends image requests to `port` from the test thread (the serving thread receives them).
+    void send_image(uint64_t id, uint16_t port, uint16_t h, uint16_t w, uint16_t c, uint8_t value) {
+        reefline::testing::enqueue_image(*_plane, _rx, id, port, std::vector<uint8_t>(size_t(h) * w * c, value), h, w, c);
+    }
+
+    // Responses on the tx ring: (request id, kind) of each first fragment.
+    std::vector<std::pair<uint64_t, uint8_t>> drain_tx() {
+        std::vector<std::pair<uint64_t, uint8_t>> out;
+        void* obj;
+        while (rte_ring_dequeue(_tx, &obj) == 0) {
+            auto* m = static_cast<rte_mbuf*>(obj);
+            const gen::parsed_frame p = gen::parse_frame({rte_pktmbuf_mtod(m, const uint8_t*), m->data_len});
+            const wire::fields f = wire::decode(&p.header);
+            if (f.frag_index == 0) out.push_back({f.request_id, f.kind});
+            rte_pktmbuf_free(m);
+        }
+        return out;
+    }
+
+    fs::path _dir;
+    std::string _model, _endpoint;
+    std::unique_ptr<reefline::testing::ring_port> _ring;
+    rte_ring* _rx = nullptr;
+    rte_ring* _tx = nullptr;
+    std::unique_ptr<dp::dataplane> _plane;
+    std::unique_ptr<reefline::gpu::device> _device;
+    std::unique_ptr<ml::runtime> _runtime;
+    std::unique_ptr<reefline::gpu::scheduler> _scheduler;
+    std::unique_ptr<ifm::model_repository> _repo;
+    std::unique_ptr<ifm::if_manager> _manager;
+    std::unique_ptr<ifm::control_server> _control;
+    std::vector<std::string> _load_problems;
+    std::thread _serving;
+    std::atomic<bool> _stop{false};
+    void* _ctx = nullptr;
+};
+
+TEST_F(control_test, bad_requests_get_error_replies_and_the_daemon_keeps_answering) {
+    auto raw_error = [&](const std::string& body, const std::string& code) {
+        const std::string r = call_raw(body);
+        ASSERT_FALSE(r.empty()) << body;
+        expect_error(json::parse(r), code);
+    };
+    raw_error("this is not json", "bad_request");
+    raw_error("", "bad_request");
+    raw_error("[1, 2, 3]", "bad_request");
+    raw_error("{\"op\": \"list\"}", "bad_request");
+    raw_error("{\"v\": 2, \"op\": \"list\"}", "unsupported_version");
+    raw_error("{\"v\": \"1\", \"op\": \"list\"}", "unsupported_version");
+    raw_error("{\"v\": 1, \"op\": \"reboot\"}", "unknown_op");
+    raw_error("{\"v\": 1, \"op\": 7}", "bad_request");
+    raw_error("{\"v\": 1, \"op\": \"add_model\"}", "bad_request");
+    raw_error("{\"v\": 1, \"op\": \"add_model\", \"name\": \"a\", \"port\": \"9100\", \"onnx\": \"x\"}", "bad_request");
+    raw_error("{\"v\": 1, \"op\": \"add_model\", \"name\": \"a\", \"port\": 0, \"onnx\": \"x\"}", "bad_request");
+    raw_error("{\"v\": 1, \"op\": \"add_model\", \"name\": \"a/b\", \"port\": 9100, \"onnx\": \"x\"}", "bad_request");
+    raw_error(std::string(2u << 20, ' '), "bad_request");  // over the 1 MiB limit
+    EXPECT_NE(add("a", 9100, _model, {{"class", "urgent"}}).dump().find("bad_request"), std::string::npos);
+    EXPECT_NE(add("a", 9100, _model, {{"slo_ms", -5}}).dump().find("bad_request"), std::string::npos);
+    EXPECT_NE(add("a", 9100, _model, {{"max_batch", 1000}}).dump().find("bad_request"), std::string::npos);
+    EXPECT_NE(add("a", 9100, _model, {{"mean", {1, 2}}}).dump().find("bad_request"), std::string::npos);
+    EXPECT_NE(add("a", 9100, _model, {{"rt_sources", {"not-an-ip"}}}).dump().find("bad_request"), std::string::npos);
+    expect_error(json::parse(call_raw("{\"v\":1,\"op\":\"list\"}", true)), "bad_request");
+    expect_error(call({{"v", 1}, {"op", "describe"}, {"name", "nobody"}}), "unknown_model");
+    expect_error(call({{"v", 1}, {"op", "remove_model"}, {"name", "nobody"}}), "unknown_model");
+    expect_error(call({{"v", 1}, {"op", "stats"}, {"name", "nobody"}}), "unknown_model");
+    expect_error(call({{"v", 1}, {"op", "set"}, {"name", "nobody"}, {"slo_ms", 5}}), "unknown_model");
+    // Bad model files name the problem.
+    const std::string missing = expect_error(add("m", 9101, (_dir / "missing.onnx").string()), "bad_model");
+    EXPECT_NE(missing.find("missing.onnx"), std::string::npos) << missing;
+    {
+        std::ifstream in(_model, std::ios::binary);
+        std::string bytes((std::istreambuf_iterator<char>(in)), {});
+        std::ofstream(_dir / "truncated.onnx", std::ios::binary) << bytes.substr(0, bytes.size() / 3);
+        std::ofstream(_dir / "text.onnx") << "hello, I am not a model\n";
+    }
+    EXPECT_NE(expect_error(add("t", 9102, (_dir / "truncated.onnx").string()), "bad_model").find("truncated.onnx"),
+              std::string::npos);
+    EXPECT_NE(expect_error(add("u", 9103, (_dir / "text.onnx").string()), "bad_model").find("text.onnx"),
+              std::string::npos);
+    // Nothing was loaded or persisted by any of it, and the daemon still answers.
+    const json h = call({{"v", 1}, {"op", "health"}});
+    ASSERT_TRUE(h["ok"].get<bool>()) << h.dump();
+    EXPECT_EQ(h["result"]["status"], "ok");
+    EXPECT_EQ(h["result"]["models"], 0);
+    EXPECT_TRUE(fs::is_empty(_dir / "repo"));
+}
+
+TEST_F(control_test, models_are_added_described_set_persisted_and_removed) {
+    // Events: subscribe before anything happens.
+    void* sub = zmq_socket(_ctx, ZMQ_SUB);
+    int zero = 0, timeout = 10000;
+    zmq_setsockopt(sub, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(sub, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    zmq_setsockopt(sub, ZMQ_SUBSCRIBE, "", 0);
+    ASSERT_EQ(zmq_connect(sub, (_endpoint + ".events").c_str()), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // PUB drops messages until the SUB joined
+
+    const json a = add("cam", 9100, _model, {{"class", "rt"}, {"slo_ms", 40}, {"max_batch", 4}});
+    ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+    EXPECT_EQ(a["result"]["name"], "cam");
+    EXPECT_EQ(a["result"]["class"], "rt");
+    EXPECT_EQ(a["result"]["input"]["shape"][1], 3);
+    char buf[4096];
+    const int n = zmq_recv(sub, buf, sizeof buf, 0);
+    ASSERT_GT(n, 0);
+    const json ev = json::parse(std::string(buf, size_t(n)));
+    EXPECT_EQ(ev["event"], "model_loaded");
+    EXPECT_EQ(ev["name"], "cam");
+    zmq_close(sub);
+
+    expect_error(add("cam", 9200, _model), "model_exists");
+    const std::string conflict = expect_error(add("other", 9100, _model), "port_in_use");
+    EXPECT_NE(conflict.find("cam"), std::string::npos) << conflict;
+    const json b = add("batch", 9101, (_dir / "alexnet_tiny.onnx").string(), {{"batching", "aimd"}});
+    ASSERT_TRUE(b["ok"].get<bool>()) << b.dump();
+
+    const json l = call({{"v", 1}, {"op", "list"}});
+    ASSERT_EQ(l["result"]["models"].size(), 2u) << l.dump();
+    const json s = call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"slo_ms", 25}, {"class", "be"}, {"max_batch", 8}});
+    ASSERT_TRUE(s["ok"].get<bool>()) << s.dump();
+    EXPECT_EQ(s["result"]["slo_ms"], 25);
+    EXPECT_EQ(s["result"]["class"], "be");
+    expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"port", 1}}), "bad_request");
+    expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"min_batch", 9}}), "bad_request");
+
+    // Persisted: config + model file; the set is in the config.
+    ASSERT_TRUE(fs::is_regular_file(_dir / "repo" / "cam" / "model.onnx"));
+    std::ifstream cfg(_dir / "repo" / "cam" / "config.json");
+    const json stored = json::parse(cfg);
+    EXPECT_EQ(stored["slo_ms"], 25);
+    EXPECT_EQ(stored["port"], 9100);
+
+    const json st = call({{"v", 1}, {"op", "stats"}});
+    ASSERT_TRUE(st["ok"].get<bool>());
+    EXPECT_EQ(st["result"]["ifs"].size(), 2u);
+    EXPECT_TRUE(st["result"]["dataplane"]["drops"].contains("ring_full"));
+
+    // A restart brings both back from the repository.
+    stop_daemon();
+    start_daemon();
+    EXPECT_TRUE(_load_problems.empty());
+    const json l2 = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}});
+    ASSERT_TRUE(l2["ok"].get<bool>()) << l2.dump();
+    EXPECT_EQ(l2["result"]["slo_ms"], 25);
+    EXPECT_EQ(l2["result"]["class"], "be");
+    EXPECT_EQ(l2["result"]["max_batch"], 8);
+
+    const json r = call({{"v", 1}, {"op", "remove_model"}, {"name", "cam"}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    EXPECT_FALSE(fs::exists(_dir / "repo" / "cam"));
+    EXPECT_EQ(call({{"v", 1}, {"op", "list"}})["result"]["models"].size(), 1u);
+}
+
+// An IF keeps answering every request while another model is added and removed.
+TEST_F(control_test, adding_and_removing_a_model_does_not_disturb_another_if) {
+    const json a = add("steady", 9100, _model, {{"slo_ms", 2000}});
+    ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+    const uint16_t h = uint16_t(a["result"]["input"]["shape"][2]), w = uint16_t(a["result"]["input"]["shape"][3]);
+    std::atomic<bool> done{false};
+    std::atomic<uint64_t> sent{0};
+    std::thread camera([&] {
+        for (uint64_t id = 1; !done.load(); ++id) {
+            send_image(id, 9100, h, w, 3, uint8_t(id));
+            sent = id;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+    });
+    std::vector<std::pair<uint64_t, uint8_t>> answers;
+    auto collect_for = [&](int ms) {
+        for (int i = 0; i < ms; i += 10) {
+            for (auto& x : drain_tx()) answers.push_back(x);
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+    };
+    collect_for(200);
+    const json b = add("newcomer", 9101, (_dir / "alexnet_tiny.onnx").string());
+    ASSERT_TRUE(b["ok"].get<bool>()) << b.dump();
+    collect_for(200);
+    const json r = call({{"v", 1}, {"op", "remove_model"}, {"name", "newcomer"}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    collect_for(200);
+    done = true;
+    camera.join();
+    for (int i = 0; i < 300 && answers.size() < sent.load(); ++i) collect_for(10);
+    ASSERT_GT(sent.load(), 20u);
+    EXPECT_EQ(answers.size(), sent.load());
+    for (const auto& [id, kind] : answers) EXPECT_EQ(kind, uint8_t(wire::kind::response)) << "request " << id;
+    const json st = call({{"v", 1}, {"op", "stats"}, {"name", "steady"}});
+    EXPECT_EQ(st["result"]["ifs"][0]["errors_total"], 0);
+    EXPECT_EQ(st["result"]["ifs"][0]["shed_total"], 0);
+}
+
+TEST_F(control_test, shutdown_is_acknowledged_and_a_second_daemon_is_refused) {
+    EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{_endpoint, ""}), std::runtime_error);
+    EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{"tcp://0.0.0.0:5999", ""}), std::runtime_error);
+    const json r = call({{"v", 1}, {"op", "shutdown"}});
+    ASSERT_TRUE(r["ok"].get<bool>());
+    EXPECT_TRUE(_manager->shutdown_requested());
+    expect_error(add("late", 9100, _model), "shutting_down");
+}
+
+}  // namespace

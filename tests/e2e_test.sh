@@ -1,0 +1,175 @@
+#!/usr/bin/env bash
+# End to end over a real (virtual) network: a namespace "camera" and a veth pair, reefline on
+# net_af_packet with the control plane, two IFs from the tiny zoo added with reefctl (an RT
+# one fed at a uniform rate, a BE one fed closed-loop), reefgen as the cameras.
+#  - every answer equals the model run directly through libml on the same image (reefverify);
+#  - RT p99 latency with the BE load is reported against RT alone;
+#  - adding and removing a third model during the run does not disturb the RT IF;
+#  - bad requests to the control plane (unknown model, port conflict, corrupt ONNX) get errors;
+#  - metrics are served; shutdown through reefctl is clean (every mbuf back in its pool).
+# Needs root (namespaces); skips (77) without.
+set -euo pipefail
+reefgen=$1
+reefline=$2
+reefctl=$3
+zoo=$4
+reefverify=$5
+[ "$(id -u)" -eq 0 ] || { echo "skip: needs root"; exit 77; }
+command -v ip >/dev/null && command -v curl >/dev/null || { echo "skip: needs iproute2 and curl"; exit 77; }
+
+ns=reefe2e$$
+host_if=reh$$
+cam_if=rec$$
+tmp=$(mktemp -d)
+pid=
+cleanup() {
+  [ -n "$pid" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
+  ip netns del "$ns" 2>/dev/null || true
+  ip link del "$host_if" 2>/dev/null || true
+  [ -n "${KEEP_TMP:-}" ] && cp -r "$tmp" /tmp/e2e/ ; rm -rf "$tmp"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- reefline stderr:"; tail -n 40 "$tmp/reefline.err" || true; exit 1; }
+
+ip netns add "$ns" || { echo "skip: cannot create network namespaces here"; exit 77; }
+ip link add "$host_if" type veth peer name "$cam_if"
+ip link set "$cam_if" netns "$ns"
+ip link set "$host_if" up
+ip netns exec "$ns" ip link set lo up
+ip netns exec "$ns" ip addr add 198.18.0.1/24 dev "$cam_if"
+ip netns exec "$ns" ip link set "$cam_if" up
+ip netns exec "$ns" ethtool -K "$cam_if" tx off >/dev/null 2>&1 || true
+ethtool -K "$host_if" tx off >/dev/null 2>&1 || true
+
+"$zoo" --out "$tmp/zoo" --tiny --only resnet50_tiny,mobilenet_v2_tiny,alexnet_tiny -q
+ctl=(--endpoint "ipc://$tmp/control.sock")
+
+# The repository, metrics and address come from a config file; the rest from flags.
+cat > "$tmp/reefline.toml" <<EOF
+repo = "$tmp/repo"
+metrics = "127.0.0.1:0"
+ip = "198.18.0.2"
+policy = "reef"
+EOF
+"$reefline" --config "$tmp/reefline.toml" --control "ipc://$tmp/control.sock" --age-ms 500 \
+  --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=16384" \
+  > "$tmp/reefline.out" 2> "$tmp/reefline.err" &
+pid=$!
+for _ in $(seq 200); do
+  grep -q "reefline: serving" "$tmp/reefline.err" 2>/dev/null && break
+  kill -0 "$pid" 2>/dev/null || fail "reefline did not start"
+  sleep 0.1
+done
+grep -q "reefline: serving" "$tmp/reefline.err" || fail "reefline did not start within 20 s"
+"$reefctl" "${ctl[@]}" health
+
+# Two IFs: RT camera model, BE batch model.
+"$reefctl" "${ctl[@]}" add-model --name cam --onnx "$tmp/zoo/resnet50_tiny.onnx" --port 9100 --class rt --slo-ms 100 \
+  || fail "add-model cam"
+"$reefctl" "${ctl[@]}" add-model --name batch --onnx "$tmp/zoo/mobilenet_v2_tiny.onnx" --port 9200 --class be --slo-ms 2000 \
+  --max-batch 8 || fail "add-model batch"
+"$reefctl" "${ctl[@]}" list
+shape_of() {  # HxWxC of an IF's image input, from describe --json
+  "$reefctl" "${ctl[@]}" --json describe --name "$1" | python3 -c '
+import json, sys
+s = json.load(sys.stdin)["input"]["shape"]
+print(f"{s[2]}x{s[3]}x{s[1]}")'
+}
+cam_shape=$(shape_of cam)
+batch_shape=$(shape_of batch)
+echo "cam takes $cam_shape images, batch takes $batch_shape"
+
+# Control-plane errors: each a non-zero exit with the daemon's code on stderr.
+expect_error() {  # CODE ARGS...
+  local code=$1; shift
+  if "$reefctl" "${ctl[@]}" "$@" > "$tmp/err.out" 2> "$tmp/err.txt"; then fail "reefctl $* succeeded"; fi
+  grep -q "$code" "$tmp/err.txt" || { cat "$tmp/err.txt"; fail "reefctl $*: expected $code"; }
+  echo "error as expected: $(head -n 1 "$tmp/err.txt")"
+}
+expect_error unknown_model describe --name nobody
+expect_error unknown_model remove-model --name nobody
+expect_error port_in_use add-model --name clash --onnx "$tmp/zoo/alexnet_tiny.onnx" --port 9100 --class be --slo-ms 50
+expect_error model_exists add-model --name cam --onnx "$tmp/zoo/alexnet_tiny.onnx" --port 9300 --class be --slo-ms 50
+head -c 5000 "$tmp/zoo/alexnet_tiny.onnx" > "$tmp/corrupt.onnx"
+expect_error bad_model add-model --name corrupt --onnx "$tmp/corrupt.onnx" --port 9301 --class be --slo-ms 50
+
+send() {  # NAME PORT SHAPE SEED extra reefgen args...
+  local name=$1 port=$2 shape=$3 seed=$4; shift 4
+  ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport "$port" --shape "$shape" --frag-size 1024 \
+    --seed "$seed" --timeout-ms 3000 --results "$tmp/$name.jsonl" --json "$@" > "$tmp/$name.txt" 2> "$tmp/$name.log" \
+    || { cat "$tmp/$name.log" "$tmp/$name.txt"; fail "reefgen $name"; }
+  tail -n 1 "$tmp/$name.txt"
+}
+field() { python3 -c 'import json,sys; print(json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])[sys.argv[2]])' "$1" "$2"; }
+
+# 1. RT alone: uniform 40 requests/s.
+send rt_alone 9100 "$cam_shape" 21 --requests 80 --rate 40
+# 2. RT with the BE load (closed loop, 8 outstanding), and a third model added and removed
+#    while both run.
+ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport 9200 --shape "$batch_shape" --frag-size 1024 \
+  --seed 31 --timeout-ms 3000 --closed-loop 8 --requests 400 --results "$tmp/be.jsonl" --json \
+  > "$tmp/be.txt" 2> "$tmp/be.log" &
+be=$!
+( sleep 0.5
+  "$reefctl" "${ctl[@]}" add-model --name extra --onnx "$tmp/zoo/alexnet_tiny.onnx" --port 9300 --class be --slo-ms 500 \
+    > "$tmp/extra.txt" 2>&1 && sleep 0.5 && "$reefctl" "${ctl[@]}" remove-model --name extra >> "$tmp/extra.txt" 2>&1 \
+    && echo ok >> "$tmp/extra.txt" ) &
+churn=$!
+send rt_loaded 9100 "$cam_shape" 22 --requests 80 --rate 40
+wait "$churn" || true
+grep -q "^ok$" "$tmp/extra.txt" || { cat "$tmp/extra.txt"; fail "adding/removing a model during the run"; }
+wait "$be" || { cat "$tmp/be.log" "$tmp/be.txt"; fail "BE load"; }
+tail -n 1 "$tmp/be.txt"
+
+for run in rt_alone rt_loaded; do
+  [ "$(field "$tmp/$run.txt" lost)" = 0 ] || fail "$run lost requests"
+  [ "$(field "$tmp/$run.txt" responses)" = 80 ] || fail "$run: not every request answered"
+done
+[ "$(field "$tmp/be.txt" responses)" = 400 ] || fail "BE: not every request answered"
+
+# Every result equals libml on the same image.
+"$reefverify" --model "$tmp/zoo/resnet50_tiny.onnx" --results "$tmp/rt_alone.jsonl" --shape "$cam_shape" --seed 21 --no-errors \
+  | tail -n 1 | tee "$tmp/v1.txt"
+"$reefverify" --model "$tmp/zoo/resnet50_tiny.onnx" --results "$tmp/rt_loaded.jsonl" --shape "$cam_shape" --seed 22 --no-errors \
+  | tail -n 1 | tee "$tmp/v2.txt"
+"$reefverify" --model "$tmp/zoo/mobilenet_v2_tiny.onnx" --results "$tmp/be.jsonl" --shape "$batch_shape" --seed 31 \
+  | tail -n 1 | tee "$tmp/v3.txt"
+grep -q "verified=80 mismatched=0 errors=0" "$tmp/v1.txt" || fail "RT (alone) answers differ from libml"
+grep -q "verified=80 mismatched=0 errors=0" "$tmp/v2.txt" || fail "RT (loaded) answers differ from libml"
+grep -q "mismatched=0" "$tmp/v3.txt" || fail "BE answers differ from libml"
+
+p99_alone=$(field "$tmp/rt_alone.txt" p99_us)
+p99_loaded=$(field "$tmp/rt_loaded.txt" p99_us)
+echo "RT p99: alone ${p99_alone} us, with the BE load ${p99_loaded} us"
+
+# Statistics agree with what the cameras saw; metrics are served.
+"$reefctl" "${ctl[@]}" stats
+"$reefctl" "${ctl[@]}" --json stats > "$tmp/stats.json"
+python3 - "$tmp/stats.json" <<'PY'
+import json, sys
+s = json.load(open(sys.argv[1]))
+ifs = {i["name"]: i for i in s["ifs"]}
+assert set(ifs) == {"cam", "batch"}, ifs.keys()
+assert ifs["cam"]["responses_total"] == 160, ifs["cam"]
+assert ifs["batch"]["responses_total"] + ifs["batch"]["shed_total"] == 400, ifs["batch"]
+assert ifs["cam"]["latency_seconds"]["count"] == 160
+assert s["scheduler"]["completed_rt"] > 0 and s["scheduler"]["completed_be"] > 0, s["scheduler"]
+PY
+mport=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$tmp/reefline.err")
+curl -sf "http://127.0.0.1:$mport/metrics" > "$tmp/metrics.txt" || fail "metrics endpoint"
+grep -q '^reefline_if_responses_total{if="cam",class="rt"} 160' "$tmp/metrics.txt" || { grep cam "$tmp/metrics.txt" | head; fail "metrics"; }
+grep -q '^reefline_if_latency_seconds_bucket{if="cam"' "$tmp/metrics.txt" || fail "latency histogram"
+
+# The repository holds both models; shutdown through the control plane is clean.
+[ -f "$tmp/repo/cam/model.onnx" ] && [ -f "$tmp/repo/batch/config.json" ] && [ ! -e "$tmp/repo/extra" ] \
+  || fail "repository contents"
+"$reefctl" "${ctl[@]}" shutdown
+wait "$pid" || fail "reefline exit status"
+pid=
+python3 - "$(tail -n 1 "$tmp/reefline.out")" <<'PY'
+import json, sys
+c = json.loads(sys.argv[1])
+assert c["mbufs_in_use_at_exit"] == 0, "mbufs leaked"
+PY
+"$reefctl" "${ctl[@]}" health > /dev/null 2>&1 && fail "reefctl health should fail with the daemon gone"
+echo "e2e: ok (RT p99 alone ${p99_alone} us, with BE ${p99_loaded} us)"

@@ -1,0 +1,358 @@
+// The cuda/hip device backend against the device interface's contract (preempt/device.h):
+// memory kinds and the pool, streams, events, queued() and the bounded queue, task words in
+// host-mapped memory (a flag raised by a plain store stops running and queued launches), the
+// gather kernel reading packet payloads in place from registered host memory, and the
+// scheduler (unchanged) running real kernels on the GPU: RT tasks preempting BE tasks never
+// change their results.
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <thread>
+
+#include "libml/kernels/gpu/launcher.h"
+#include "preempt/scheduler.h"
+#include "tests/gpu/gpu_util.h"
+#include "tests/gpu/mbuf_layout.h"
+
+using namespace gpu_test;
+using clk = std::chrono::steady_clock;
+
+namespace {
+
+// The library's spin kernel: blocks of a known length with flag checks (launcher.h).
+const gpu::kernel_info spin_info = {"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
+
+k::gpu_spin_args spin(double us, double check_us = 5, uint32_t* started = nullptr) {
+    return k::gpu_spin_args{uint64_t(us * 1000), uint64_t(check_us * 1000), started};
+}
+
+template <typename A>
+gpu::launch launch_of(const gpu::kernel_info& ki, const A& a, uint32_t grid, gpu::task_words* w, uint32_t index) {
+    return gpu::launch{&ki, &a, uint32_t(sizeof a), grid, 0, grid, w, index};
+}
+
+// The software SIMT machine (-Dgpu_emu=true): one launch at a time, no stream priorities, a GEMM
+// ~10^4 times slower than on a GPU. Timing bounds are a GPU's; under emulation they only log.
+bool emulated() { return std::string(k::gpu_runtime_name()) == "SIMT emulation"; }
+
+double ms_since(clk::time_point t) { return std::chrono::duration<double, std::milli>(clk::now() - t).count(); }
+
+template <typename P>
+bool eventually(P pred, double ms = 5000) {
+    const auto t0 = clk::now();
+    while (!pred()) {
+        if (ms_since(t0) > ms) return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return true;
+}
+
+GPU_TEST(caps_memory_kinds_and_pool) {
+    gpu::device& d = *the_device();
+    const gpu::device_caps c = d.caps();
+    EXPECT(!c.name.empty());
+    EXPECT(c.gpu);
+    EXPECT(c.compute_units > 0);
+    EXPECT(c.highest_priority <= c.lowest_priority) << c.highest_priority << " vs " << c.lowest_priority;
+    // Host-mapped memory: written by the host, read by a kernel through the same pointer.
+    const size_t n = 10000;
+    auto* hm = static_cast<float*>(d.alloc(n * 4, gpu::memory_kind::host_mapped));
+    REQUIRE(hm != nullptr);
+    for (size_t i = 0; i < n; ++i) hm[i] = float(i) * 0.5f;
+    dev_buffer out(d, n * 4);
+    k::unary_args u{};
+    u.x = hm; u.y = out.get(); u.count = int64_t(n); u.op = k::unary_op::scale; u.alpha = 2; u.per_block = 4096;
+    gpu_runner r(d);
+    EXPECT(r.run(k::unary_kernel, u, k::unary_grid(u)));
+    const auto y = out.read<float>();
+    size_t bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += y[i] != float(i);
+    EXPECT(bad == 0) << bad << " wrong values read from host-mapped memory";
+    // ... and written by a kernel, read by the host directly.
+    u.x = out.get(); u.y = hm; u.alpha = 0.25f;
+    EXPECT(r.run(k::unary_kernel, u, k::unary_grid(u)));
+    bad = 0;
+    for (size_t i = 0; i < n; ++i) bad += hm[i] != float(i) * 0.25f;
+    EXPECT(bad == 0) << bad << " wrong values written to host-mapped memory";
+    d.free(hm);
+    // Pinned memory copies.
+    auto* pin = static_cast<float*>(d.alloc(n * 4, gpu::memory_kind::pinned));
+    REQUIRE(pin != nullptr);
+    d.ops().copy_to_host(&d, pin, out.get(), n * 4);
+    EXPECT(pin[7] == 7.0f);
+    d.free(pin);
+    // The pool hands a freed block back out.
+    gpu::gpu_device_stats before{}, after{};
+    REQUIRE(gpu::gpu_device_stats_of(d, before));
+    void* p = d.alloc(3 << 20);
+    d.free(p);
+    void* q = d.alloc(3 << 20);
+    REQUIRE(gpu::gpu_device_stats_of(d, after));
+    EXPECT(q == p);
+    EXPECT(after.pool_hits > before.pool_hits);
+    d.free(q);
+    EXPECT(d.alloc(size_t(1) << 50) == nullptr) << "an impossible allocation returns null";
+}
+
+GPU_TEST(streams_events_and_queued) {
+    gpu::device& d = *the_device();
+    const auto& ops = d.ops();
+    gpu::stream* s = d.create_stream(d.caps().lowest_priority);
+    gpu::task_words* w = ops.task_words_create(&d);
+    gpu::event* e1 = ops.event_create(&d);
+    gpu::event* e2 = ops.event_create(&d);
+    EXPECT(ops.event_query(&d, e1)) << "an event never recorded has passed";
+    const auto a = spin(30000), b = spin(30000), c = spin(30000);
+    d.launch(s, launch_of(spin_info, a, 1, w, 0));
+    ops.event_record(&d, e1, s);
+    d.launch(s, launch_of(spin_info, b, 1, w, 1));
+    d.launch(s, launch_of(spin_info, c, 1, w, 2));
+    ops.event_record(&d, e2, s);
+    EXPECT(ops.queued(&d, s) == 2u) << "queued " << ops.queued(&d, s);
+    EXPECT(!ops.event_query(&d, e1));
+    ops.event_synchronize(&d, e1);
+    EXPECT(ops.event_query(&d, e1));
+    EXPECT(w->completed.load() == 1u);
+    EXPECT(!ops.event_query(&d, e2));
+    EXPECT(eventually([&] { return ops.queued(&d, s) <= 1u; }));
+    d.synchronize(s);
+    EXPECT(ops.queued(&d, s) == 0u);
+    EXPECT(w->completed.load() == 3u);
+    EXPECT(ops.event_query(&d, e2));
+    ops.event_destroy(&d, e1);
+    ops.event_destroy(&d, e2);
+    ops.task_words_destroy(&d, w);
+    ops.stream_destroy(&d, s);
+}
+
+GPU_TEST(bounded_queue_blocks_launch) {
+    gpu::gpu_device_options o;
+    o.queue_depth = 3;
+    auto dev = gpu::make_gpu_device(o);
+    gpu::device& d = *dev;
+    EXPECT(d.caps().max_queue_depth == 3u);
+    gpu::stream* s = d.create_stream(0);
+    const auto a = spin(20000);  // 20 ms each
+    std::atomic<uint32_t> returned{0};
+    const auto t0 = clk::now();
+    std::thread producer([&] {
+        for (uint32_t i = 0; i < 6; ++i) {
+            d.launch(s, launch_of(spin_info, a, 1, nullptr, i));
+            returned.store(i + 1);
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT(returned.load() == 3u) << "after 10 ms, " << returned.load() << " launches returned (depth 3)";
+    producer.join();
+    EXPECT(ms_since(t0) >= 50) << "the 4th launch returned before the 1st finished";
+    d.synchronize(s);
+    d.ops().stream_destroy(&d, s);
+}
+
+GPU_TEST(flag_stops_running_and_queued_launches) {
+    gpu::device& d = *the_device();
+    gpu_runner r(d, d.caps().lowest_priority);
+    const uint32_t grid = d.caps().compute_units * 4;
+    // A launch of 2 s blocks, and 20 more queued behind it.
+    const auto long_spin = spin(2e6, 5);
+    d.launch(r.s, launch_of(spin_info, long_spin, grid, r.w, 0));
+    for (uint32_t i = 1; i <= 20; ++i) d.launch(r.s, launch_of(spin_info, long_spin, grid, r.w, i));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto t0 = clk::now();
+    r.w->preempt.store(1);  // a plain store to host-mapped memory: no launch, no API call
+    d.synchronize(r.s);
+    const double ms = ms_since(t0);
+    std::printf("  flag raised -> running launch and 20 queued ones gone: %.3f ms\n", ms);
+    EXPECT(ms < 100 || emulated()) << "took " << ms << " ms";
+    EXPECT(r.w->completed.load() == 0u) << "a preempted launch advanced the counter to " << r.w->completed.load();
+    EXPECT(d.ops().queued(&d, r.s) == 0u);
+    // After the flag is cleared, the stream runs launches again.
+    r.w->preempt.store(0);
+    r.next_index = 0;
+    const auto short_spin = spin(100);
+    EXPECT(r.run(spin_info, short_spin, grid));
+}
+
+GPU_TEST(rt_stream_runs_while_be_stream_is_full) {
+    if (emulated()) SKIP_TEST("the SIMT emulation runs one launch at a time and has no stream priorities");
+    gpu::device& d = *the_device();
+    const gpu::device_caps c = d.caps();
+    gpu_runner be(d, c.lowest_priority), rt(d, c.highest_priority);
+    // BE: 8 launches filling every compute unit for 20 ms each.
+    const auto be_spin = spin(20000);
+    const uint32_t grid = c.compute_units * 16;
+    for (uint32_t i = 0; i < 8; ++i) d.launch(be.s, launch_of(spin_info, be_spin, grid, be.w, i));
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    // RT arrives: flag the BE task (as the scheduler does) and launch the RT kernel.
+    auto* started = static_cast<uint32_t*>(d.alloc(64, gpu::memory_kind::host_mapped));
+    REQUIRE(started != nullptr);
+    *reinterpret_cast<volatile uint32_t*>(started) = 0;
+    const auto rt_spin = spin(10, 5, started);
+    const auto t0 = clk::now();
+    be.w->preempt.store(1);
+    d.launch(rt.s, launch_of(spin_info, rt_spin, 1, rt.w, 0));
+    while (*reinterpret_cast<volatile uint32_t*>(started) == 0 && ms_since(t0) < 1000) {
+    }
+    const double us = ms_since(t0) * 1000;
+    std::printf("  RT kernel running %.1f us after the flag (BE launches of 20 ms in flight)\n", us);
+    EXPECT(us < 5000) << us << " us";
+    d.synchronize(rt.s);
+    d.synchronize(be.s);
+    EXPECT(rt.w->completed.load() == 1u);
+    d.free(started);
+}
+
+GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
+    gpu::device& d = *the_device();
+    const int64_t B = 4, H = 61, W = 47, C = 3, bytes = H * W * C;
+    mbuf_arena arena(size_t(B * (bytes / 500 + 2)));
+    std::printf("  mbuf arena: %zu bytes, %s\n", arena.bytes(), arena.hugepages() ? "2 MiB hugepages" : "4 KiB pages");
+    REQUIRE(d.ops().register_host(&d, arena.base(), arena.bytes()));
+    std::vector<std::vector<uint8_t>> images(static_cast<size_t>(B));
+    std::mt19937 rng(31);
+    for (auto& im : images) {
+        im.resize(size_t(bytes));
+        for (auto& v : im) v = uint8_t(rng());
+    }
+    for (size_t fragment : {size_t(500), size_t(1432), size_t(61)}) {
+        if (B * ((bytes + int64_t(fragment) - 1) / int64_t(fragment)) > int64_t(arena.count())) continue;
+        const gather_list gl = scatter_images(arena, images, fragment, uint32_t(fragment));
+        // The gather list itself in host-mapped memory (as libml's runtime keeps it).
+        const size_t seg_bytes = gl.segments.size() * sizeof(k::gather_segment), first_bytes = gl.first.size() * 4;
+        auto* list = static_cast<std::byte*>(d.alloc(seg_bytes + first_bytes, gpu::memory_kind::host_mapped));
+        REQUIRE(list != nullptr);
+        std::memcpy(list, gl.segments.data(), seg_bytes);
+        std::memcpy(list + seg_bytes, gl.first.data(), first_bytes);
+        for (int64_t per_block : {int64_t(4095), int64_t(12), int64_t(65535)}) {
+            k::gather_args g{};
+            g.batch = B; g.h = H; g.w = W; g.c = C; g.bytes_per_block = per_block;
+            const float mean[3] = {123.675f, 116.28f, 103.53f}, sd[3] = {58.395f, 57.12f, 57.375f};
+            for (int i = 0; i < 3; ++i) { g.mean[i] = mean[i]; g.inv_std[i] = 1.0f / sd[i]; }
+            std::vector<float> want(size_t(B * C * H * W), NAN);
+            k::gather_args h = g;
+            h.segments = gl.segments.data(); h.first = gl.first.data(); h.y = want.data();
+            REQUIRE(run_cpu(k::gather_kernel, &h, k::gather_grid(g)));
+            dev_buffer y(d, want.size() * 4);
+            g.segments = reinterpret_cast<const k::gather_segment*>(list);
+            g.first = reinterpret_cast<const uint32_t*>(list + seg_bytes);
+            g.y = y.get();
+            gpu_runner r(d);
+            EXPECT(r.run(k::gather_kernel, g, k::gather_grid(g)));
+            const auto got = y.read<float>();
+            EXPECT(std::memcmp(got.data(), want.data(), want.size() * 4) == 0)
+                << "gather of " << fragment << "-byte fragments, " << per_block << " bytes per block";
+        }
+        d.free(list);
+    }
+    d.ops().unregister_host(&d, arena.base());
+    gpu::gpu_device_stats st{};
+    REQUIRE(gpu::gpu_device_stats_of(d, st));
+    EXPECT(st.registered_ranges == 0u);
+}
+
+// A BE task and an RT task as chains of GEMMs, y[i+1] = alpha * y[i] x W (each kernel reads a
+// buffer no later kernel writes: restore may re-run any of them).
+struct chain {
+    const int64_t n = emulated() ? 128 : 1024;
+    gpu::device& d;
+    int kernels;
+    std::vector<std::unique_ptr<dev_buffer>> y;
+    std::unique_ptr<dev_buffer> wt;
+    std::vector<k::gemm_args> args;
+    chain(gpu::device& dev, int count, uint32_t seed) : d(dev), kernels(count) {
+        wt = std::make_unique<dev_buffer>(d, random_floats(size_t(n * n), seed));
+        y.push_back(std::make_unique<dev_buffer>(d, random_floats(size_t(n * n), seed + 1)));
+        for (int i = 0; i < count; ++i) {
+            y.push_back(std::make_unique<dev_buffer>(d, size_t(n * n) * 4));
+            k::gemm_args g{};
+            g.a = y[size_t(i)]->get(); g.b = wt->get(); g.c = y[size_t(i) + 1]->get();
+            g.batch = 1; g.m = n; g.n = n; g.k = n; g.lda = n; g.ldb = n; g.ldc = n;
+            g.alpha = std::sqrt(3.0f / float(n)); g.beta = 1;
+            g.tile_m = 64; g.tile_n = 64; g.tile_k = 128;
+            args.push_back(g);
+        }
+    }
+    gpu::task task(gpu::task_class cls) const {
+        gpu::task t;
+        t.cls = cls;
+        for (const auto& g : args) t.launches.push_back(gpu::task_launch::make(&gemm_info, g, uint32_t(k::gemm_grid(g))));
+        return t;
+    }
+    std::vector<float> output() const { return y.back()->read<float>(); }
+    void clear_outputs() {
+        const std::vector<float> junk(size_t(n * n), -1.0f);
+        for (size_t i = 1; i < y.size(); ++i) d.ops().copy_to_device(&d, y[i]->get(), junk.data(), junk.size() * 4);
+    }
+};
+
+void preemption_property(gpu::restore_mode mode) {
+    gpu::device& d = *the_device();
+    chain be(d, 40, 41), rt(d, 4, 42);
+    gpu::scheduler_options so;
+    so.restore = mode;
+    so.vhq_capacity = 4;
+    gpu::scheduler sched(d, so);
+    // Undisturbed references, through the scheduler too.
+    REQUIRE(sched.wait(sched.submit(be.task(gpu::task_class::be))).status == gpu::task_status::completed);
+    REQUIRE(sched.wait(sched.submit(rt.task(gpu::task_class::rt))).status == gpu::task_status::completed);
+    const auto want_be = be.output(), want_rt = rt.output();
+    // How long the BE task runs alone: RT tasks arrive at random moments inside it.
+    be.clear_outputs();
+    const auto t0 = clk::now();
+    REQUIRE(sched.wait(sched.submit(be.task(gpu::task_class::be))).status == gpu::task_status::completed);
+    const double be_us = ms_since(t0) * 1000;
+    std::printf("  BE task alone: %.0f us (40 GEMMs %lld^3)\n", be_us, (long long)be.n);
+    std::mt19937 rng(3);
+    uint32_t preempted = 0;
+    uint64_t reexecuted = 0;
+    for (int trial = 0; trial < 10; ++trial) {
+        be.clear_outputs();
+        const gpu::task_id b = sched.submit(be.task(gpu::task_class::be));
+        for (int k = 0; k < 3; ++k) {
+            std::this_thread::sleep_for(std::chrono::microseconds(
+                std::uniform_int_distribution<int>(int(be_us * 0.02), int(std::max(be_us * 0.3, 100.0)))(rng)));
+            rt.clear_outputs();
+            const gpu::task_result rr = sched.wait(sched.submit(rt.task(gpu::task_class::rt)));
+            REQUIRE(rr.status == gpu::task_status::completed);
+            EXPECT(rt.output() == want_rt) << "RT output differs (trial " << trial << ")";
+        }
+        const gpu::task_result br = sched.wait(b);
+        REQUIRE(br.status == gpu::task_status::completed);
+        preempted += br.preemptions > 0;
+        reexecuted += br.reexecuted_kernels;
+        const auto got = be.output();
+        EXPECT(std::memcmp(got.data(), want_be.data(), got.size() * 4) == 0)
+            << "BE output differs after " << br.preemptions << " preemptions, " << br.reexecuted_kernels
+            << " re-executed kernels";
+    }
+    std::printf("  %u of 10 BE runs preempted, %llu kernels re-executed\n", preempted, (unsigned long long)reexecuted);
+    EXPECT(preempted > 0) << "no BE run was ever preempted: the test proves nothing";
+    sched.shutdown();
+}
+
+GPU_TEST(scheduler_preemption_keeps_results_exact_restore) { preemption_property(gpu::restore_mode::exact); }
+GPU_TEST(scheduler_preemption_keeps_results_approximate_restore) {
+    preemption_property(gpu::restore_mode::approximate);
+}
+
+GPU_TEST(scheduler_fails_task_with_kernel_the_gpu_lacks) {
+    gpu::device& d = *the_device();
+    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, nullptr, 256, 0, 0, 0};
+    gpu::scheduler sched(d);
+    gpu::task t;
+    t.cls = gpu::task_class::be;
+    t.launches.push_back(gpu::task_launch::make(&nowhere, int(0), 1));
+    const gpu::task_result r = sched.wait(sched.submit(std::move(t)));
+    EXPECT(r.status == gpu::task_status::failed) << "status " << int(r.status);
+    // The scheduler goes on serving.
+    const auto s = spin(50);
+    gpu::task ok;
+    ok.cls = gpu::task_class::rt;
+    ok.launches.push_back(gpu::task_launch::make(&spin_info, s, 1));
+    EXPECT(sched.wait(sched.submit(std::move(ok))).status == gpu::task_status::completed);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return gpu_test::main(argc, argv, make_the_device); }

@@ -1,0 +1,134 @@
+// Helpers shared by the GPU tests: the device under test, device copies of host vectors, and
+// running a kernel's blocks on the cpu (the reference) and on the GPU device.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "libml/kernels/kernels.h"
+#include "preempt/device.h"
+#include "preempt/gpu_device.h"
+#include "tests/gpu/gpu_test.h"
+
+namespace gpu_test {
+
+namespace gpu = reefline::gpu;
+namespace k = reefline::ml::kernels;
+
+// The device every test uses (fp32 math); made once by main().
+inline std::unique_ptr<gpu::device>& the_device() {
+    static std::unique_ptr<gpu::device> d;
+    return d;
+}
+
+// Creates the_device(); false (after printing why) when there is no GPU.
+inline bool make_the_device() {
+    try {
+        the_device() = gpu::make_gpu_device();
+        at_end().push_back([] { the_device().reset(); });
+    } catch (const gpu::no_device_error& e) {
+        std::printf("SKIP: %s\n", e.what());
+        return false;
+    }
+    const auto c = the_device()->caps();
+    std::printf("device: %s (%s backend), %u compute units, priorities %d..%d\n", c.name.c_str(),
+                gpu::gpu_backend_name(), c.compute_units, c.lowest_priority, c.highest_priority);
+    return true;
+}
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1, float hi = 1) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> d(lo, hi);
+    std::vector<float> v(n);
+    for (auto& x : v) x = d(rng);
+    return v;
+}
+
+// Device memory holding a copy of a host vector (or `bytes` of garbage-initialised memory).
+class dev_buffer {
+public:
+    dev_buffer(gpu::device& d, size_t bytes) : _d(&d), _bytes(bytes) {
+        _p = d.alloc(std::max<size_t>(bytes, 4));
+        REQUIRE(_p != nullptr) << "device allocation of " << bytes << " bytes";
+        // A recognisable pattern (NaN bits for f32): outputs a kernel forgets to write show.
+        std::vector<unsigned char> fill(std::max<size_t>(bytes, 4), 0xff);
+        d.ops().copy_to_device(&d, _p, fill.data(), fill.size());
+    }
+    template <typename T>
+    dev_buffer(gpu::device& d, const std::vector<T>& host) : dev_buffer(d, host.size() * sizeof(T)) {
+        if (!host.empty()) d.ops().copy_to_device(&d, _p, host.data(), host.size() * sizeof(T));
+    }
+    ~dev_buffer() {
+        if (_p) _d->free(_p);
+    }
+    dev_buffer(const dev_buffer&) = delete;
+    dev_buffer& operator=(const dev_buffer&) = delete;
+
+    template <typename T = float>
+    T* get() const { return static_cast<T*>(_p); }
+    template <typename T>
+    std::vector<T> read() const {
+        std::vector<T> v(_bytes / sizeof(T));
+        if (!v.empty()) _d->ops().copy_to_host(_d, v.data(), _p, v.size() * sizeof(T));
+        return v;
+    }
+
+private:
+    gpu::device* _d;
+    void* _p = nullptr;
+    size_t _bytes;
+};
+
+// Runs blocks [first, first + count) of a kernel on this thread with its cpu implementation.
+inline bool run_cpu(const gpu::kernel_info& ki, const void* args, int64_t grid, size_t scratch = 64u << 20) {
+    static std::vector<float> buf;
+    buf.resize(scratch / sizeof(float) + 1);
+    bool ok = true;
+    for (int64_t b = 0; b < grid; ++b) {
+        gpu::block_context ctx{uint32_t(b), uint32_t(grid), 0, nullptr, buf.data(), scratch};
+        ok &= ki.cpu(args, ctx);
+    }
+    return ok;
+}
+
+// Task words and a stream of a device, released with it.
+struct gpu_runner {
+    gpu::device& d;
+    gpu::stream* s;
+    gpu::task_words* w;
+    uint32_t next_index = 0;
+    explicit gpu_runner(gpu::device& dev, int priority = 0)
+        : d(dev), s(dev.create_stream(priority)), w(dev.ops().task_words_create(&dev)) {}
+    ~gpu_runner() {
+        d.synchronize(s);
+        d.ops().stream_destroy(&d, s);
+        d.ops().task_words_destroy(&d, w);
+    }
+    // Launches a whole grid (or a slice) as the next kernel of the task and waits for it.
+    // True when it completed (the counter advanced to its index + 1).
+    template <typename A>
+    bool run(const gpu::kernel_info& ki, const A& args, int64_t grid, int64_t offset = 0, int64_t count = -1) {
+        if (count < 0) count = grid - offset;
+        const uint32_t index = next_index++;
+        d.launch(s, gpu::launch{&ki, &args, uint32_t(sizeof args), uint32_t(grid), uint32_t(offset),
+                                uint32_t(count), w, index});
+        d.synchronize(s);
+        return w->completed.load() == index + 1;
+    }
+};
+
+// The kernel_info a GPU launch names. Builds without OpenBLAS (gpu_core) lack the cpu
+// GEMM/conv kernels; the GPU device finds kernels by name alone.
+#if defined(REEFLINE_NO_CPU_GEMM)
+inline const gpu::kernel_info gemm_info = {"gemm", nullptr, nullptr, 256, 0, 0, 0};
+inline const gpu::kernel_info conv2d_info = {"conv2d", nullptr, nullptr, 256, 0, 0, 0};
+#else
+inline const gpu::kernel_info& gemm_info = k::gemm_kernel;
+inline const gpu::kernel_info& conv2d_info = k::conv2d_kernel;
+#endif
+
+}  // namespace gpu_test

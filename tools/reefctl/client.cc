@@ -1,0 +1,160 @@
+#include "tools/reefctl/client.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <zmq.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+
+namespace reefline::reefctl {
+
+namespace {
+
+// One context for the process: contexts own I/O threads, and `watch` calls every second.
+// Every socket is closed (linger 0) before call() returns, so terminating it at exit is quick.
+zmq::context_t& context() {
+    static zmq::context_t ctx{1};
+    return ctx;
+}
+
+// Replies are small JSON objects; the bound only keeps a misdirected endpoint (some other
+// service speaking ZMTP) from making us allocate without limit.
+constexpr int64_t max_reply_bytes = 64ll << 20;
+
+std::string hint(const std::string& endpoint) {
+    return "is reefline running (reefline --control " + endpoint + ")?";
+}
+
+[[noreturn]] void fail(const char* code, const std::string& message) {
+    throw control_error(code, message, false);
+}
+
+// The checks that tell "no daemon" from "daemon not answering" before anything is sent: for
+// ipc:// the socket file must exist, be a socket, and be writable (connect(2) on a Unix socket
+// needs write permission, and ZeroMQ would otherwise just retry quietly until the timeout).
+void check_ipc_endpoint(const std::string& endpoint) {
+    const std::string path = ipc_path(endpoint);
+    if (path.empty()) return;
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) {
+        if (errno == ENOENT)
+            fail(local_code::no_daemon,
+                 "no daemon at " + endpoint + " (" + path + " does not exist): " + hint(endpoint));
+        fail(local_code::no_daemon, "cannot reach " + endpoint + ": " + path + ": " +
+                                        std::strerror(errno));
+    }
+    if (!S_ISSOCK(st.st_mode))
+        fail(local_code::no_daemon,
+             "no daemon at " + endpoint + " (" + path + " is not a socket): " + hint(endpoint));
+    if (::access(path.c_str(), W_OK) != 0)
+        fail(local_code::no_daemon, "cannot connect to " + endpoint + ": " + path + ": " +
+                                        std::strerror(errno) +
+                                        " (run reefctl as a user allowed to use the socket)");
+}
+
+}  // namespace
+
+std::string ipc_path(const std::string& endpoint) {
+    constexpr std::string_view scheme = "ipc://";
+    if (endpoint.compare(0, scheme.size(), scheme) != 0) return {};
+    std::string path = endpoint.substr(scheme.size());
+    if (path.empty() || path.front() == '@') return {};
+    return path;
+}
+
+std::string default_endpoint() {
+    if (const char* env = std::getenv("REEFLINE_CONTROL"); env && *env) return env;
+    struct stat st{};
+    if (::stat(ipc_path(builtin_endpoint).c_str(), &st) != 0 &&
+        ::stat(ipc_path(fallback_endpoint).c_str(), &st) == 0 && S_ISSOCK(st.st_mode))
+        return fallback_endpoint;
+    return builtin_endpoint;
+}
+
+nlohmann::json parse_reply(const std::string& endpoint, const std::string& text) {
+    nlohmann::json reply;
+    try {
+        reply = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error&) {
+        const std::string shown = text.size() > 80 ? text.substr(0, 80) + "..." : text;
+        fail(local_code::bad_reply,
+             "the reply from " + endpoint + " is not JSON: '" + shown + "'");
+    }
+    if (!reply.is_object())
+        fail(local_code::bad_reply,
+             "the reply from " + endpoint + " is not a JSON object: " + reply.dump());
+    // A reply without "v" is accepted (nothing else could be meant), one with another version
+    // is not: its fields may mean something else.
+    if (auto v = reply.find("v"); v != reply.end() && *v != schema_version)
+        fail(local_code::bad_reply, "the reply from " + endpoint + " has schema version " +
+                                        v->dump() + "; reefctl speaks version " +
+                                        std::to_string(schema_version));
+    const auto ok = reply.find("ok");
+    if (ok == reply.end() || !ok->is_boolean())
+        fail(local_code::bad_reply,
+             "the reply from " + endpoint + " has no boolean \"ok\": " + reply.dump());
+    if (ok->get<bool>()) {
+        const auto result = reply.find("result");
+        if (result == reply.end() || result->is_null()) return nlohmann::json::object();
+        if (!result->is_object())
+            fail(local_code::bad_reply,
+                 "the reply from " + endpoint + " has a \"result\" that is not an object: " +
+                     result->dump());
+        return *result;
+    }
+    const auto error = reply.find("error");
+    if (error == reply.end() || !error->is_object() || !error->contains("code") ||
+        !(*error)["code"].is_string())
+        fail(local_code::bad_reply,
+             "the reply from " + endpoint + " reports an error without a code: " + reply.dump());
+    const auto message = error->find("message");
+    throw control_error((*error)["code"].get<std::string>(),
+                        message != error->end() && message->is_string()
+                            ? message->get<std::string>()
+                            : std::string("(no message)"),
+                        true);
+}
+
+nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, int timeout_ms) {
+    if (timeout_ms < 1) timeout_ms = 1;
+    check_ipc_endpoint(endpoint);
+
+    nlohmann::json req = request;
+    if (req.is_object() && !req.contains("v")) req["v"] = schema_version;
+    const std::string text = req.dump();
+
+    using clock = std::chrono::steady_clock;
+    const auto deadline = clock::now() + std::chrono::milliseconds(timeout_ms);
+    const std::string no_reply = "no reply from " + endpoint + " within " +
+                                 std::to_string(timeout_ms) + " ms: " + hint(endpoint);
+    try {
+        zmq::socket_t socket(context(), zmq::socket_type::req);
+        socket.set(zmq::sockopt::linger, 0);
+        socket.set(zmq::sockopt::sndtimeo, timeout_ms);
+        socket.set(zmq::sockopt::maxmsgsize, max_reply_bytes);
+        socket.connect(endpoint);
+        if (!socket.send(zmq::buffer(text), zmq::send_flags::none))
+            fail(local_code::no_reply, no_reply);
+
+        for (;;) {
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                deadline - clock::now());
+            if (left.count() <= 0) fail(local_code::no_reply, no_reply);
+            zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
+            zmq::poll(&item, 1, left);
+            if (!(item.revents & ZMQ_POLLIN)) continue;
+            zmq::message_t msg;
+            if (!socket.recv(msg, zmq::recv_flags::dontwait)) continue;
+            return parse_reply(endpoint, msg.to_string());
+        }
+    } catch (const zmq::error_t& e) {
+        if (e.num() == EINTR) fail(local_code::interrupted, "interrupted");
+        fail(local_code::transport, "cannot use endpoint " + endpoint + ": " + e.what());
+    }
+}
+
+}  // namespace reefline::reefctl

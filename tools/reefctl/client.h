@@ -1,0 +1,62 @@
+// reefctl's side of the control plane (docs/control.md, schema version 1): one JSON request,
+// one JSON reply over a ZeroMQ REQ socket. Kept out of main.cc so that tests and other tools
+// talk to the daemon through exactly the code the CLI uses.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <stdexcept>
+#include <string>
+
+namespace reefline::reefctl {
+
+inline constexpr int schema_version = 1;
+inline constexpr const char* builtin_endpoint = "ipc:///run/reefline/control.sock";
+// Where the daemon binds when /run is not writable (docs/control.md).
+inline constexpr const char* fallback_endpoint = "ipc:///tmp/reefline-control.sock";
+
+// Codes reefctl itself reports; the daemon's codes (bad_request, unknown_model, ...) pass
+// through unchanged in control_error::code().
+namespace local_code {
+inline constexpr const char* no_daemon = "no_daemon";    // the ipc socket file is absent
+inline constexpr const char* no_reply = "no_reply";      // nothing came back within the timeout
+inline constexpr const char* bad_reply = "bad_reply";    // the reply is not a version-1 envelope
+inline constexpr const char* transport = "transport";    // ZeroMQ refused the endpoint or failed
+inline constexpr const char* interrupted = "interrupted";  // a signal arrived while waiting
+}  // namespace local_code
+
+// A failed call: either the daemon's error reply (from_daemon() is true, code() is one of
+// docs/control.md's codes) or a local failure (one of local_code). what() is the message alone.
+class control_error : public std::runtime_error {
+public:
+    control_error(std::string code, const std::string& message, bool from_daemon)
+        : std::runtime_error(message), _code(std::move(code)), _from_daemon(from_daemon) {}
+
+    const std::string& code() const { return _code; }
+    bool from_daemon() const { return _from_daemon; }
+
+private:
+    std::string _code;
+    bool _from_daemon;
+};
+
+// Sends `request` (a JSON object; "v" is added when absent) to `endpoint` and returns the
+// reply's `result` object, or throws control_error. A fresh REQ socket with ZMQ_LINGER 0 is
+// used for every call and closed before returning, so a dead or wedged daemon costs at most
+// `timeout_ms` and never leaves the socket in the REQ state machine's "awaiting reply" state.
+nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, int timeout_ms);
+
+// Interprets one raw reply message; exposed so that the envelope rules can be tested alone.
+nlohmann::json parse_reply(const std::string& endpoint, const std::string& reply);
+
+// The endpoint to use when none is given on the command line: $REEFLINE_CONTROL if set and
+// non-empty, else the daemon's built-in default; when that socket file is absent but the
+// daemon's /tmp fallback exists, the fallback (the daemon chose it because /run was not
+// writable).
+std::string default_endpoint();
+
+// The filesystem path of an ipc:// endpoint, or "" for other transports and for abstract
+// ("ipc://@name") sockets, which have no file to check.
+std::string ipc_path(const std::string& endpoint);
+
+}  // namespace reefline::reefctl

@@ -1,0 +1,314 @@
+#include "tools/reefctl/render.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <set>
+
+namespace reefline::reefctl {
+
+namespace {
+
+using json = nlohmann::json;
+
+const json& member(const json& object, const char* key) {
+    static const json null_value;
+    if (!object.is_object()) return null_value;
+    const auto it = object.find(key);
+    return it == object.end() ? null_value : *it;
+}
+
+std::optional<double> number(const json& object, const char* key) {
+    const json& v = member(object, key);
+    if (!v.is_number()) return std::nullopt;
+    return v.get<double>();
+}
+
+// Scalars as an operator would type them; arrays of scalars joined with ", ".
+std::string plain(const json& v) {
+    if (v.is_null()) return "-";
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
+    if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
+    if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 1e15)
+            return std::to_string(static_cast<long long>(d));
+        // Six significant digits: the daemon's floats are often float32 values widened to
+        // double (a mean of 123.675 arrives as 123.67500305175781), noise to an operator.
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.6g", d);
+        return buf;
+    }
+    if (v.is_array()) {
+        bool scalars = std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); });
+        if (!scalars) return v.dump();
+        std::string s;
+        for (const auto& e : v) s += (s.empty() ? "" : ", ") + plain(e);
+        return s.empty() ? "(none)" : s;
+    }
+    return v.dump();
+}
+
+std::string ms(const json& object, const char* key) {
+    const auto v = number(object, key);
+    return v ? fixed(*v, 2) : "-";
+}
+
+uint64_t count(const json& object, const char* key) {
+    const auto v = number(object, key);
+    return v && *v > 0 ? static_cast<uint64_t>(*v) : 0;
+}
+
+std::string tensor(const json& t) {
+    if (!t.is_object()) return plain(t);
+    std::string s = cell(t, "name");
+    const json& shape = member(t, "shape");
+    if (shape.is_array()) {
+        s += " [";
+        for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + plain(shape[i]);
+        s += "]";
+    }
+    if (const json& type = member(t, "type"); !type.is_null()) s += " " + plain(type);
+    return s;
+}
+
+std::string bytes(double b) {
+    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    int u = 0;
+    while (b >= 1024 && u < 4) b /= 1024, ++u;
+    return u == 0 ? fixed(b, 0) + " B" : fixed(b, 1) + " " + units[u];
+}
+
+// "key  value" lines in the given order first, then whatever else the daemon sent, so that
+// fields added to the schema later still show.
+std::string key_values(const json& result, const std::vector<std::string>& order) {
+    if (!result.is_object()) return plain(result) + "\n";
+    std::vector<std::pair<std::string, std::string>> lines;
+    std::set<std::string> seen;
+    auto add = [&](const std::string& key, const json& v) {
+        std::string text;
+        if (key == "input") text = tensor(v);
+        else if (key == "outputs" && v.is_array()) {
+            for (const auto& t : v) text += (text.empty() ? "" : "; ") + tensor(t);
+        } else if ((key == "weight_bytes" || key == "arena_bytes") && v.is_number())
+            text = bytes(v.get<double>()) + " (" + plain(v) + ")";
+        else if (key == "port" && v.is_object()) {
+            text = "id " + cell(v, "id") + ", driver " + cell(v, "driver");
+            if (const json& up = member(v, "link_up"); up.is_boolean())
+                text += up.get<bool>() ? ", link up" : ", link down";
+        } else
+            text = plain(v);
+        lines.emplace_back(key, text);
+        seen.insert(key);
+    };
+    for (const auto& key : order)
+        if (result.contains(key)) add(key, result[key]);
+    for (const auto& [key, v] : result.items())
+        if (!seen.count(key)) add(key, v);
+    size_t width = 0;
+    for (const auto& l : lines) width = std::max(width, l.first.size());
+    std::string out;
+    for (const auto& [key, text] : lines)
+        out += key + std::string(width - key.size() + 2, ' ') + text + "\n";
+    return out;
+}
+
+const json& ifs_of(const json& stats) {
+    static const json empty = json::array();
+    const json& ifs = member(stats, "ifs");
+    return ifs.is_array() ? ifs : empty;
+}
+
+// "label value, label value" for the fields present (and, with skip_zero, non-zero).
+std::string join_fields(const json& object,
+                        const std::vector<std::pair<const char*, const char*>>& fields,
+                        bool skip_zero) {
+    std::string s;
+    for (const auto& [key, label] : fields) {
+        const auto v = number(object, key);
+        if (!v || (skip_zero && *v == 0)) continue;
+        s += (s.empty() ? "" : ", ") + std::string(label) + " " + plain(member(object, key));
+    }
+    return s;
+}
+
+}  // namespace
+
+std::string fixed(double value, int decimals) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
+    return buf;
+}
+
+std::string cell(const json& object, const char* key) { return plain(member(object, key)); }
+
+std::string table::str() const {
+    std::vector<size_t> width(_columns.size());
+    for (size_t c = 0; c < _columns.size(); ++c) width[c] = _columns[c].title.size();
+    for (const auto& row : _rows)
+        for (size_t c = 0; c < row.size() && c < width.size(); ++c)
+            width[c] = std::max(width[c], row[c].size());
+    auto line = [&](auto&& text_of) {
+        std::string s;
+        for (size_t c = 0; c < _columns.size(); ++c) {
+            const std::string text = text_of(c);
+            const std::string pad(width[c] - std::min(width[c], text.size()), ' ');
+            const bool last = c + 1 == _columns.size();
+            if (_columns[c].how == align::right) s += pad + text;
+            else s += text + (last ? "" : pad);
+            if (!last) s += "  ";
+        }
+        return s + "\n";
+    };
+    std::string out = line([&](size_t c) { return _columns[c].title; });
+    for (const auto& row : _rows) out += line([&](size_t c) { return c < row.size() ? row[c] : ""; });
+    return out;
+}
+
+std::string render_list(const json& result) {
+    using a = table::align;
+    table t({{"NAME"}, {"PORT", a::right}, {"CLASS"}, {"SLO_MS", a::right}, {"BATCHING"},
+             {"BATCH", a::right}, {"STATE"}, {"REQUESTS", a::right}});
+    const json& models = member(result, "models");
+    if (models.is_array())
+        for (const auto& m : models)
+            t.add_row({cell(m, "name"), cell(m, "udp_port"), cell(m, "class"), cell(m, "slo_ms"),
+                       cell(m, "batching"), cell(m, "batch_size"), cell(m, "state"),
+                       cell(m, "requests_total")});
+    if (t.rows() == 0) return "no models loaded (add one with: reefctl add-model --name N --onnx FILE --port P)\n";
+    return t.str();
+}
+
+std::string render_describe(const json& result) {
+    return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "batching",
+                               "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
+                               "shed", "rt_sources", "top_k", "mean", "std", "input", "outputs",
+                               "kernels", "weight_bytes", "arena_bytes", "requests_total",
+                               "responses_total"});
+}
+
+std::string render_health(const json& result) {
+    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "models", "port"});
+}
+
+std::string render_stats(const json& result) {
+    using a = table::align;
+    table t({{"NAME"}, {"CLASS"}, {"REQUESTS", a::right}, {"RESPONSES", a::right},
+             {"ERRORS", a::right}, {"SHED", a::right}, {"SLO_VIOL", a::right},
+             {"P50_MS", a::right}, {"P99_MS", a::right}, {"BATCH", a::right},
+             {"QUEUE", a::right}});
+    for (const auto& i : ifs_of(result)) {
+        const json& lat = member(i, "latency_ms");
+        t.add_row({cell(i, "name"), cell(i, "class"), cell(i, "requests_total"),
+                   cell(i, "responses_total"), cell(i, "errors_total"), cell(i, "shed_total"),
+                   cell(i, "slo_violations_total"), ms(lat, "p50"), ms(lat, "p99"),
+                   cell(i, "batch_size"), cell(i, "queue_depth")});
+    }
+    std::string out = t.rows() ? t.str() : "no models loaded\n";
+
+    if (const json& port = member(result, "port"); port.is_object()) {
+        out += "\nport " + cell(port, "id") + " (" + cell(port, "driver") + "): rx " +
+               cell(port, "rx_packets") + " packets";
+        if (auto b = number(port, "rx_bytes")) out += " / " + bytes(*b);
+        out += ", tx " + cell(port, "tx_packets") + " packets";
+        if (auto b = number(port, "tx_bytes")) out += " / " + bytes(*b);
+        const std::string errs = join_fields(port, {{"rx_missed", "missed"},
+                                                     {"rx_errors", "rx errors"},
+                                                     {"tx_errors", "tx errors"},
+                                                     {"rx_nombuf", "no mbuf"}},
+                                              true);
+        out += (errs.empty() ? "" : "; " + errs) + "\n";
+    }
+    if (const json& dp = member(result, "dataplane"); dp.is_object()) {
+        out += "data plane: rx " + cell(dp, "rx_packets") + " packets";
+        const std::string req = join_fields(dp, {{"requests_started", "started"},
+                                                  {"requests_completed", "completed"},
+                                                  {"requests_timed_out", "timed out"},
+                                                  {"requests_evicted", "evicted"},
+                                                  {"requests_malformed", "malformed"},
+                                                  {"requests_ring_full", "ring full"}},
+                                             false);
+        if (!req.empty()) out += "; requests " + req;
+        out += "; tx " + cell(dp, "tx_packets") + " packets";
+        if (auto d = number(dp, "tx_dropped"); d && *d > 0) out += " (" + cell(dp, "tx_dropped") + " dropped)";
+        out += "\n";
+        std::string drops;
+        if (const json& d = member(dp, "drops"); d.is_object())
+            for (const auto& [reason, n] : d.items())
+                if (n.is_number() && n.get<double>() > 0)
+                    drops += (drops.empty() ? "" : ", ") + reason + " " + plain(n);
+        out += "drops: " + (drops.empty() ? std::string("none") : drops) + "\n";
+    }
+    if (const json& s = member(result, "scheduler"); s.is_object()) {
+        out += "scheduler (" + cell(s, "policy") + "): " +
+               join_fields(s, {{"submitted", "submitted"},
+                                {"completed_rt", "completed rt"},
+                                {"completed_be", "completed be"},
+                                {"preemptions", "preemptions"},
+                                {"restores", "restores"},
+                                {"reexecuted_kernels", "re-executed kernels"}},
+                           false) +
+               "\n";
+    }
+    if (auto up = number(result, "uptime_s")) out += "uptime " + fixed(*up, 1) + " s\n";
+    return out;
+}
+
+std::string render_watch(const std::string& endpoint, const json& current, const json& previous,
+                         double elapsed_s, double interval_s) {
+    // Rates over the daemon's own clock when it reports one: the request/reply round trip
+    // would otherwise add its jitter to every rate.
+    double dt = elapsed_s;
+    if (auto now = number(current, "uptime_s"), before = number(previous, "uptime_s");
+        now && before && *now > *before)
+        dt = *now - *before;
+    std::map<std::string, const json*> before_by_name;
+    for (const auto& i : ifs_of(previous))
+        if (member(i, "name").is_string()) before_by_name[i["name"].get<std::string>()] = &i;
+
+    // A counter that went down means the daemon restarted (or the IF was re-added): no rate.
+    auto rate = [&](const json& now, const json* before, const char* key) -> std::string {
+        if (!before || dt <= 0) return "-";
+        const auto a = number(now, key), b = number(*before, key);
+        if (!a || !b || *a < *b) return "-";
+        return fixed((*a - *b) / dt, 1);
+    };
+
+    using a = table::align;
+    table t({{"NAME"}, {"CLASS"}, {"REQ/S", a::right}, {"RESP/S", a::right},
+             {"P50_MS", a::right}, {"P99_MS", a::right}, {"BATCH", a::right},
+             {"QUEUE", a::right}, {"DROPS", a::right}});
+    for (const auto& i : ifs_of(current)) {
+        const json* before = nullptr;
+        if (member(i, "name").is_string())
+            if (auto it = before_by_name.find(i["name"].get<std::string>()); it != before_by_name.end())
+                before = it->second;
+        const json& lat = member(i, "latency_ms");
+        // Requests an IF took but did not answer with a result.
+        const uint64_t drops = count(i, "shed_total") + count(i, "errors_total") +
+                               count(i, "send_failures_total");
+        t.add_row({cell(i, "name"), cell(i, "class"), rate(i, before, "requests_total"),
+                   rate(i, before, "responses_total"), ms(lat, "p50"), ms(lat, "p99"),
+                   cell(i, "batch_size"), cell(i, "queue_depth"), std::to_string(drops)});
+    }
+
+    std::string out = "reefline at " + endpoint;
+    if (auto up = number(current, "uptime_s")) out += ", up " + fixed(*up, 1) + " s";
+    out += "; every " + fixed(interval_s, interval_s < 1 ? 1 : 0) + " s (Ctrl-C to quit)\n\n";
+    out += t.rows() ? t.str() : "no models loaded\n";
+    if (const json& dp = member(current, "dataplane"); dp.is_object()) {
+        uint64_t drops = 0;
+        if (const json& d = member(dp, "drops"); d.is_object())
+            for (const auto& [reason, n] : d.items())
+                if (n.is_number() && n.get<double>() > 0) drops += n.get<uint64_t>();
+        out += "\ndata plane: rx " + rate(dp, &member(previous, "dataplane"), "rx_packets") +
+               " packets/s, tx " + rate(dp, &member(previous, "dataplane"), "tx_packets") +
+               " packets/s, drops " + std::to_string(drops) + "\n";
+    }
+    return out;
+}
+
+}  // namespace reefline::reefctl
