@@ -379,12 +379,54 @@ bool row_block(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
+// First and one-past-last window tap t (position o + t * dil) inside [0, n).
+inline void clip_window(int64_t o, int64_t dil, int64_t taps, int64_t n, int64_t& t0, int64_t& t1) {
+    t0 = o >= 0 ? 0 : (-o + dil - 1) / dil;
+    t1 = o >= n ? 0 : std::min(taps, (n - 1 - o) / dil + 1);
+}
+
+// 2-D max pooling without indices (the common case: every CNN's max pools): the window is
+// clipped to the input once per output row and column instead of testing every tap, which
+// made ResNet-50's 3x3/2 stem pool ~9% of its run time. Same results as the general loop: the
+// first tap inside the input seeds the maximum and only a strictly greater value replaces it.
+bool max_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::block_context& ctx) {
+    for (int64_t plane = p0; plane < p1; ++plane) {
+        if (ctx.preempted()) return false;
+        const float* x = a.x + plane * a.h * a.w;
+        float* y = a.y + plane * a.h_out * a.w_out;
+        for (int64_t oy = 0; oy < a.h_out; ++oy) {
+            const int64_t y0 = oy * a.stride_h - a.pad_top;
+            int64_t r0, r1;
+            clip_window(y0, a.dil_h, a.kh, a.h, r0, r1);
+            for (int64_t ox = 0; ox < a.w_out; ++ox) {
+                const int64_t x0 = ox * a.stride_w - a.pad_left;
+                int64_t q0, q1;
+                clip_window(x0, a.dil_w, a.kw, a.w, q0, q1);
+                float m = -std::numeric_limits<float>::infinity();
+                if (r0 < r1 && q0 < q1) {
+                    m = x[(y0 + r0 * a.dil_h) * a.w + x0 + q0 * a.dil_w];
+                    for (int64_t r = r0; r < r1; ++r) {
+                        const float* row = x + (y0 + r * a.dil_h) * a.w + x0;
+                        for (int64_t q = q0; q < q1; ++q) {
+                            const float v = row[q * a.dil_w];
+                            if (v > m) m = v;
+                        }
+                    }
+                }
+                y[oy * a.w_out + ox] = m;
+            }
+        }
+    }
+    return true;
+}
+
 bool pool2d_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const pool2d_args*>(p);
     const int64_t D = std::max<int64_t>(1, a.d), Do = std::max<int64_t>(1, a.d_out), KD = std::max<int64_t>(1, a.kd);
     const int64_t SD = std::max<int64_t>(1, a.stride_d), DD = std::max<int64_t>(1, a.dil_d);
     const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
     const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
+    if (a.op == pool_op::max && !a.indices && D == 1 && Do == 1 && KD == 1) return max_pool2d_planes(a, p0, p1, ctx);
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
         const int64_t in_plane = D * a.h * a.w, out_plane = Do * a.h_out * a.w_out;
