@@ -112,9 +112,15 @@ double batch_controller::margin_ms() const {
     return std::max(k_dev * _dev_ms, margin_floor * _options.slo_ms);
 }
 
+// The fitted line. A size's own EWMA is not used here even where it differs: on a noisy host
+// it is the average of a few samples, and the per-size differences it shows are mostly noise
+// (believing the slow ones biases every target downwards: smaller batches, less capacity, a
+// backlog). Where a device really bends (the cpu backend's time per request rises again once a
+// batch leaves the caches) the sizes past the bend pull the line up as they are run, and
+// throughput_batch() judges sizes by their own measurements.
 double batch_controller::predict_ms(uint32_t batch) const {
     if (_batches == 0 || batch == 0) return 0;
-    return _a_ms + _c_ms * batch;
+    return std::max(0.0, _a_ms + _c_ms * batch);
 }
 
 void batch_controller::refit() {
@@ -209,8 +215,12 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
         // A device that slows down (another tenant, thermal limits, a smaller GPU share) slows
         // every batch size alike, but only the size being run shows it: rescale the whole
         // table so that sizes not run lately are not read at the old speed (which would tilt
-        // the line and send the batch size the wrong way).
-        if (predicted > 0 && std::abs(residual) > shift_rel * predicted) {
+        // the line and send the batch size the wrong way). Only sizes run lately count as
+        // evidence: a size run for the first time in a while may simply sit off the line (past
+        // a knee), which is not a change of the device.
+        const bool known = batch < _sizes.size() && _sizes[batch].count &&
+                           double(_batches - _sizes[batch].last) <= half_life;
+        if (known && predicted > 0 && std::abs(residual) > shift_rel * predicted) {
             const bool same_side = _shift_run && (residual > 0) == _shift_up;
             if (!same_side) {
                 _shift_up = residual > 0;
@@ -277,10 +287,11 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
 // batch lowers capacity and lengthens the backlog, a spiral. It is read the other way: a full
 // batch whose oldest request waited longer than the batch ahead (and than dispatch_now may
 // hold a batch) means requests are being left behind, and then the batch size limits
-// throughput, not latency. Until a batch is not full again, SLAB drains: the target may grow
-// (at the same doubling rate) to the largest batch whose own predicted service time fits the
-// SLO, which clears a burst in fewer, more efficient batches instead of leaving part of it for
-// the next round. (Requests that cannot make their SLO anyway are the IF's to shed.)
+// throughput, not latency. Until a batch is not full again, SLAB drains: the target moves (at
+// the same doubling rate when it grows) to the batch with the best measured throughput whose
+// own service time fits the SLO, which clears a burst in fewer, more efficient batches instead
+// of leaving part of it for the next round. (Requests that cannot make their SLO anyway are
+// the IF's to shed.)
 void batch_controller::observe_slab(uint32_t batch, double service_ms, double worst_ms) {
     const double slo = _options.slo_ms, m = margin_ms();
     const double wait = std::max(0.0, worst_ms - service_ms);
@@ -290,20 +301,33 @@ void batch_controller::observe_slab(uint32_t batch, double service_ms, double wo
         _draining = true;
     else if (batch < _target)
         _draining = false;
-    int64_t next = slo_batch();
-    if (_draining) next = std::max<int64_t>(next, throughput_batch());
+    int64_t next = _draining ? throughput_batch() : slo_batch();
     _target = clamp(next > int64_t(_target) ? std::min<int64_t>(next, 2 * int64_t(_target)) : next);
 }
 
-// No margin here: the margin protects requests that can still be on time, and in a backlog
-// the ones it would protect are late already. On an erratic host (stalls inflate the
-// deviation until the margin exceeds the SLO) keeping it would pin the batch at min_batch
-// exactly when capacity is needed, and the backlog would never clear.
+// The batch that serves the most requests per second among those whose own service time fits
+// the SLO (larger on a near tie: fewer launches). A size that has run is judged by its own
+// measurements, however old (level shifts keep them at the device's current speed): on a
+// device with a knee the line overrates the sizes past it and underrates those before it, and
+// a backlog is exactly when that mistake costs most. Sizes not run yet are read off the line,
+// so a backlog also explores them. No margin: it protects requests that can still be on time,
+// and in a backlog the ones it would protect are late already; on an erratic host (stalls
+// inflate the deviation until the margin exceeds the SLO) it would pin the batch at min_batch
+// exactly when capacity is needed.
 uint32_t batch_controller::throughput_batch() const {
     if (_batches == 0) return _options.min_batch;
-    for (uint32_t b = _options.max_batch; b > _options.min_batch; --b)
-        if (predict_ms(b) <= _options.slo_ms) return b;
-    return _options.min_batch;
+    uint32_t best = _options.min_batch;
+    double best_rate = 0;
+    for (uint32_t b = _options.min_batch; b <= _options.max_batch; ++b) {
+        const double t = b < _sizes.size() && _sizes[b].count ? _sizes[b].ewma_ms : predict_ms(b);
+        if (t > _options.slo_ms) continue;
+        const double rate = t > 0 ? b / t : 0;
+        if (rate >= best_rate * 0.98) {
+            best = b;
+            best_rate = std::max(best_rate, rate);
+        }
+    }
+    return best;
 }
 
 // AIMD as in Clipper: the signal is the batch's own processing latency against the SLO

@@ -5,13 +5,13 @@
 //
 //   slab   GSLICE's self-learning adaptive batching (Dhakal et al., "GSLICE: controlled spatial
 //          sharing of GPUs for a scalable inference platform", SoCC'20): a per-size latency
-//          table and a line t(b) = a + c*b fitted over it online; the target is the largest
-//          batch whose worst latency (the batch ahead of it plus its own: 2 t(b)) plus k times
-//          the observed deviation fits the SLO, reached in one jump (at most doubling per
-//          batch); a lasting change of device speed rescales the whole table. A batch waits
-//          for more requests only within the headroom that leaves. While full batches leave
-//          requests behind (a burst, a backlog) it sizes for throughput instead: up to the
-//          largest batch that meets the SLO on its own service time.
+//          table and a line t(b) = a + c*b fitted over it, learned online; the target is the
+//          largest batch whose worst latency (the batch ahead of it plus its own: 2 t(b)) plus
+//          k times the observed deviation fits the SLO, reached in one jump (at most doubling
+//          per batch); a lasting change of device speed rescales the whole table. A batch
+//          waits for more requests only within the headroom that leaves. While full batches
+//          leave requests behind (a burst, a backlog) it sizes for throughput instead: the
+//          batch with the best measured throughput that meets the SLO on its own.
 //   aimd   Clipper's additive-increase / multiplicative-decrease (Crankshaw et al., "Clipper: a
 //          low-latency online prediction serving system", NSDI'17): +1 after a full batch whose
 //          processing latency was under the SLO, x0.9 after one over it; never waits.
@@ -62,7 +62,8 @@ public:
     // worst latency is queueing, which a smaller batch cannot cure; SLAB reads a long queue
     // wait as a backlog to drain (batching.cc).
     void observe(uint32_t batch, double service_ms, double worst_latency_ms);
-    // Predicted service time for a batch of this size (learned online; 0 before observations).
+    // Predicted service time for a batch of this size (learned online; 0 before observations):
+    // the line fitted over the per-size table.
     double predict_ms(uint32_t batch) const;
 
     // The safety margin the controller keeps below the SLO now: k x the deviation of observed
@@ -77,8 +78,8 @@ public:
     // The largest batch in [min_batch, max_batch] whose predicted worst latency fits the SLO
     // (what SLAB steers to); min_batch when none does or nothing is learned yet.
     uint32_t slo_batch() const;
-    // The largest batch whose own predicted service time fits the SLO: SLAB's limit while it
-    // drains a backlog (draining()).
+    // The batch with the best predicted throughput (requests per ms) among those whose own
+    // service time fits the SLO: SLAB's target while it drains a backlog (draining()).
     uint32_t throughput_batch() const;
     // SLAB only: requests are being left behind by full batches, so the target is sized for
     // throughput (up to throughput_batch()) until a batch is not full again.

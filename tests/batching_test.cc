@@ -15,17 +15,22 @@ namespace ml = reefline::ml;
 
 namespace {
 
-// A device whose batch of b takes a + c*b ms, scaled by `speed` (2 = twice as slow), with
-// optional multiplicative noise (uniform in +-noise, deterministic seed).
+// A device whose batch of b takes a + c*b ms (plus past_knee per request past `knee`), scaled
+// by `speed` (2 = twice as slow), with optional multiplicative noise (uniform in +-noise,
+// deterministic seed).
 struct simulated_service {
     double a = 10, c = 5, speed = 1, noise = 0;
+    uint32_t knee = 0;      // past this size (if set), past_knee ms more per request
+    double past_knee = 0;
     std::mt19937 rng{42};
     double operator()(uint32_t b) {
-        double t = speed * (a + c * b);
+        double t = exact(b);
         if (noise > 0) t *= 1 + std::uniform_real_distribution<double>(-noise, noise)(rng);
         return t;
     }
-    double exact(uint32_t b) const { return speed * (a + c * b); }
+    double exact(uint32_t b) const {
+        return speed * (a + c * b + (knee && b > knee ? past_knee * (b - knee) : 0.0));
+    }
 };
 
 // The largest batch whose steady-state worst latency (the batch ahead + its own) plus the
@@ -203,6 +208,27 @@ TEST(Batching, SlabConvergesToTheSloOptimumAndHoldsTheSlo) {
     EXPECT_LE(converged_at, 3);  // 1 -> 2 -> 4 (at most doubling), then the model's answer
     EXPECT_NEAR(bc.intercept_ms(), 10, 1e-6);
     EXPECT_NEAR(bc.slope_ms(), 5, 1e-6);
+}
+
+// A device with a knee (as the cpu backend has once a batch leaves the caches): 10 + 5b ms up
+// to 8, then 20 ms more per request, so the best throughput is at 8 (0.16 per ms) and sizes
+// past 11 are slower than batch 1. Under Poisson load at 0.12 per ms a line fitted on the small
+// batches promises far larger ones. AIMD takes the promise (its batches stay under the 200 ms
+// SLO on their own) and a burst sends it past the knee into a backlog it never leaves; SLAB
+// learns the sizes past the knee and drains with the best measured one.
+TEST(Batching, SlabLearnsAKneeThatAimdRunsInto) {
+    double miss_rate[2];
+    for (int i = 0; i < 2; ++i) {
+        simulated_service svc;
+        svc.knee = 8;
+        svc.past_knee = 20;
+        ml::batch_controller bc(opts(i ? ml::batching_policy::aimd : ml::batching_policy::slab, 200, 32));
+        event_sim sim{bc, svc, 0.12, std::mt19937{7}, {}, {}, {}};
+        sim.run(120'000);
+        miss_rate[i] = double(sim.misses_after(20'000, 200)) / double(std::max<size_t>(1, sim.served_after(20'000)));
+    }
+    EXPECT_LT(miss_rate[0], 0.10);
+    EXPECT_GT(miss_rate[1], 0.5);
 }
 
 TEST(Batching, SlabWithNoisyServiceStaysNearTheOptimumAndRarelyMisses) {
