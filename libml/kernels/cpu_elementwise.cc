@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 
+#include "libml/kernels/elem_access.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -44,100 +45,7 @@ void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int
     }
 }
 
-// ---- typed element access (the slow, general path; f32 has its own loops) ----------------
-float half_to_float(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {  // subnormal: normalise
-            int e = -1;
-            uint32_t m = man;
-            do { m <<= 1; ++e; } while (!(m & 0x400));
-            bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | man << 13;
-    } else {
-        bits = sign | (exp + 127 - 15) << 23 | man << 13;
-    }
-    float f;
-    std::memcpy(&f, &bits, 4);
-    return f;
-}
-
-uint16_t float_to_half(float f) {
-    uint32_t x;
-    std::memcpy(&x, &f, 4);
-    const uint32_t sign = (x >> 16) & 0x8000;
-    const int32_t exp = int32_t((x >> 23) & 0xff) - 127 + 15;
-    uint32_t man = x & 0x7fffff;
-    if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
-    if (exp >= 31) return uint16_t(sign | 0x7c00);
-    if (exp <= 0) {
-        if (exp < -10) return uint16_t(sign);
-        man |= 0x800000;
-        const int shift = 14 - exp;
-        uint32_t h = man >> shift;
-        const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) ++h;
-        return uint16_t(sign | h);
-    }
-    uint32_t h = sign | uint32_t(exp) << 10 | man >> 13;
-    const uint32_t rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;  // round to nearest even
-    return uint16_t(h);
-}
-
-bool is_integral(elem t) { return t == elem::i64 || t == elem::i32 || t == elem::i8 || t == elem::u8 || t == elem::boolean; }
-
-double load_f(const void* p, elem t, int64_t i) {
-    switch (t) {
-    case elem::f32: return static_cast<const float*>(p)[i];
-    case elem::f64: return static_cast<const double*>(p)[i];
-    case elem::f16: return half_to_float(static_cast<const uint16_t*>(p)[i]);
-    case elem::i64: return double(static_cast<const int64_t*>(p)[i]);
-    case elem::i32: return static_cast<const int32_t*>(p)[i];
-    case elem::i8: return static_cast<const int8_t*>(p)[i];
-    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
-    }
-    return 0;
-}
-
-int64_t load_i(const void* p, elem t, int64_t i) {
-    switch (t) {
-    case elem::i64: return static_cast<const int64_t*>(p)[i];
-    case elem::i32: return static_cast<const int32_t*>(p)[i];
-    case elem::i8: return static_cast<const int8_t*>(p)[i];
-    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
-    default: return int64_t(load_f(p, t, i));
-    }
-}
-
-void store_f(void* p, elem t, int64_t i, double v) {
-    switch (t) {
-    case elem::f32: static_cast<float*>(p)[i] = float(v); break;
-    case elem::f64: static_cast<double*>(p)[i] = v; break;
-    case elem::f16: static_cast<uint16_t*>(p)[i] = float_to_half(float(v)); break;
-    case elem::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
-    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
-    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
-    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
-    }
-}
-
-void store_i(void* p, elem t, int64_t i, int64_t v) {
-    switch (t) {
-    case elem::i64: static_cast<int64_t*>(p)[i] = v; break;
-    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;  // wraps, as ONNX Runtime
-    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
-    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
-    default: store_f(p, t, i, double(v));
-    }
-}
+// ---- typed element access (the slow, general path; f32 has its own loops): elem_access.h --
 
 int64_t binary_i(binary_op op, int64_t x, int64_t y) {
     switch (op) {

@@ -15,6 +15,8 @@
 #include "libml/kernels/decomp.h"
 #include "libml/kernels/gpu/launcher.h"
 #include "libml/kernels/gpu/vendor.h"
+// After vendor.h: its device functions need the CUDA/HIP runtime headers.
+#include "libml/kernels/elem_access.h"
 
 namespace reefline::ml::kernels::gpu_impl {
 
@@ -178,102 +180,9 @@ __device__ __forceinline__ bool shape_is_narrow(const nd_shape& s) {
     return n >= 0 && n <= int64_t(0xffffffffu);
 }
 
-// ---- typed element access, as the cpu kernels' (cpu_elementwise.cc) ----------------------
-__device__ inline float half_to_float_bits(uint16_t h) {
-    const uint32_t sign = uint32_t(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff;
-    uint32_t bits;
-    if (exp == 0) {
-        if (man == 0) {
-            bits = sign;
-        } else {
-            int e = -1;
-            uint32_t m = man;
-            do { m <<= 1; ++e; } while (!(m & 0x400));
-            bits = sign | uint32_t(127 - 15 - e) << 23 | (m & 0x3ff) << 13;
-        }
-    } else if (exp == 31) {
-        bits = sign | 0x7f800000u | man << 13;
-    } else {
-        bits = sign | (exp + 127 - 15) << 23 | man << 13;
-    }
-    return __uint_as_float(bits);
-}
-
-__device__ inline uint16_t float_to_half_bits(float f) {
-    const uint32_t x = __float_as_uint(f);
-    const uint32_t sign = (x >> 16) & 0x8000;
-    const int32_t exp = int32_t((x >> 23) & 0xff) - 127 + 15;
-    uint32_t man = x & 0x7fffff;
-    if (((x >> 23) & 0xff) == 0xff) return uint16_t(sign | 0x7c00 | (man ? 0x200 : 0));
-    if (exp >= 31) return uint16_t(sign | 0x7c00);
-    if (exp <= 0) {
-        if (exp < -10) return uint16_t(sign);
-        man |= 0x800000;
-        const int shift = 14 - exp;
-        uint32_t h = man >> shift;
-        const uint32_t rem = man & ((1u << shift) - 1), half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) ++h;
-        return uint16_t(sign | h);
-    }
-    uint32_t h = sign | uint32_t(exp) << 10 | man >> 13;
-    const uint32_t rem = man & 0x1fff;
-    if (rem > 0x1000 || (rem == 0x1000 && (h & 1))) ++h;
-    return uint16_t(h);
-}
-
-__device__ __forceinline__ bool is_integral(elem t) {
-    return t == elem::i64 || t == elem::i32 || t == elem::i8 || t == elem::u8 || t == elem::boolean;
-}
-
+// ---- typed element access: libml/kernels/elem_access.h, shared with the cpu kernels --------
 __device__ __forceinline__ int elem_bytes(elem t) {
     return t == elem::f64 || t == elem::i64 ? 8 : t == elem::f32 || t == elem::i32 ? 4 : t == elem::f16 ? 2 : 1;
-}
-
-__device__ inline double load_f(const void* p, elem t, int64_t i) {
-    switch (t) {
-    case elem::f32: return static_cast<const float*>(p)[i];
-    case elem::f64: return static_cast<const double*>(p)[i];
-    case elem::f16: return half_to_float_bits(static_cast<const uint16_t*>(p)[i]);
-    case elem::i64: return double(static_cast<const int64_t*>(p)[i]);
-    case elem::i32: return static_cast<const int32_t*>(p)[i];
-    case elem::i8: return static_cast<const int8_t*>(p)[i];
-    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
-    }
-    return 0;
-}
-
-__device__ inline int64_t load_i(const void* p, elem t, int64_t i) {
-    switch (t) {
-    case elem::i64: return static_cast<const int64_t*>(p)[i];
-    case elem::i32: return static_cast<const int32_t*>(p)[i];
-    case elem::i8: return static_cast<const int8_t*>(p)[i];
-    case elem::u8: case elem::boolean: return static_cast<const uint8_t*>(p)[i];
-    default: return int64_t(load_f(p, t, i));
-    }
-}
-
-__device__ inline void store_f(void* p, elem t, int64_t i, double v) {
-    switch (t) {
-    case elem::f32: static_cast<float*>(p)[i] = float(v); break;
-    case elem::f64: static_cast<double*>(p)[i] = v; break;
-    case elem::f16: static_cast<uint16_t*>(p)[i] = float_to_half_bits(float(v)); break;
-    case elem::i64: static_cast<int64_t*>(p)[i] = int64_t(v); break;
-    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
-    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
-    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
-    }
-}
-
-__device__ inline void store_i(void* p, elem t, int64_t i, int64_t v) {
-    switch (t) {
-    case elem::i64: static_cast<int64_t*>(p)[i] = v; break;
-    case elem::i32: static_cast<int32_t*>(p)[i] = int32_t(v); break;
-    case elem::i8: static_cast<int8_t*>(p)[i] = int8_t(v); break;
-    case elem::u8: static_cast<uint8_t*>(p)[i] = uint8_t(v); break;
-    case elem::boolean: static_cast<uint8_t*>(p)[i] = v != 0; break;
-    default: store_f(p, t, i, double(v));
-    }
 }
 
 #endif  // device code
