@@ -330,57 +330,15 @@ bool max_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
 
 bool pool2d_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const pool2d_args*>(p);
-    const int64_t D = std::max<int64_t>(1, a.d), Do = std::max<int64_t>(1, a.d_out), KD = std::max<int64_t>(1, a.kd);
-    const int64_t SD = std::max<int64_t>(1, a.stride_d), DD = std::max<int64_t>(1, a.dil_d);
+    const int64_t Do = std::max<int64_t>(1, a.d_out);
     const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
     const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
-    if (a.op == pool_op::max && !a.indices && D == 1 && Do == 1 && KD == 1) return max_pool2d_planes(a, p0, p1, ctx);
+    if (a.op == pool_op::max && !a.indices && a.d <= 1 && Do == 1 && a.kd <= 1) return max_pool2d_planes(a, p0, p1, ctx);
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
-        const int64_t in_plane = D * a.h * a.w, out_plane = Do * a.h_out * a.w_out;
-        const float* x = a.x + plane * in_plane;
-        float* y = a.y + plane * out_plane;
-        for (int64_t od = 0; od < Do; ++od) {
-            const int64_t z0 = od * SD - a.pad_front;
-            for (int64_t oy = 0; oy < a.h_out; ++oy) {
-                for (int64_t ox = 0; ox < a.w_out; ++ox) {
-                    const int64_t y0 = oy * a.stride_h - a.pad_top, x0 = ox * a.stride_w - a.pad_left;
-                    float m = -std::numeric_limits<float>::infinity();
-                    int64_t at = -1;
-                    double s = 0;
-                    int64_t inside = 0, in_padded = 0;
-                    for (int64_t t = 0; t < KD; ++t) {
-                        const int64_t iz = z0 + t * DD;
-                        for (int64_t r = 0; r < a.kh; ++r) {
-                            const int64_t iy = y0 + r * a.dil_h;
-                            for (int64_t q = 0; q < a.kw; ++q) {
-                                const int64_t ix = x0 + q * a.dil_w;
-                                // Window positions inside the padded input count when
-                                // count_include_pad; positions beyond it (ceil_mode) never do.
-                                if (iz < D + a.pad_back && iy < a.h + a.pad_bottom && ix < a.w + a.pad_right) ++in_padded;
-                                if (iz < 0 || iz >= D || iy < 0 || iy >= a.h || ix < 0 || ix >= a.w) continue;
-                                const int64_t off = (iz * a.h + iy) * a.w + ix;
-                                const float v = x[off];
-                                if (v > m || at < 0) {
-                                    m = v;
-                                    at = a.column_major ? (ix * a.h + iy) * D + iz : off;
-                                }
-                                s += v;
-                                ++inside;
-                            }
-                        }
-                    }
-                    const int64_t o = (od * a.h_out + oy) * a.w_out + ox;
-                    if (a.op == pool_op::max) {
-                        y[o] = m;
-                        if (a.indices) a.indices[plane * out_plane + o] = at < 0 ? 0 : plane * in_plane + at;
-                    } else {
-                        const int64_t div = a.count_include_pad ? in_padded : inside;
-                        y[o] = div ? float(s / double(div)) : 0.0f;
-                    }
-                }
-            }
-        }
+        for (int64_t od = 0; od < Do; ++od)
+            for (int64_t oy = 0; oy < a.h_out; ++oy)
+                for (int64_t ox = 0; ox < a.w_out; ++ox) pool_output(a, plane, od, oy, ox);
     }
     return true;
 }

@@ -6,6 +6,7 @@
 // and a padded launch (DKP) can run any slice of blocks on either.
 #pragma once
 
+#include <math.h>
 #include <stdint.h>
 
 #if defined(__CUDACC__) || defined(__HIPCC__)
@@ -270,6 +271,51 @@ struct pool2d_args {
     bool column_major;
 };
 RL_HD inline int64_t pool2d_grid(const pool2d_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
+
+// One output element of the general pooling path (every backend): the window over the
+// (padded, dilated) input, max with its index or the average, stored to y (and indices).
+RL_HD inline void pool_output(const pool2d_args& a, int64_t plane, int64_t od, int64_t oy, int64_t ox) {
+    const int64_t D = a.d > 1 ? a.d : 1, Do = a.d_out > 1 ? a.d_out : 1, KD = a.kd > 1 ? a.kd : 1;
+    const int64_t SD = a.stride_d > 1 ? a.stride_d : 1, DD = a.dil_d > 1 ? a.dil_d : 1;
+    const int64_t in_plane = D * a.h * a.w, out_plane = Do * a.h_out * a.w_out;
+    const float* x = a.x + plane * in_plane;
+    const int64_t z0 = od * SD - a.pad_front;
+    const int64_t y0 = oy * a.stride_h - a.pad_top, x0 = ox * a.stride_w - a.pad_left;
+    float m = -INFINITY;
+    int64_t at = -1;
+    double s = 0;
+    int64_t inside = 0, in_padded = 0;
+    for (int64_t t = 0; t < KD; ++t) {
+        const int64_t iz = z0 + t * DD;
+        for (int64_t r = 0; r < a.kh; ++r) {
+            const int64_t iy = y0 + r * a.dil_h;
+            for (int64_t q = 0; q < a.kw; ++q) {
+                const int64_t ix = x0 + q * a.dil_w;
+                // Window positions inside the padded input count when count_include_pad;
+                // positions beyond it (ceil_mode) never do.
+                if (iz < D + a.pad_back && iy < a.h + a.pad_bottom && ix < a.w + a.pad_right) ++in_padded;
+                if (iz < 0 || iz >= D || iy < 0 || iy >= a.h || ix < 0 || ix >= a.w) continue;
+                const int64_t off = (iz * a.h + iy) * a.w + ix;
+                const float v = x[off];
+                if (v > m || at < 0) {
+                    m = v;
+                    at = a.column_major ? (ix * a.h + iy) * D + iz : off;
+                }
+                s += v;
+                ++inside;
+            }
+        }
+    }
+    const int64_t o = (od * a.h_out + oy) * a.w_out + ox;
+    float* y = a.y + plane * out_plane;
+    if (a.op == pool_op::max) {
+        y[o] = m;
+        if (a.indices) a.indices[plane * out_plane + o] = at < 0 ? 0 : plane * in_plane + at;
+    } else {
+        const int64_t div = a.count_include_pad ? in_padded : inside;
+        y[o] = div ? float(s / double(div)) : 0.0f;
+    }
+}
 
 // ---- Inference batch normalisation, NCHW: y = ep((x - mean) / sqrt(var + eps) * scale + bias)
 // For a BatchNormalization that no Conv precedes (DenseNet's BN-ReLU-Conv).

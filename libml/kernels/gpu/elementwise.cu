@@ -305,49 +305,15 @@ __global__ void __launch_bounds__(kThreads) row_kernel(row_args a, launch_ctx ct
 
 // ---- pooling: one thread per output element -----------------------------------------------
 __device__ bool pool2d_block_gpu(const pool2d_args& a, int64_t block) {
-    const int64_t D = max64(1, a.d), Do = max64(1, a.d_out), KD = max64(1, a.kd);
-    const int64_t SD = max64(1, a.stride_d), DD = max64(1, a.dil_d);
+    const int64_t Do = max64(1, a.d_out);
     const int64_t p0 = block * a.planes_per_block;
     const int64_t p1 = min64(a.n * a.c, p0 + a.planes_per_block);
-    const int64_t in_plane = D * a.h * a.w, out_plane = Do * a.h_out * a.w_out;
+    const int64_t out_plane = Do * a.h_out * a.w_out;
     const int64_t total = (p1 - p0) * out_plane;
     for (int64_t e = threadIdx.x; e < total; e += kThreads) {
         const int64_t plane = p0 + e / out_plane, o = e % out_plane;
         const int64_t od = o / (a.h_out * a.w_out), oy = (o / a.w_out) % a.h_out, ox = o % a.w_out;
-        const float* x = a.x + plane * in_plane;
-        const int64_t z0 = od * SD - a.pad_front;
-        const int64_t y0 = oy * a.stride_h - a.pad_top, x0 = ox * a.stride_w - a.pad_left;
-        float m = -INFINITY;
-        int64_t at = -1;
-        double s = 0;
-        int64_t inside = 0, in_padded = 0;
-        for (int64_t t = 0; t < KD; ++t) {
-            const int64_t iz = z0 + t * DD;
-            for (int64_t r = 0; r < a.kh; ++r) {
-                const int64_t iy = y0 + r * a.dil_h;
-                for (int64_t q = 0; q < a.kw; ++q) {
-                    const int64_t ix = x0 + q * a.dil_w;
-                    if (iz < D + a.pad_back && iy < a.h + a.pad_bottom && ix < a.w + a.pad_right) ++in_padded;
-                    if (iz < 0 || iz >= D || iy < 0 || iy >= a.h || ix < 0 || ix >= a.w) continue;
-                    const int64_t off = (iz * a.h + iy) * a.w + ix;
-                    const float v = x[off];
-                    if (v > m || at < 0) {
-                        m = v;
-                        at = a.column_major ? (ix * a.h + iy) * D + iz : off;
-                    }
-                    s += v;
-                    ++inside;
-                }
-            }
-        }
-        float* y = a.y + plane * out_plane;
-        if (a.op == pool_op::max) {
-            y[o] = m;
-            if (a.indices) a.indices[plane * out_plane + o] = at < 0 ? 0 : plane * in_plane + at;
-        } else {
-            const int64_t div = a.count_include_pad ? in_padded : inside;
-            y[o] = div ? float(s / double(div)) : 0.0f;
-        }
+        pool_output(a, plane, od, oy, ox);
     }
     return true;
 }
