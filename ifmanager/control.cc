@@ -4,6 +4,7 @@
 #include <zmq.h>
 
 #include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <stdexcept>
 #include <vector>
@@ -56,6 +57,16 @@ control_server::control_server(if_manager& manager, const control_options& optio
     if (tcp && !loopback_tcp(_endpoint) && options.curve_secret.empty())
         throw std::runtime_error("control endpoint '" + _endpoint +
                                  "': tcp:// beyond loopback needs CURVE keys (--curve-secret-key)");
+    if (options.curve_secret.empty() != options.curve_clients.empty())
+        throw std::runtime_error(options.curve_secret.empty()
+                                     ? "CURVE client keys without a server secret key (--curve-secret-key)"
+                                     : "a CURVE server secret key needs the client public keys allowed in (--curve-clients FILE)");
+    for (const auto& k : options.curve_clients) {
+        uint8_t raw[32];
+        if (k.size() != 40 || !zmq_z85_decode(raw, k.c_str()))
+            throw std::runtime_error("CURVE client key '" + k + "' is not a 40-character Z85 key");
+        _curve_clients.emplace_back(reinterpret_cast<const char*>(raw), sizeof raw);
+    }
     _events_endpoint = _endpoint + ".events";
     if (tcp) {
         // tcp://HOST:PORT -> events on PORT + 1.
@@ -83,25 +94,28 @@ control_server::control_server(if_manager& manager, const control_options& optio
     zmq_setsockopt(_rep, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(_pub, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(_rep, ZMQ_MAXMSGSIZE, &max_size, sizeof max_size);
+    const auto give_up = [this](const std::string& e) {
+        for (void* s : {_rep, _pub, _zap})
+            if (s) zmq_close(s);
+        zmq_ctx_term(_context);
+        throw std::runtime_error(e);
+    };
     if (!options.curve_secret.empty()) {
+        // ZeroMQ asks the ZAP handler of its context (RFC 27) about every CURVE handshake; it
+        // must be bound before the sockets can take a connection. Without one, libzmq would
+        // admit any client that knows the server's public key.
+        _zap = zmq_socket(_context, ZMQ_REP);
+        zmq_setsockopt(_zap, ZMQ_LINGER, &zero, sizeof zero);
+        if (zmq_bind(_zap, "inproc://zeromq.zap.01") != 0) give_up(zerr("CURVE: cannot bind the ZAP handler"));
         int one = 1;
         for (void* s : {_rep, _pub})
             if (zmq_setsockopt(s, ZMQ_CURVE_SERVER, &one, sizeof one) != 0 ||
-                zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, options.curve_secret.c_str(), options.curve_secret.size()) != 0) {
-                const std::string e = zerr("CURVE secret key");
-                zmq_close(_rep);
-                zmq_close(_pub);
-                zmq_ctx_term(_context);
-                throw std::runtime_error(e);
-            }
+                zmq_setsockopt(s, ZMQ_CURVE_SECRETKEY, options.curve_secret.c_str(), options.curve_secret.size()) != 0 ||
+                zmq_setsockopt(s, ZMQ_ZAP_DOMAIN, "reefline", 8) != 0)
+                give_up(zerr("CURVE secret key"));
     }
-    if (zmq_bind(_rep, _endpoint.c_str()) != 0 || zmq_bind(_pub, _events_endpoint.c_str()) != 0) {
-        const std::string e = zerr("cannot bind " + _endpoint + " / " + _events_endpoint);
-        zmq_close(_rep);
-        zmq_close(_pub);
-        zmq_ctx_term(_context);
-        throw std::runtime_error(e);
-    }
+    if (zmq_bind(_rep, _endpoint.c_str()) != 0 || zmq_bind(_pub, _events_endpoint.c_str()) != 0)
+        give_up(zerr("cannot bind " + _endpoint + " / " + _events_endpoint));
     _thread = std::thread([this] { run(); });
 }
 
@@ -113,6 +127,7 @@ void control_server::stop() {
     if (_thread.joinable()) _thread.join();
     zmq_close(_rep);
     zmq_close(_pub);
+    if (_zap) zmq_close(_zap);
     zmq_ctx_term(_context);
     _context = nullptr;
     std::error_code ec;
@@ -126,9 +141,10 @@ void control_server::run() {
     auto next_tick = std::chrono::steady_clock::now() + std::chrono::seconds(1);
     std::vector<char> buf;
     while (!_stop.load()) {
-        zmq_pollitem_t item{_rep, 0, ZMQ_POLLIN, 0};
-        const int n = zmq_poll(&item, 1, 100);
-        if (n > 0 && (item.revents & ZMQ_POLLIN)) {
+        zmq_pollitem_t items[2] = {{_rep, 0, ZMQ_POLLIN, 0}, {_zap, 0, ZMQ_POLLIN, 0}};
+        const int n = zmq_poll(items, _zap ? 2 : 1, 100);
+        if (n > 0 && (items[1].revents & ZMQ_POLLIN)) answer_zap();
+        if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
             zmq_msg_t msg;
             zmq_msg_init(&msg);
             if (zmq_msg_recv(&msg, _rep, 0) >= 0) {
@@ -161,6 +177,37 @@ void control_server::run() {
             zmq_send(_pub, s.data(), s.size(), ZMQ_DONTWAIT);
         }
     }
+}
+
+// One ZAP request (RFC 27): version, request id, domain, address, routing id, mechanism, then
+// the mechanism's credentials (CURVE: the client's 32-byte public key). The reply admits the
+// client (200) only when its key is on the list; anything malformed is refused (400).
+void control_server::answer_zap() {
+    std::vector<std::string> frames;
+    for (bool more = true; more && frames.size() < 16;) {
+        zmq_msg_t m;
+        zmq_msg_init(&m);
+        if (zmq_msg_recv(&m, _zap, 0) < 0) {
+            zmq_msg_close(&m);
+            return;
+        }
+        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+        more = zmq_msg_more(&m);
+        zmq_msg_close(&m);
+    }
+    const bool well_formed = frames.size() >= 7 && frames[0] == "1.0";
+    bool allowed = false;
+    if (well_formed && frames[5] == "CURVE")
+        for (const auto& k : _curve_clients) allowed |= frames[6] == k;
+    const std::string id = frames.size() > 1 ? frames[1] : std::string();
+    const std::string status = allowed ? "200" : well_formed ? "400" : "500";
+    const std::string text = allowed ? "OK" : "client key not allowed";
+    const std::string reply[6] = {"1.0", id, status, text, "", ""};
+    for (int i = 0; i < 6; ++i) zmq_send(_zap, reply[i].data(), reply[i].size(), i < 5 ? ZMQ_SNDMORE : 0);
+    // Logged at the 1st, 2nd, 4th, 8th... refusal: a client retrying in a loop cannot fill the log.
+    if (!allowed && (++_auth_refused & (_auth_refused - 1)) == 0)
+        std::fprintf(stderr, "reefline: control: refused a CURVE client from %s (key not in the client list; %llu refusals)\n",
+                     frames.size() > 3 ? frames[3].c_str() : "?", static_cast<unsigned long long>(_auth_refused));
 }
 
 }  // namespace reefline::ifm

@@ -199,11 +199,13 @@ void model_if::answer_error(const dp::request& r, wire::status status, const std
 }
 
 void model_if::record_latency(double seconds) {
+    seconds = std::max(seconds, 0.0);  // TSCs of two cores may disagree by a little
     size_t b = 0;
     while (b < latency_buckets_s.size() && seconds > latency_buckets_s[b]) ++b;
     _latency_hist[b].add();
-    _latency_sum_ns.store(_latency_sum_ns.load(std::memory_order_relaxed) + uint64_t(seconds * 1e9),
-                          std::memory_order_relaxed);
+    const uint64_t ns = uint64_t(seconds * 1e9);
+    _latency_sum_ns.store(_latency_sum_ns.load(std::memory_order_relaxed) + ns, std::memory_order_relaxed);
+    if (ns > _latency_max_ns.load(std::memory_order_relaxed)) _latency_max_ns.store(ns, std::memory_order_relaxed);
 }
 
 void model_if::intake(uint32_t& work) {
@@ -509,7 +511,11 @@ nlohmann::json model_if::stats() const {
         {"latency_seconds",
          {{"le", le}, {"counts", counts}, {"sum", double(_latency_sum_ns.load(std::memory_order_relaxed)) / 1e9},
           {"count", total}}},
-        {"latency_ms", {{"p50", quantile(0.5)}, {"p90", quantile(0.9)}, {"p99", quantile(0.99)}}},
+        {"latency_ms",
+         {{"p50", quantile(0.5)},
+          {"p90", quantile(0.9)},
+          {"p99", quantile(0.99)},
+          {"max", double(_latency_max_ns.load(std::memory_order_relaxed)) / 1e6}}},
     };
 }
 

@@ -128,6 +128,7 @@ private:
         _preemptions, _reexecuted;
     std::array<dp::counter, latency_buckets_s.size() + 1> _latency_hist;  // last: +Inf
     std::atomic<uint64_t> _latency_sum_ns{0};
+    std::atomic<uint64_t> _latency_max_ns{0};  // exact, unlike the percentiles
     std::atomic<uint32_t> _in_flight{0};
     std::atomic<uint32_t> _pending{0};
 };

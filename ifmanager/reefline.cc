@@ -27,6 +27,7 @@
 
 #include "dataplane/crc32_if.h"
 #include "ifmanager/control.h"
+#include "ifmanager/curve_keys.h"
 #include "ifmanager/manager.h"
 #include "ifmanager/metrics.h"
 #include "ifmanager/model_if.h"
@@ -125,7 +126,8 @@ int main(int argc, char** argv) {
     CLI::App app{"reefline: network inference appliance"};
     app.set_config("--config", "", "configuration file (TOML: option = value, e.g. repo = \"/var/lib/reefline\"); flags override it");
     std::string offline, responses, eal_args, lcores = "0", local_ip, control, repo_dir, policy_name = "reef",
-                                              backend = "cpu", metrics = "127.0.0.1:9464", curve_key_file;
+                                              backend = "cpu", metrics = "127.0.0.1:9464", curve_key_file,
+                                                          curve_clients_file;
     std::vector<std::string> builtins, models;
     uint32_t max_batch = 8, compute_units = 0;
     uint16_t port_id = 0, rx_queues = 1;
@@ -135,7 +137,10 @@ int main(int argc, char** argv) {
     bool busy_poll = false;
     app.add_option("--control", control, "control endpoint: ipc://PATH (default " + reefline::ifm::default_control_endpoint() +
                                              ") or tcp://127.0.0.1:PORT");
-    app.add_option("--curve-secret-key", curve_key_file, "file with the Z85 CURVE server secret key (allows tcp:// beyond loopback)");
+    app.add_option("--curve-secret-key", curve_key_file,
+                   "file with the daemon's Z85 CURVE secret key (reefctl keygen); encrypts the control plane and allows tcp:// beyond loopback");
+    app.add_option("--curve-clients", curve_clients_file,
+                   "file with the Z85 public keys of the clients allowed in, one per line (with --curve-secret-key)");
     app.add_option("--repo", repo_dir, "model repository directory, created if missing (default /var/lib/reefline/models as root, else ~/.reefline/models)");
     app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema")->capture_default_str();
     app.add_option("--backend", backend, "device backend: cpu (cuda/hip when built with them)")->capture_default_str();
@@ -182,13 +187,18 @@ int main(int argc, char** argv) {
         std::cerr << "reefline: " << e.what() << "\n";
         return 2;
     }
-    std::string curve_secret;
-    if (!curve_key_file.empty()) {
-        std::ifstream in(curve_key_file);
-        if (!(in >> curve_secret) || curve_secret.size() != 40) {
-            std::cerr << "reefline: --curve-secret-key: " << curve_key_file << " does not hold a 40-character Z85 key\n";
-            return 2;
+    reefline::ifm::control_options control_opts{control, {}, {}};
+    try {
+        if (curve_key_file.empty() != curve_clients_file.empty())
+            throw std::runtime_error(curve_key_file.empty() ? "--curve-clients needs --curve-secret-key"
+                                                            : "--curve-secret-key needs --curve-clients FILE (the client public keys allowed in)");
+        if (!curve_key_file.empty()) {
+            control_opts.curve_secret = reefline::ifm::read_z85_key(curve_key_file, "--curve-secret-key");
+            control_opts.curve_clients = reefline::ifm::read_z85_key_list(curve_clients_file);
         }
+    } catch (const std::exception& e) {
+        std::cerr << "reefline: " << e.what() << "\n";
+        return 2;
     }
     if (repo_dir.empty()) {
         const char* home = std::getenv("HOME");
@@ -280,7 +290,7 @@ int main(int argc, char** argv) {
             for (const auto& p : manager->load_repository()) std::fprintf(stderr, "reefline: repository: %s\n", p.c_str());
             if (offline.empty()) {
                 control_plane = std::make_unique<reefline::ifm::control_server>(
-                    *manager, reefline::ifm::control_options{control, curve_secret});
+                    *manager, control_opts);
                 std::fprintf(stderr, "reefline: control on %s (events on %s), repository %s\n",
                              control_plane->endpoint().c_str(), control_plane->events_endpoint().c_str(), repo_dir.c_str());
                 if (metrics != "off") {

@@ -17,6 +17,7 @@
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
 #include "tests/ring_port.h"
+#include "tools/reefctl/client.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/payload.h"
 
@@ -333,6 +334,42 @@ TEST_F(control_test, shutdown_is_acknowledged_and_a_second_daemon_is_refused) {
     ASSERT_TRUE(r["ok"].get<bool>());
     EXPECT_TRUE(_manager->shutdown_requested());
     expect_error(add("late", 9100, _model), "shutting_down");
+}
+
+// CURVE: the only way to serve beyond loopback. The secret key needs a client list; a listed
+// client is served over the encrypted connection, an unlisted key or a plain client is
+// refused at the handshake, and reefctl's client says so at once instead of timing out.
+TEST_F(control_test, curve_serves_listed_clients_only) {
+    struct pair_z85 { char pub[41], sec[41]; } server, op, stranger;
+    for (auto* k : {&server, &op, &stranger}) ASSERT_EQ(zmq_curve_keypair(k->pub, k->sec), 0);
+    const uint16_t port = uint16_t(20000 + getpid() % 20000);
+    const std::string any = "tcp://0.0.0.0:" + std::to_string(port), local = "tcp://127.0.0.1:" + std::to_string(port);
+    EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{any, server.sec, {}}), std::runtime_error);
+    EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{any, "", {op.pub}}), std::runtime_error);
+    EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{any, server.sec, {"not a key"}}), std::runtime_error);
+
+    _control.reset();  // one control thread per manager, as in the daemon
+    ifm::control_server curve_server(*_manager, ifm::control_options{any, server.sec, {op.pub}});
+    namespace rc = reefline::reefctl;
+    const rc::curve_client_keys listed{server.pub, op.pub, op.sec}, unlisted{server.pub, stranger.pub, stranger.sec};
+    const json h = rc::call(local, {{"op", "health"}}, 10000, &listed);
+    EXPECT_EQ(h.value("status", ""), "ok") << h.dump();
+
+    auto refused = [&](const rc::curve_client_keys* keys) {
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+            rc::call(local, {{"op", "health"}}, 10000, keys);
+            ADD_FAILURE() << "served without an allowed key";
+        } catch (const rc::control_error& e) {
+            EXPECT_EQ(e.code(), rc::local_code::auth) << e.what();
+            EXPECT_FALSE(e.from_daemon());
+        }
+        EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "reported only by the timeout";
+    };
+    refused(&unlisted);
+    refused(nullptr);
+    // The daemon keeps serving the listed client after refusing the others.
+    EXPECT_EQ(rc::call(local, {{"op", "list"}}, 10000, &listed)["models"].size(), 0u);
 }
 
 }  // namespace

@@ -186,7 +186,13 @@ TEST_F(model_if_test, padded_batches_give_the_same_answers) {
     const auto answers = pump_and_collect(images.size());
     ASSERT_EQ(answers.size(), images.size());
     check_answers(answers, images);
-    EXPECT_EQ(_if->stats()["batches_total"], 1);
+    const auto st = _if->stats();
+    EXPECT_EQ(st["batches_total"], 1);
+    // One batch: every request waited for it, so the exact maximum is positive and at least
+    // the interpolated median's bucket floor; the histogram counts all three.
+    EXPECT_EQ(st["latency_seconds"]["count"], 3);
+    EXPECT_GT(st["latency_ms"]["max"].get<double>(), 0.0);
+    EXPECT_LE(st["latency_ms"]["max"].get<double>(), 1e3 * st["latency_seconds"]["sum"].get<double>());
 }
 
 // The settings the end-to-end test uses: RT class, SLAB up to 16.

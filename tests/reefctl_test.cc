@@ -495,6 +495,40 @@ TEST_F(reefctl_cli, UnreadableOnnxIsCaughtLocally) {
     EXPECT_TRUE(daemon.requests().empty());
 }
 
+// keygen writes a usable pair (the secret unreadable to others, never overwritten); CURVE
+// options are checked before anything is sent.
+TEST_F(reefctl_cli, KeygenAndCurveOptions) {
+    scripted_daemon daemon(endpoint);
+    const std::string prefix = dir.file("op");
+    auto r = run("keygen --out " + prefix);
+    ASSERT_EQ(r.status, 0) << r.err;
+    struct stat st {};
+    ASSERT_EQ(::stat((prefix + ".key").c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+    const std::string pub = read_file(prefix + ".pub"), sec = read_file(prefix + ".key");
+    ASSERT_EQ(pub.size(), 41u);
+    ASSERT_EQ(sec.size(), 41u);
+    char derived[41];
+    ASSERT_EQ(zmq_curve_public(derived, sec.substr(0, 40).c_str()), 0);
+    EXPECT_EQ(std::string(derived), pub.substr(0, 40));
+    EXPECT_NE(r.out.find(pub.substr(0, 40)), std::string::npos) << r.out;
+    r = run("keygen --out " + prefix);
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find("exists"), std::string::npos) << r.err;
+    EXPECT_EQ(read_file(prefix + ".key"), sec) << "a key was overwritten";
+
+    r = run("--curve-key " + prefix + ".key list");
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find("--curve-server-key"), std::string::npos) << r.err;
+    std::ofstream(dir.file("bad.pub")) << "short\n";
+    r = run("--curve-server-key " + dir.file("bad.pub") + " --curve-key " + prefix + ".key list");
+    EXPECT_EQ(r.status, 2);
+    EXPECT_NE(r.err.find("bad.pub: does not hold a 40-character Z85 key"), std::string::npos) << r.err;
+    r = run_reefctl(dir, "--endpoint " + endpoint + " list", "", "REEFLINE_CURVE_KEY='" + prefix + ".key'");
+    EXPECT_EQ(r.status, 2) << "the environment's key is checked like the option's";
+    EXPECT_TRUE(daemon.requests().empty());
+}
+
 TEST_F(reefctl_cli, JsonOutputIsTheResult) {
     scripted_daemon daemon(endpoint);
     auto r = run("list --json");
@@ -546,7 +580,7 @@ TEST_F(reefctl_cli, TablesNameTheModels) {
 
     r = run("stats");
     ASSERT_EQ(r.status, 0) << r.err;
-    for (const char* s : {"cam", "batchjob", "P99_MS", "9.50", "net_af_packet", "not_ipv4 3",
+    for (const char* s : {"cam", "batchjob", "P99_MS", "9.50", "MAX_MS", "12.00", "net_af_packet", "not_ipv4 3",
                           "ring_full 2", "missed 4", "scheduler (reef)"})
         EXPECT_NE(r.out.find(s), std::string::npos) << s << "\n" << r.out;
     EXPECT_EQ(r.out.find("bad_checksum"), std::string::npos) << "zero drops are not listed\n" << r.out;

@@ -5,7 +5,10 @@
 
 #include <zmq.hpp>
 
+#include <atomic>
 #include <cerrno>
+#include <optional>
+#include <utility>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -119,7 +122,8 @@ nlohmann::json parse_reply(const std::string& endpoint, const std::string& text)
                         true);
 }
 
-nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, int timeout_ms) {
+nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, int timeout_ms,
+                    const curve_client_keys* curve) {
     if (timeout_ms < 1) timeout_ms = 1;
     check_ipc_endpoint(endpoint);
 
@@ -136,6 +140,26 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
         socket.set(zmq::sockopt::linger, 0);
         socket.set(zmq::sockopt::sndtimeo, timeout_ms);
         socket.set(zmq::sockopt::maxmsgsize, max_reply_bytes);
+        // A failed handshake (a refused CURVE key, CURVE on one side only) is silent on a REQ
+        // socket (libzmq reconnects and tries again): a monitor reports it so that a wrong key
+        // reads as one, not as a dead daemon.
+        std::optional<zmq::socket_t> monitor;
+        if (curve) {
+            for (const auto& [opt, key] : {std::pair{ZMQ_CURVE_SERVERKEY, &curve->server_public},
+                                           std::pair{ZMQ_CURVE_PUBLICKEY, &curve->public_key},
+                                           std::pair{ZMQ_CURVE_SECRETKEY, &curve->secret_key}})
+                if (zmq_setsockopt(socket.handle(), opt, key->c_str(), key->size()) != 0)
+                    fail(local_code::auth, std::string("CURVE key rejected by ZeroMQ: ") + zmq_strerror(zmq_errno()));
+        }
+        static std::atomic<unsigned> monitors{0};
+        const std::string mon = "inproc://reefctl-monitor-" + std::to_string(monitors++);
+        if (zmq_socket_monitor(socket.handle(), mon.c_str(),
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+            monitor.emplace(context(), zmq::socket_type::pair);
+            monitor->set(zmq::sockopt::linger, 0);
+            monitor->connect(mon);
+        }
         socket.connect(endpoint);
         if (!socket.send(zmq::buffer(text), zmq::send_flags::none))
             fail(local_code::no_reply, no_reply);
@@ -144,9 +168,24 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                 deadline - clock::now());
             if (left.count() <= 0) fail(local_code::no_reply, no_reply);
-            zmq::pollitem_t item{socket.handle(), 0, ZMQ_POLLIN, 0};
-            zmq::poll(&item, 1, left);
-            if (!(item.revents & ZMQ_POLLIN)) continue;
+            zmq::pollitem_t items[2] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
+                                        {monitor ? monitor->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+            zmq::poll(items, monitor ? 2 : 1, left);
+            if (monitor && (items[1].revents & ZMQ_POLLIN)) {
+                zmq::message_t event;
+                if (monitor->recv(event, zmq::recv_flags::dontwait)) {
+                    uint16_t id = 0;
+                    if (event.size() >= 2) std::memcpy(&id, event.data(), 2);
+                    const char* why =
+                        !curve ? "does the daemon use CURVE? then give --curve-server-key and --curve-key"
+                        : id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
+                            ? "the daemon refused this client's key: is its public key in the daemon's "
+                              "--curve-clients list?"
+                            : "is --curve-server-key the daemon's public key, and does the daemon use CURVE?";
+                    fail(local_code::auth, "the handshake with " + endpoint + " failed (" + why + ")");
+                }
+            }
+            if (!(items[0].revents & ZMQ_POLLIN)) continue;
             zmq::message_t msg;
             if (!socket.recv(msg, zmq::recv_flags::dontwait)) continue;
             return parse_reply(endpoint, msg.to_string());

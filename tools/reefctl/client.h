@@ -23,6 +23,7 @@ inline constexpr const char* no_reply = "no_reply";      // nothing came back wi
 inline constexpr const char* bad_reply = "bad_reply";    // the reply is not a version-1 envelope
 inline constexpr const char* transport = "transport";    // ZeroMQ refused the endpoint or failed
 inline constexpr const char* interrupted = "interrupted";  // a signal arrived while waiting
+inline constexpr const char* auth = "auth";              // the CURVE handshake was refused
 }  // namespace local_code
 
 // A failed call: either the daemon's error reply (from_daemon() is true, code() is one of
@@ -40,11 +41,20 @@ private:
     bool _from_daemon;
 };
 
+// CURVE keys of a client (docs/control.md, "Remote control with CURVE"), Z85 text, 40
+// characters each: the daemon's public key and this client's own pair.
+struct curve_client_keys {
+    std::string server_public, public_key, secret_key;
+};
+
 // Sends `request` (a JSON object; "v" is added when absent) to `endpoint` and returns the
 // reply's `result` object, or throws control_error. A fresh REQ socket with ZMQ_LINGER 0 is
 // used for every call and closed before returning, so a dead or wedged daemon costs at most
 // `timeout_ms` and never leaves the socket in the REQ state machine's "awaiting reply" state.
-nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, int timeout_ms);
+// With `curve`, the connection is encrypted and a refused handshake (a key the daemon does
+// not know) fails at once with local_code::auth instead of waiting out the timeout.
+nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, int timeout_ms,
+                    const curve_client_keys* curve = nullptr);
 
 // Interprets one raw reply message; exposed so that the envelope rules can be tested alone.
 nlohmann::json parse_reply(const std::string& endpoint, const std::string& reply);

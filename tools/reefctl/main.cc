@@ -20,10 +20,12 @@
 #include <filesystem>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <thread>
 
+#include "ifmanager/curve_keys.h"
 #include "tools/reefctl/client.h"
 #include "tools/reefctl/render.h"
 
@@ -54,6 +56,9 @@ struct globals {
     std::string endpoint;
     bool json_output = false;
     int timeout_ms = 5000;
+    std::string curve_server_key_file, curve_key_file;
+    std::optional<curve_client_keys> curve;
+    json call(const json& request) const { return reefline::reefctl::call(endpoint, request, timeout_ms, curve ? &*curve : nullptr); }
 };
 
 // Numbers go out as JSON integers when they are whole, so that a daemon checking
@@ -244,7 +249,7 @@ int run_watch(const globals& g, const std::string& name, double interval_s, unsi
         if (stop_requested) break;
         std::string text;
         try {
-            const json current = call(g.endpoint, request, g.timeout_ms);
+            const json current = g.call(request);
             const auto now = std::chrono::steady_clock::now();
             if (g.json_output) text = current.dump() + "\n";
             else
@@ -278,7 +283,8 @@ int main(int argc, char** argv) {
     CLI::App app{"reefctl: control a running reefline daemon (ZeroMQ control plane, schema v1)"};
     app.footer(
         "Exit status: 0 success; 1 the daemon answered with an error; 2 bad usage or an\n"
-        "unreadable file; 3 no daemon, no reply within the timeout, or a malformed reply.");
+        "unreadable file; 3 no daemon, no reply within the timeout, a refused CURVE handshake or a\n"
+        "malformed reply.");
     // Global options are accepted after the subcommand too (`reefctl list --json`).
     app.fallthrough();
     app.require_subcommand(1);
@@ -295,6 +301,18 @@ int main(int argc, char** argv) {
                            std::to_string(slow_op_timeout_ms) + " unless given)")
             ->capture_default_str()
             ->check(CLI::Range(1, 3600 * 1000));
+
+    app.add_option("--curve-server-key", g.curve_server_key_file,
+                   "File with the daemon's CURVE public key (its --curve-secret-key's .pub): encrypt "
+                   "the connection (default: $REEFLINE_CURVE_SERVER_KEY)");
+    app.add_option("--curve-key", g.curve_key_file,
+                   "File with this client's CURVE secret key (reefctl keygen; its .pub goes into the "
+                   "daemon's --curve-clients list) (default: $REEFLINE_CURVE_KEY)");
+
+    // keygen: local, no daemon
+    auto* keygen = app.add_subcommand("keygen", "Write a CURVE key pair: PREFIX.key (secret, mode 0600) and PREFIX.pub");
+    std::string keygen_out;
+    keygen->add_option("--out,out", keygen_out, "Path prefix of the two files")->required();
 
     // add-model
     auto* add = app.add_subcommand("add-model", "Load a model as a new IF and publish its UDP port");
@@ -353,11 +371,41 @@ int main(int argc, char** argv) {
         const int rc = app.exit(e);
         return rc == 0 ? 0 : exit_usage;
     }
+    if (keygen->parsed()) {
+        try {
+            const std::string pub = reefline::ifm::write_curve_keypair(keygen_out);
+            if (g.json_output) std::cout << json{{"public_key", pub}, {"secret_key_file", keygen_out + ".key"},
+                                                 {"public_key_file", keygen_out + ".pub"}}.dump() << "\n";
+            else std::cout << "wrote " << keygen_out << ".key (secret) and " << keygen_out << ".pub (public: " << pub << ")\n";
+            return 0;
+        } catch (const std::exception& e) {
+            std::cerr << "reefctl: keygen: " << e.what() << "\n";
+            return exit_usage;
+        }
+    }
     if (g.endpoint.empty()) g.endpoint = default_endpoint();
+    for (auto [file, env] : {std::pair{&g.curve_server_key_file, "REEFLINE_CURVE_SERVER_KEY"},
+                             std::pair{&g.curve_key_file, "REEFLINE_CURVE_KEY"}})
+        if (const char* v = std::getenv(env); file->empty() && v && *v) *file = v;
+    if (!g.curve_server_key_file.empty() || !g.curve_key_file.empty()) {
+        try {
+            if (g.curve_server_key_file.empty() || g.curve_key_file.empty())
+                throw std::runtime_error("CURVE needs both --curve-server-key (the daemon's public key) and "
+                                         "--curve-key (this client's secret key)");
+            curve_client_keys k;
+            k.server_public = reefline::ifm::read_z85_key(g.curve_server_key_file, "--curve-server-key");
+            k.secret_key = reefline::ifm::read_z85_key(g.curve_key_file, "--curve-key");
+            k.public_key = reefline::ifm::curve_public_of(k.secret_key);
+            g.curve = k;
+        } catch (const std::exception& e) {
+            std::cerr << "reefctl: " << e.what() << "\n";
+            return exit_usage;
+        }
+    }
 
     const bool slow_op = add->parsed() || remove->parsed();
     if (slow_op && timeout_opt->count() == 0) g.timeout_ms = slow_op_timeout_ms;
-    auto request = [&](json req) { return call(g.endpoint, req, g.timeout_ms); };
+    auto request = [&](const json& req) { return g.call(req); };
     try {
         if (add->parsed()) {
             json req{{"op", "add_model"}, {"name", add_name}, {"port", add_port}};

@@ -198,13 +198,13 @@ std::string render_stats(const json& result) {
     using a = table::align;
     table t({{"NAME"}, {"CLASS"}, {"REQUESTS", a::right}, {"RESPONSES", a::right},
              {"ERRORS", a::right}, {"SHED", a::right}, {"SLO_VIOL", a::right},
-             {"P50_MS", a::right}, {"P99_MS", a::right}, {"BATCH", a::right},
-             {"QUEUE", a::right}});
+             {"P50_MS", a::right}, {"P99_MS", a::right}, {"MAX_MS", a::right},
+             {"BATCH", a::right}, {"QUEUE", a::right}});
     for (const auto& i : ifs_of(result)) {
         const json& lat = member(i, "latency_ms");
         t.add_row({cell(i, "name"), cell(i, "class"), cell(i, "requests_total"),
                    cell(i, "responses_total"), cell(i, "errors_total"), cell(i, "shed_total"),
-                   cell(i, "slo_violations_total"), ms(lat, "p50"), ms(lat, "p99"),
+                   cell(i, "slo_violations_total"), ms(lat, "p50"), ms(lat, "p99"), ms(lat, "max"),
                    cell(i, "batch_size"), cell(i, "queue_depth")});
     }
     std::string out = t.rows() ? t.str() : "no models loaded\n";
