@@ -13,6 +13,20 @@ namespace {
 // ahead of it, then its own), each off the model by about one deviation; 3 mean absolute
 // deviations of their sum keeps a miss to a few percent of batches for roughly normal noise.
 constexpr double k_dev = 3.0;
+// Hysteresis (a Schmitt trigger on the batch size). SLAB grows only to a batch that fits with
+// k_dev times the *held* deviation (the peak of the recent past, decaying with a half-life of
+// hold_half_life batches), and keeps its batch while that one still fits with k_keep times the
+// current deviation. Host noise comes in bursts that double the deviation for a few batches;
+// without the band each burst shrinks the batch and the next quiet stretch grows it back
+// (measured on a shared VM: the target left its band ~13% of the time). With it a burst
+// shrinks the batch only when it eats the narrower margin, and a quiet stretch grows it only
+// once the burst has aged out of the held deviation, so a moment of calm in iid noise cannot
+// ratchet the batch up to a size the keep test then holds.
+constexpr double k_keep = 2.0;
+constexpr double hold_half_life = 8;
+// A batch within this fraction of the best measured throughput counts as as good (see
+// throughput_batch()).
+constexpr double throughput_tolerance = 0.9;
 // Never plan closer to the SLO than this fraction of it: the serving loop notices a deadline
 // only when it polls, and a timestamp is taken a little after the packet arrived.
 constexpr double margin_floor = 0.02;
@@ -112,6 +126,19 @@ double batch_controller::margin_ms() const {
     return std::max(k_dev * _dev_ms, margin_floor * _options.slo_ms);
 }
 
+double batch_controller::grow_margin_ms() const {
+    return std::max(k_dev * _dev_hold_ms, margin_floor * _options.slo_ms);
+}
+
+// The service time the batch size being run is expected to take, for the keep test: its own
+// measurement where there is one, however old (past a knee the line underrates it; and the line also
+// moves with the partial batches of a light load, which say little about this size), else
+// the line. A device that slows as a whole rescales the measurements too (observe()).
+double batch_controller::expect_ms(uint32_t batch) const {
+    if (batch < _sizes.size() && _sizes[batch].count) return _sizes[batch].ewma_ms;
+    return predict_ms(batch);
+}
+
 // The fitted line. A size's own EWMA is not used here even where it differs: on a noisy host
 // it is the average of a few samples, and the per-size differences it shows are mostly noise
 // (believing the slow ones biases every target downwards: smaller batches, less capacity, a
@@ -176,7 +203,7 @@ uint32_t batch_controller::slo_batch() const {
     // The queue wait a batch size implies: under a load that keeps the device busy, the
     // request that arrives just after a launch waits for that batch, then runs in its own,
     // so a batch of b has a worst latency of two service times t(b).
-    const double m = margin_ms();
+    const double m = grow_margin_ms();
     for (uint32_t b = _options.max_batch; b > _options.min_batch; --b)
         if (2 * predict_ms(b) + m <= _options.slo_ms) return b;
     return _options.min_batch;
@@ -248,6 +275,7 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
         // doubles the deviation every few batches until it is matched.
         _dev_ms += dev_gain * (std::min(std::abs(residual), std::max(4 * _dev_ms, clip_rel * predicted)) - _dev_ms);
     }
+    _dev_hold_ms = std::max(_dev_ms, _batches ? _dev_hold_ms * std::exp2(-1 / hold_half_life) : 0.0);
     ++_batches;
     if (batch >= _sizes.size()) _sizes.resize(batch + 1);
     size_stats& s = _sizes[batch];
@@ -301,12 +329,40 @@ void batch_controller::observe_slab(uint32_t batch, double service_ms, double wo
         _draining = true;
     else if (batch < _target)
         _draining = false;
-    int64_t next = _draining ? throughput_batch() : slo_batch();
-    _target = clamp(next > int64_t(_target) ? std::min<int64_t>(next, 2 * int64_t(_target)) : next);
+    // Never past the throughput optimum: a batch larger than the one that serves the most
+    // requests per second (as measured; past a knee the cpu backend's time per request rises
+    // again) costs latency and device time and buys nothing. It also keeps the normal and the
+    // drain-mode targets together, so that a backlog does not flip the batch size between two
+    // far-apart values.
+    const int64_t next = _draining ? throughput_batch() : std::min(slo_batch(), throughput_batch());
+    if (next > int64_t(_target)) {
+        _target = clamp(std::min<int64_t>(next, 2 * int64_t(_target)));
+    } else if (next < int64_t(_target)) {
+        if (_draining) {
+            _target = clamp(next);
+            return;
+        }
+        // The hysteresis band (k_keep): a smaller batch is taken only once the current one no
+        // longer fits with the narrower margin, and then the largest that does (at least
+        // `next`): a burst of noise costs a step or two, not a fall to the full-margin size
+        // that the next quiet stretch would climb back from. A device that really slowed fails
+        // the test for every size its slowdown rules out, so safety comes at once all the same.
+        // Only sizes that have run are kept on their own evidence; the line's word on the
+        // others is what `next` already says (past a knee the line underrates them).
+        const double keep_margin = std::max(k_keep * _dev_ms, margin_floor * slo);
+        const auto kept = [&](int64_t b) {
+            return b < int64_t(_sizes.size()) && _sizes[b].count && 2 * _sizes[b].ewma_ms + keep_margin <= slo;
+        };
+        int64_t b = _target;
+        while (b > next && !kept(b)) --b;
+        _target = clamp(b);
+    }
 }
 
 // The batch that serves the most requests per second among those whose own service time fits
-// the SLO (larger on a near tie: fewer launches). A size that has run is judged by its own
+// the SLO: the largest within throughput_tolerance of the best (fewer launches; and on a flat
+// curve, as the cpu backend's is, the per-size measurements' noise would otherwise move the
+// argmax, and the batch size with it, from one batch to the next). A size that has run is judged by its own
 // measurements, however old (level shifts keep them at the device's current speed): on a
 // device with a knee the line overrates the sizes past it and underrates those before it, and
 // a backlog is exactly when that mistake costs most. Sizes not run yet are read off the line,
@@ -316,18 +372,15 @@ void batch_controller::observe_slab(uint32_t batch, double service_ms, double wo
 // exactly when capacity is needed.
 uint32_t batch_controller::throughput_batch() const {
     if (_batches == 0) return _options.min_batch;
-    uint32_t best = _options.min_batch;
+    const auto rate = [this](uint32_t b) {
+        const double t = expect_ms(b);
+        return t > _options.slo_ms ? -1.0 : t > 0 ? b / t : 0.0;
+    };
     double best_rate = 0;
-    for (uint32_t b = _options.min_batch; b <= _options.max_batch; ++b) {
-        const double t = b < _sizes.size() && _sizes[b].count ? _sizes[b].ewma_ms : predict_ms(b);
-        if (t > _options.slo_ms) continue;
-        const double rate = t > 0 ? b / t : 0;
-        if (rate >= best_rate * 0.98) {
-            best = b;
-            best_rate = std::max(best_rate, rate);
-        }
-    }
-    return best;
+    for (uint32_t b = _options.min_batch; b <= _options.max_batch; ++b) best_rate = std::max(best_rate, rate(b));
+    for (uint32_t b = _options.max_batch; b > _options.min_batch; --b)
+        if (rate(b) >= throughput_tolerance * best_rate) return b;
+    return _options.min_batch;
 }
 
 // AIMD as in Clipper: the signal is the batch's own processing latency against the SLO

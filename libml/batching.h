@@ -8,10 +8,12 @@
 //          table and a line t(b) = a + c*b fitted over it, learned online; the target is the
 //          largest batch whose worst latency (the batch ahead of it plus its own: 2 t(b)) plus
 //          k times the observed deviation fits the SLO, reached in one jump (at most doubling
-//          per batch); a lasting change of device speed rescales the whole table. A batch
-//          waits for more requests only within the headroom that leaves. While full batches
-//          leave requests behind (a burst, a backlog) it sizes for throughput instead: the
-//          batch with the best measured throughput that meets the SLO on its own.
+//          per batch), never past the batch with the best measured throughput; a hysteresis
+//          band keeps the batch while it still fits with a narrower margin, so that bursts of
+//          host noise do not move it; a lasting change of device speed rescales the whole
+//          table. A batch waits for more requests only within the headroom that leaves. While
+//          full batches leave requests behind (a burst, a backlog) it sizes for throughput
+//          instead: the batch with the best measured throughput that meets the SLO on its own.
 //   aimd   Clipper's additive-increase / multiplicative-decrease (Crankshaw et al., "Clipper: a
 //          low-latency online prediction serving system", NSDI'17): +1 after a full batch whose
 //          processing latency was under the SLO, x0.9 after one over it; never waits.
@@ -69,14 +71,18 @@ public:
     // The safety margin the controller keeps below the SLO now: k x the deviation of observed
     // service times from the model, at least a small fraction of the SLO.
     double margin_ms() const;
+    // SLAB grows only to a batch that fits with this margin: k x the held (recent peak)
+    // deviation; it keeps its batch while that fits with a narrower one (batching.cc).
+    double grow_margin_ms() const;
     // Mean absolute deviation of service times from the model's prediction (EWMA).
     double deviation_ms() const { return _dev_ms; }
     // The learned linear model t(b) = intercept + slope * b (0, 0 before observations).
     double intercept_ms() const { return _a_ms; }
     double slope_ms() const { return _c_ms; }
     uint64_t batches() const { return _batches; }
-    // The largest batch in [min_batch, max_batch] whose predicted worst latency fits the SLO
-    // (what SLAB steers to); min_batch when none does or nothing is learned yet.
+    // The largest batch in [min_batch, max_batch] whose predicted worst latency plus the grow
+    // margin fits the SLO (what SLAB steers to); min_batch when none does or nothing is
+    // learned yet.
     uint32_t slo_batch() const;
     // The batch with the best predicted throughput (requests per ms) among those whose own
     // service time fits the SLO: SLAB's target while it drains a backlog (draining()).
@@ -94,6 +100,7 @@ private:
     static void check(const batching_options& o);
     void refit();
     uint32_t clamp(int64_t b) const;
+    double expect_ms(uint32_t batch) const;
     void observe_slab(uint32_t batch, double service_ms, double worst_ms);
     void observe_aimd(uint32_t batch, double service_ms);
 
@@ -103,6 +110,7 @@ private:
     uint64_t _batches = 0;
     double _a_ms = 0, _c_ms = 0;     // the fitted line
     double _dev_ms = 0;
+    double _dev_hold_ms = 0;  // the deviation's recent peak (hysteresis)
     double _last_service_ms = 0;
     bool _draining = false;
     // A run of same-signed large residuals: the device got slower or faster as a whole.
