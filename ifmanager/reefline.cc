@@ -34,6 +34,9 @@
 #include "libml/libml.h"
 #include "dataplane/eal.h"
 #include "dataplane/engine.h"
+#ifdef REEFLINE_GPU_BACKEND
+#include "preempt/gpu_device.h"
+#endif
 
 namespace dp = reefline::dp;
 
@@ -120,6 +123,30 @@ int rx_worker(void* arg) {
     return 0;
 }
 
+// The GPU backend this build has ("" when none): -Dcuda=enabled or -Dhip=enabled link the
+// GPU kernel library and device into the daemon (gpu_dep), -Dgpu_emu=true its software SIMT
+// stand-in.
+#ifdef REEFLINE_GPU_BACKEND
+const std::string gpu_backend = REEFLINE_GPU_BACKEND;
+#else
+const std::string gpu_backend;
+#endif
+
+std::string built_backends() { return gpu_backend.empty() ? "cpu" : "cpu, " + gpu_backend; }
+
+std::unique_ptr<reefline::gpu::device> make_gpu_backend([[maybe_unused]] int ordinal, [[maybe_unused]] const std::string& math) {
+#ifdef REEFLINE_GPU_BACKEND
+    reefline::gpu::gpu_device_options o;
+    o.ordinal = ordinal;
+    o.math = math == "f16" ? reefline::gpu::gpu_math::tensor_f16
+             : math == "bf16" ? reefline::gpu::gpu_math::tensor_bf16
+                              : reefline::gpu::gpu_math::fp32;
+    return reefline::gpu::make_gpu_device(o);
+#else
+    throw std::logic_error("no GPU backend in this build");
+#endif
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -143,7 +170,12 @@ int main(int argc, char** argv) {
                    "file with the Z85 public keys of the clients allowed in, one per line (with --curve-secret-key)");
     app.add_option("--repo", repo_dir, "model repository directory, created if missing (default /var/lib/reefline/models as root, else ~/.reefline/models)");
     app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema")->capture_default_str();
-    app.add_option("--backend", backend, "device backend: cpu (cuda/hip when built with them)")->capture_default_str();
+    app.add_option("--backend", backend, std::string("device backend: ") + built_backends())->capture_default_str();
+    int gpu_ordinal = 0;
+    std::string gpu_math_name = "fp32";
+    app.add_option("--gpu", gpu_ordinal, "cuda/hip backend: the GPU's ordinal")->capture_default_str();
+    app.add_option("--gpu-math", gpu_math_name, "cuda/hip backend: GEMM and convolution math: fp32, f16 or bf16 (tensor cores)")
+        ->capture_default_str();
     app.add_option("--compute-units", compute_units, "cpu backend: worker threads (0: cores - 1)")->capture_default_str();
     app.add_option("--metrics", metrics, "Prometheus endpoint HOST:PORT on loopback, or off")->capture_default_str();
     app.add_option("--offline", offline, "replay this pcap through net_pcap, then exit (no control plane)")
@@ -180,8 +212,11 @@ int main(int argc, char** argv) {
         for (const auto& m : models) model_fields.push_back(parse_model(m, max_batch));
         if (!reefline::gpu::parse_policy(policy_name.c_str(), policy))
             throw CLI::ValidationError("--policy", "unknown policy '" + policy_name + "' (reef, rt_only, seq, streams, prema)");
-        if (backend != "cpu")
-            throw CLI::ValidationError("--backend", "backend '" + backend + "' is not built in (this build has: cpu)");
+        if (backend != "cpu" && backend != gpu_backend)
+            throw CLI::ValidationError("--backend", "backend '" + backend + "' is not built in (this build has: " + built_backends() +
+                                                        (gpu_backend.empty() ? "; build with -Dcuda=enabled or -Dhip=enabled" : "") + ")");
+        if (gpu_math_name != "fp32" && gpu_math_name != "f16" && gpu_math_name != "bf16")
+            throw CLI::ValidationError("--gpu-math", "'" + gpu_math_name + "': expected fp32, f16 or bf16");
         if (metrics != "off") reefline::metrics::parse_listen_address(metrics);
     } catch (const std::exception& e) {
         std::cerr << "reefline: " << e.what() << "\n";
@@ -256,6 +291,7 @@ int main(int argc, char** argv) {
         std::unique_ptr<reefline::ifm::if_manager> manager;
         std::unique_ptr<reefline::ifm::control_server> control_plane;
         std::unique_ptr<reefline::metrics::metrics_server> metrics_http;
+        std::vector<void*> registered;  // packet memory registered with a GPU device
         auto tear_down = [&] {
             metrics_http.reset();
             control_plane.reset();
@@ -263,13 +299,27 @@ int main(int argc, char** argv) {
             manager.reset();
             scheduler.reset();
             runtime.reset();
+            for (void* p : registered) device->ops().unregister_host(device.get(), p);
             device.reset();
         };
         try {
             plane = std::make_unique<dp::dataplane>(config);
-            reefline::gpu::cpu_device_options dopt;
-            dopt.compute_units = compute_units;
-            device = reefline::gpu::make_cpu_device(dopt);
+            if (backend == "cpu") {
+                reefline::gpu::cpu_device_options dopt;
+                dopt.compute_units = compute_units;
+                device = reefline::gpu::make_cpu_device(dopt);
+            } else {
+                device = make_gpu_backend(gpu_ordinal, gpu_math_name);
+                // The gather kernel reads request payloads where the NIC wrote them: the rx
+                // mempool's pages are registered (pinned, mapped) with the GPU.
+                for (const auto& r : plane->eth().memory_ranges()) {
+                    if (!device->ops().register_host(device.get(), r.address, r.length))
+                        throw std::runtime_error("cannot register the packet memory (" + std::to_string(r.length >> 20) +
+                                                 " MiB at " + std::to_string(reinterpret_cast<uintptr_t>(r.address)) +
+                                                 ") with the " + backend + " device");
+                    registered.push_back(r.address);
+                }
+            }
             runtime = std::make_unique<reefline::ml::runtime>(*device);
             reefline::gpu::scheduler_options sopt;
             sopt.pol = policy;

@@ -2,13 +2,16 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string_view>
 #include <unordered_map>
 
 #include "dataplane/crc32c.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/pcap_file.h"
+#include "tools/reefgen/send.h"
 
 namespace reefline::reefgen {
 namespace {
@@ -173,6 +176,13 @@ check_result run_check(const check_options& o, std::ostream& out) {
     std::map<std::string, uint64_t> response_rejected;
     limited_report bad_lines(out, o.max_report);
     size_t shown = 0;
+    std::vector<answer_record> answers;
+    const uint64_t id_base = request_id_base(o.seed);
+    std::ofstream results_out;
+    if (!o.results_file.empty()) {
+        results_out.open(o.results_file, std::ios::out | std::ios::trunc);
+        if (!results_out) throw usage_error("--results: cannot create '" + o.results_file + "'");
+    }
 
     const auto judge = [&](const assembled_message& m, uint32_t src_ip, uint16_t src_port) {
         const auto it = by_key.find(m.key);
@@ -216,6 +226,15 @@ check_result run_check(const check_options& o, std::ostream& out) {
             return;
         }
         ++res.responses;
+        if (!o.results_file.empty()) {
+            answer_record a;
+            a.request = a.payload = m.key.request_id - id_base;
+            a.kind = m.head.kind;
+            a.status = m.head.status;
+            a.format = m.head.format;
+            a.payload_bytes = m.payload;
+            answers.push_back(std::move(a));
+        }
         if (problem.empty()) {
             ++res.ok;
             if (shown++ < o.show) {
@@ -296,6 +315,14 @@ check_result run_check(const check_options& o, std::ostream& out) {
                            describe(cap.requests[i].key));
         lines.finish("missing responses");
         res.missing = lines.count();
+    }
+    if (results_out.is_open()) {
+        std::sort(answers.begin(), answers.end(),
+                  [](const answer_record& a, const answer_record& b) { return a.request < b.request; });
+        write_results(results_out, answers);
+        results_out.close();
+        if (!results_out) throw std::runtime_error("--results: cannot write '" + o.results_file + "'");
+        out << "results: " << answers.size() << " answers written to " << o.results_file << '\n';
     }
     out << "requests=" << res.requests << " complete=" << res.complete
         << " responses=" << res.responses << " ok=" << res.ok << " bad=" << res.bad << '\n';

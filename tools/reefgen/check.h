@@ -14,9 +14,10 @@
 
 namespace reefline::reefgen {
 
-// What the responses are expected to contain. Only the crc32 diagnostic IF exists so far;
-// top-k checks against a reference come with the model IFs.
-enum class expectation : uint8_t { crc32 };
+// What the responses are expected to contain: the crc32 diagnostic IF's answer (verified
+// here), or a model IF's (ok responses in any format; their results are checked against libml
+// by reefverify from check_options::results_file).
+enum class expectation : uint8_t { crc32, model };
 
 // One request as the capture presents it to a receiver.
 struct request_record {
@@ -57,6 +58,10 @@ struct check_options {
     expectation expect = expectation::crc32;
     size_t max_report = 5;  // detail lines per kind of problem
     size_t show = 0;        // print the first N verified responses, one line each
+    // Write the first answer to every request as JSON lines (reefgen send --results' format,
+    // for reefverify); the request ids map to payload indices through the capture's seed.
+    std::string results_file;
+    uint64_t seed = 1;
 };
 
 struct check_result {

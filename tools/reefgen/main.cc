@@ -145,9 +145,16 @@ int main(int argc, char** argv) {
         ->required();
     check_cmd->add_option("--responses", co.responses, "Responses pcap (as reefline sent them)")
         ->required();
-    check_cmd->add_option("--expect", expect, "What responses carry")
+    check_cmd->add_option("--expect", expect,
+                          "What responses carry: crc32 (verified here) or model (any ok result; "
+                          "reefverify checks --results)")
         ->capture_default_str()
-        ->check(CLI::IsMember({"crc32"}));
+        ->check(CLI::IsMember({"crc32", "model"}));
+    check_cmd->add_option("--results", co.results_file,
+                          "Write the first answer to every request as JSON lines, as reefgen send "
+                          "--results does (for reefverify)");
+    check_cmd->add_option("--seed", co.seed, "Seed the requests pcap was written with (maps request ids to payloads)")
+        ->capture_default_str();
     check_cmd->add_option("--report", co.max_report, "Detail lines per kind of problem")
         ->capture_default_str();
     check_cmd->add_option("--show", co.show, "Print the first N verified responses");
@@ -215,7 +222,7 @@ int main(int argc, char** argv) {
             return run_pcap(po);
         }
         if (*check_cmd) {
-            co.expect = expectation::crc32;
+            co.expect = expect == "model" ? expectation::model : expectation::crc32;
             return run_check(co, std::cout).passed() ? 0 : 1;
         }
         if (*send_cmd) {

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The daemon's model IFs on a device backend, offline: reefline replays captures (net_pcap)
+# into an RT and a BE IF, reefgen check collects the answers and reefverify checks every one
+# against libml run directly on the same images (cpu backend). With `cpu` (tests/meson.build)
+# it checks the data path and the offline tools; with `cuda`/`hip` (scripts/gpu-build,
+# tests/gpu/meson.build) it checks `reefline --backend cuda|hip`: the packet memory registered
+# with the device, the gather kernel reading payloads in place, the model's kernels from the
+# GPU kernel library, RT and BE tasks through the scheduler. Exits 77 (skip) without a device.
+#
+# daemon_offline_test.sh BACKEND REEFLINE REEFGEN REEFVERIFY ZOO
+set -euo pipefail
+backend=$1 reefline=$2 reefgen=$3 reefverify=$4 zoo=$5
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+"$zoo" --out "$tmp" --tiny --only resnet50_tiny,mobilenet_v2_tiny -q
+
+# run NAME MODEL CLASS SEED [reefline args...]: 6 requests (shuffled fragments) to one IF.
+run() {
+  local name=$1 model=$2 cls=$3 seed=$4; shift 4
+  "$reefgen" pcap --out "$tmp/$name.req.pcap" --requests 6 --shape 64x64x3 --frag-size 1024 --dport 9100 \
+    --seed "$seed" --shuffle > /dev/null
+  # A generous SLO: the software SIMT machine (-Dgpu_emu=true) takes seconds per batch.
+  if ! "$reefline" --backend "$backend" --offline "$tmp/$name.req.pcap" --responses "$tmp/$name.resp.pcap" \
+      --model "$name:9100:$tmp/$model.onnx:$cls:600000" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
+    if grep -qE "no (CUDA|HIP) device" "$tmp/$name.err"; then
+      echo "SKIP: $(grep -oE "no (CUDA|HIP) device.*" "$tmp/$name.err" | head -1)"
+      exit 77
+    fi
+    cat "$tmp/$name.err"; echo "FAIL $name: reefline exited non-zero"; exit 1
+  fi
+  grep -q "backend" "$tmp/$name.err" && grep "reefline: port" "$tmp/$name.err"
+  python3 - "$tmp/$name.out" "$name" <<'PY'
+import json, sys
+c = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
+assert c["mbufs_in_use_at_exit"] == 0, f"{sys.argv[2]}: mbufs leaked"
+assert c["responses_sent"] == 6, f"{sys.argv[2]}: {c['responses_sent']} responses"
+PY
+  "$reefgen" check --requests "$tmp/$name.req.pcap" --responses "$tmp/$name.resp.pcap" --expect model \
+    --results "$tmp/$name.jsonl" --seed "$seed" > "$tmp/$name.check" \
+    || { cat "$tmp/$name.check"; echo "FAIL $name: reefgen check"; exit 1; }
+  "$reefverify" --model "$tmp/$model.onnx" --results "$tmp/$name.jsonl" --shape 64x64x3 --seed "$seed" --no-errors \
+    | tail -n 1 | tee "$tmp/$name.verify"
+  grep -q "verified=6 mismatched=0 errors=0" "$tmp/$name.verify" || { echo "FAIL $name: answers differ from libml"; exit 1; }
+}
+
+run rt resnet50_tiny rt 3
+run be mobilenet_v2_tiny be 4 --max-batch 4
+echo "daemon offline ($backend): ok"
