@@ -22,24 +22,16 @@ host_if=reh$$
 cam_if=rec$$
 tmp=$(mktemp -d)
 pid=
+source "$(dirname "$0")/../scripts/lib/camera-netns.sh"
 cleanup() {
   [ -n "$pid" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
-  ip link del "$host_if" 2>/dev/null || true
+  camera_netns_down "$ns" "$host_if"
   [ -n "${KEEP_TMP:-}" ] && cp -r "$tmp" /tmp/e2e/ ; rm -rf "$tmp"
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- reefline stderr:"; tail -n 40 "$tmp/reefline.err" || true; exit 1; }
 
-ip netns add "$ns" || { echo "skip: cannot create network namespaces here"; exit 77; }
-ip link add "$host_if" type veth peer name "$cam_if"
-ip link set "$cam_if" netns "$ns"
-ip link set "$host_if" up
-ip netns exec "$ns" ip link set lo up
-ip netns exec "$ns" ip addr add 198.18.0.1/24 dev "$cam_if"
-ip netns exec "$ns" ip link set "$cam_if" up
-ip netns exec "$ns" ethtool -K "$cam_if" tx off >/dev/null 2>&1 || true
-ethtool -K "$host_if" tx off >/dev/null 2>&1 || true
+camera_netns_up "$ns" "$host_if" "$cam_if" || { echo "skip: cannot create network namespaces here"; exit 77; }
 
 "$zoo" --out "$tmp/zoo" --tiny --only resnet50_tiny,mobilenet_v2_tiny,alexnet_tiny -q
 ctl=(--endpoint "ipc://$tmp/control.sock")

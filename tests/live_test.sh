@@ -16,10 +16,10 @@ host_if=rfh$$
 cam_if=rfc$$
 tmp=$(mktemp -d)
 pid=
+source "$(dirname "$0")/../scripts/lib/camera-netns.sh"
 cleanup() {
   [ -n "$pid" ] && kill -INT "$pid" 2>/dev/null && wait "$pid" 2>/dev/null || true
-  ip netns del "$ns" 2>/dev/null || true
-  ip link del "$host_if" 2>/dev/null || true
+  camera_netns_down "$ns" "$host_if"
   rm -rf "$tmp"
 }
 trap cleanup EXIT
@@ -34,16 +34,7 @@ wait_started() {
   cat "$2"; echo "FAIL: reefline did not start within 10 s"; exit 1
 }
 
-ip netns add "$ns" || { echo "skip: cannot create network namespaces here"; exit 77; }
-ip link add "$host_if" type veth peer name "$cam_if"
-ip link set "$cam_if" netns "$ns"
-ip link set "$host_if" up
-ip netns exec "$ns" ip link set lo up
-ip netns exec "$ns" ip addr add 198.18.0.1/24 dev "$cam_if"
-ip netns exec "$ns" ip link set "$cam_if" up
-# A kernel socket sends from cam_if: without this its UDP checksums leave partial.
-ip netns exec "$ns" ethtool -K "$cam_if" tx off >/dev/null 2>&1 || true
-ethtool -K "$host_if" tx off >/dev/null 2>&1 || true
+camera_netns_up "$ns" "$host_if" "$cam_if" || { echo "skip: cannot create network namespaces here"; exit 77; }
 host_mac=$(cat /sys/class/net/$host_if/address)
 cam_mac=$(ip netns exec "$ns" cat /sys/class/net/$cam_if/address)
 
