@@ -474,9 +474,10 @@ nlohmann::json model_if::stats() const {
         counts.push_back(cumulative);
     }
     const uint64_t total = cumulative + _latency_hist.back().get();
-    // Percentiles interpolated within the histogram's buckets (the exact samples are not kept).
-    auto quantile = [&](double q) {
-        if (total == 0) return 0.0;
+    // Percentiles interpolated within the histogram's buckets (the exact samples are not kept),
+    // never above the exact maximum (the top bucket's interpolation could overshoot it).
+    const double max_ms = double(_latency_max_ns.load(std::memory_order_relaxed)) / 1e6;
+    auto interpolated = [&](double q) {
         const double rank = q * double(total);
         uint64_t below = 0;
         double lo = 0;
@@ -488,6 +489,10 @@ nlohmann::json model_if::stats() const {
             lo = latency_buckets_s[b];
         }
         return 1e3 * latency_buckets_s.back();
+    };
+    auto quantile = [&](double q) {
+        if (total == 0) return 0.0;
+        return std::min(max_ms, interpolated(q));
     };
     uint32_t batch = _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target.load(std::memory_order_relaxed);
     return {
@@ -515,7 +520,7 @@ nlohmann::json model_if::stats() const {
          {{"p50", quantile(0.5)},
           {"p90", quantile(0.9)},
           {"p99", quantile(0.99)},
-          {"max", double(_latency_max_ns.load(std::memory_order_relaxed)) / 1e6}}},
+          {"max", max_ms}}},
     };
 }
 

@@ -193,6 +193,7 @@ TEST_F(model_if_test, padded_batches_give_the_same_answers) {
     EXPECT_EQ(st["latency_seconds"]["count"], 3);
     EXPECT_GT(st["latency_ms"]["max"].get<double>(), 0.0);
     EXPECT_LE(st["latency_ms"]["max"].get<double>(), 1e3 * st["latency_seconds"]["sum"].get<double>());
+    for (const char* p : {"p50", "p90", "p99"}) EXPECT_LE(st["latency_ms"][p], st["latency_ms"]["max"]) << p;
 }
 
 // The settings the end-to-end test uses: RT class, SLAB up to 16.
