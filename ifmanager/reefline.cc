@@ -21,6 +21,8 @@
 #include <thread>
 #include <cstdio>
 #include <iostream>
+#include <iterator>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -147,11 +149,52 @@ std::unique_ptr<reefline::gpu::device> make_gpu_backend([[maybe_unused]] int ord
 #endif
 }
 
+// --config FILE: TOML (CLI11's reader), or JSON when the file's first character is '{': a
+// flat object of option names (long form without the dashes) to a string, number, bool or
+// array (repeated options such as "model"). JSON errors name the file's problem.
+class toml_or_json_config : public CLI::ConfigTOML {
+public:
+    std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
+        const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+        const auto first = text.find_first_not_of(" \t\r\n");
+        if (first == std::string::npos || text[first] != '{') {
+            std::istringstream toml(text);
+            return CLI::ConfigTOML::from_config(toml);
+        }
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(text);
+        } catch (const nlohmann::json::parse_error& e) {
+            throw CLI::ConfigError(std::string("--config: not valid JSON: ") + e.what());
+        }
+        const auto scalar = [](const std::string& key, const nlohmann::json& v) {
+            if (v.is_string()) return v.get<std::string>();
+            if (v.is_boolean()) return std::string(v.get<bool>() ? "true" : "false");
+            if (v.is_number()) return v.dump();
+            throw CLI::ConfigError("--config: \"" + key + "\": expected a string, number, bool or array of them");
+        };
+        std::vector<CLI::ConfigItem> items;
+        for (const auto& [key, v] : j.items()) {
+            CLI::ConfigItem item;
+            item.name = key;
+            if (v.is_array())
+                for (const auto& e : v) item.inputs.push_back(scalar(key, e));
+            else
+                item.inputs.push_back(scalar(key, v));
+            items.push_back(std::move(item));
+        }
+        return items;
+    }
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"reefline: network inference appliance"};
-    app.set_config("--config", "", "configuration file (TOML: option = value, e.g. repo = \"/var/lib/reefline\"); flags override it");
+    app.config_formatter(std::make_shared<toml_or_json_config>());
+    app.set_config("--config", "",
+                   "configuration file, TOML (option = value, e.g. repo = \"/var/lib/reefline\") or JSON ({\"repo\": "
+                   "\"/var/lib/reefline\", \"model\": [...]}); flags override it");
     std::string offline, responses, eal_args, lcores = "0", local_ip, control, repo_dir, policy_name = "reef",
                                               backend = "cpu", metrics = "127.0.0.1:9464", curve_key_file,
                                                           curve_clients_file;
@@ -198,7 +241,21 @@ int main(int argc, char** argv) {
     app.add_option("--duration", duration, "stop after this many seconds (0: until SIGINT/SIGTERM or shutdown)");
     app.add_option("--stats-interval", stats_interval, "print counters every N seconds (0: never)");
     app.add_flag("--busy-poll", busy_poll, "never sleep when idle (lowest latency; burns the main lcore)");
-    CLI11_PARSE(app, argc, argv);
+    // A misspelt option in the configuration file is an error, as it is on the command line.
+    app.allow_config_extras(CLI::config_extras_mode::error);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ConfigError& e) {
+        // CLI11 words an unknown key as "INI was not able to parse KEY".
+        const std::string what = e.what(), prefix = "INI was not able to parse ";
+        std::cerr << "reefline: "
+                  << (what.rfind(prefix, 0) == 0 ? "--config: unknown option '" + what.substr(prefix.size()) + "' (see --help)" : what)
+                  << "\n";
+        return 2;
+    } catch (const CLI::ParseError& e) {
+        const int rc = app.exit(e);
+        return rc == 0 ? 0 : 2;  // --help: 0; every usage error: 2, as the checks below
+    }
 
     if (!offline.empty() && responses.empty()) {
         std::cerr << "reefline: --offline needs --responses FILE for the responses\n";

@@ -45,5 +45,22 @@ PY
 }
 
 run rt resnet50_tiny rt 3
-run be mobilenet_v2_tiny be 4 --max-batch 4
+# The BE run takes its batch limit from a JSON configuration file (flags add the rest).
+printf '{"max-batch": 4, "policy": "reef", "age-ms": 500}\n' > "$tmp/be.json"
+run be mobilenet_v2_tiny be 4 --config "$tmp/be.json"
+
+# A bad configuration file is a usage error (exit 2) that names the problem.
+bad_config() {  # FILE-CONTENT EXPECTED-TEXT
+  printf '%s' "$1" > "$tmp/bad.conf"
+  local rc=0
+  # (the timeout: a daemon that accepted the file would start serving)
+  timeout 60 "$reefline" --backend "$backend" --config "$tmp/bad.conf" --metrics off --control "ipc://$tmp/c.sock" \
+    > /dev/null 2> "$tmp/bad.err" || rc=$?
+  [ "$rc" = 2 ] && grep -q "$2" "$tmp/bad.err" || { cat "$tmp/bad.err"; echo "FAIL: config '$1': exit $rc"; exit 1; }
+}
+bad_config '{"max-batch": 4, "bogus": 1}' "unknown option 'bogus'"
+bad_config 'max-batch = 4
+bogus = 1' "unknown option 'bogus'"
+bad_config '{"max-batch": 4,' "not valid JSON"
+bad_config '{"eal": {"nested": 1}}' '"eal": expected a string'
 echo "daemon offline ($backend): ok"
