@@ -130,10 +130,10 @@ double batch_controller::grow_margin_ms() const {
     return std::max(k_dev * _dev_hold_ms, margin_floor * _options.slo_ms);
 }
 
-// The service time the batch size being run is expected to take, for the keep test: its own
-// measurement where there is one, however old (past a knee the line underrates it; and the line also
-// moves with the partial batches of a light load, which say little about this size), else
-// the line. A device that slows as a whole rescales the measurements too (observe()).
+// The service time a batch size is expected to take: its own measurement where it has run,
+// however old (past a knee the line underrates it; and the line also moves with the partial
+// batches of a light load, which say little about this size), else the line. A device that
+// slows as a whole rescales the measurements too (observe()).
 double batch_controller::expect_ms(uint32_t batch) const {
     if (batch < _sizes.size() && _sizes[batch].count) return _sizes[batch].ewma_ms;
     return predict_ms(batch);
@@ -351,7 +351,7 @@ void batch_controller::observe_slab(uint32_t batch, double service_ms, double wo
         // others is what `next` already says (past a knee the line underrates them).
         const double keep_margin = std::max(k_keep * _dev_ms, margin_floor * slo);
         const auto kept = [&](int64_t b) {
-            return b < int64_t(_sizes.size()) && _sizes[b].count && 2 * _sizes[b].ewma_ms + keep_margin <= slo;
+            return b < int64_t(_sizes.size()) && _sizes[b].count && 2 * expect_ms(uint32_t(b)) + keep_margin <= slo;
         };
         int64_t b = _target;
         while (b > next && !kept(b)) --b;
@@ -362,8 +362,8 @@ void batch_controller::observe_slab(uint32_t batch, double service_ms, double wo
 // The batch that serves the most requests per second among those whose own service time fits
 // the SLO: the largest within throughput_tolerance of the best (fewer launches; and on a flat
 // curve, as the cpu backend's is, the per-size measurements' noise would otherwise move the
-// argmax, and the batch size with it, from one batch to the next). A size that has run is judged by its own
-// measurements, however old (level shifts keep them at the device's current speed): on a
+// argmax, and the batch size with it, from one batch to the next). A size that has run is
+// judged by its own measurements, however old (level shifts keep them at the device's current speed): on a
 // device with a knee the line overrates the sizes past it and underrates those before it, and
 // a backlog is exactly when that mistake costs most. Sizes not run yet are read off the line,
 // so a backlog also explores them. No margin: it protects requests that can still be on time,
