@@ -183,15 +183,16 @@ void control_server::run() {
 // the mechanism's credentials (CURVE: the client's 32-byte public key). The reply admits the
 // client (200) only when its key is on the list; anything malformed is refused (400).
 void control_server::answer_zap() {
+    // Every part is read (a REP socket answers only a whole request); the first 8 are kept.
     std::vector<std::string> frames;
-    for (bool more = true; more && frames.size() < 16;) {
+    for (bool more = true; more;) {
         zmq_msg_t m;
         zmq_msg_init(&m);
         if (zmq_msg_recv(&m, _zap, 0) < 0) {
             zmq_msg_close(&m);
             return;
         }
-        frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+        if (frames.size() < 8) frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
         more = zmq_msg_more(&m);
         zmq_msg_close(&m);
     }
