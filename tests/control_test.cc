@@ -17,6 +17,7 @@
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
 #include "tests/ring_port.h"
+#include "tests/tiny_zoo.h"
 #include "tools/reefctl/client.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/payload.h"
@@ -36,9 +37,8 @@ protected:
     void SetUp() override {
         const char* zoo = std::getenv("REEFLINE_ZOO");
         if (!zoo) GTEST_SKIP() << "REEFLINE_ZOO (path of build/tools/zoo) not set";
-        _dir = fs::temp_directory_path() / ("control_test." + std::to_string(getpid()));
-        fs::create_directories(_dir);
-        ASSERT_EQ(std::system((std::string(zoo) + " --out " + _dir.string() + " --tiny --only resnet50_tiny,alexnet_tiny -q").c_str()), 0);
+        _dir = reefline::testing::write_tiny_zoo(zoo, "control_test", "resnet50_tiny,alexnet_tiny");
+        ASSERT_FALSE(_dir.empty()) << "the zoo tool failed";
         _model = (_dir / "resnet50_tiny.onnx").string();
         _ring = std::make_unique<reefline::testing::ring_port>("ctl");
         ASSERT_GE(_ring->port_id, 0);

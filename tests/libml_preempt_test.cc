@@ -13,6 +13,7 @@
 
 #include "libml/libml.h"
 #include "preempt/scheduler.h"
+#include "tests/tiny_zoo.h"
 
 namespace ml = reefline::ml;
 namespace gpu = reefline::gpu;
@@ -34,9 +35,8 @@ protected:
     void SetUp() override {
         const char* zoo = std::getenv("REEFLINE_ZOO");
         if (!zoo) GTEST_SKIP() << "REEFLINE_ZOO not set";
-        _dir = fs::temp_directory_path() / ("libml_preempt." + std::to_string(getpid()));
-        fs::create_directories(_dir);
-        ASSERT_EQ(std::system((std::string(zoo) + " --out " + _dir.string() + " --tiny --only resnet50_tiny -q").c_str()), 0);
+        _dir = reefline::testing::write_tiny_zoo(zoo, "libml_preempt", "resnet50_tiny");
+        ASSERT_FALSE(_dir.empty()) << "the zoo tool failed";
     }
     void TearDown() override { fs::remove_all(_dir); }
     fs::path _dir;

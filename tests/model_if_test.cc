@@ -15,6 +15,7 @@
 
 #include "ifmanager/model_if.h"
 #include "tests/ring_port.h"
+#include "tests/tiny_zoo.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/payload.h"
 
@@ -39,9 +40,8 @@ protected:
     void SetUp() override {
         const char* zoo = std::getenv("REEFLINE_ZOO");
         if (!zoo) GTEST_SKIP() << "REEFLINE_ZOO (path of build/tools/zoo) not set";
-        _dir = fs::temp_directory_path() / ("model_if_test." + std::to_string(getpid()));
-        fs::create_directories(_dir);
-        ASSERT_EQ(std::system((std::string(zoo) + " --out " + _dir.string() + " --tiny --only resnet50_tiny -q").c_str()), 0);
+        _dir = reefline::testing::write_tiny_zoo(zoo, "model_if_test", "resnet50_tiny");
+        ASSERT_FALSE(_dir.empty()) << "the zoo tool failed";
         _ring = std::make_unique<reefline::testing::ring_port>("mif");
         ASSERT_GE(_ring->port_id, 0);
         _rx = _ring->rx;

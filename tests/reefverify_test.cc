@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "libml/libml.h"
+#include "tests/tiny_zoo.h"
 #include "tools/reefgen/payload.h"
 #include "tools/reefgen/send.h"
 #include "tools/reefverify/compare.h"
@@ -95,10 +96,8 @@ protected:
         const char* zoo = std::getenv("REEFLINE_ZOO");
         if (!zoo || !std::getenv("REEFVERIFY"))
             GTEST_SKIP() << "REEFLINE_ZOO and REEFVERIFY not set (run through meson test)";
-        _dir = fs::temp_directory_path() / ("reefverify_test." + std::to_string(getpid()));
-        fs::create_directories(_dir);
-        ASSERT_EQ(std::system((std::string(zoo) + " --out " + _dir.string() + " --tiny --only resnet50_tiny -q").c_str()),
-                  0);
+        _dir = reefline::testing::write_tiny_zoo(zoo, "reefverify_test", "resnet50_tiny");
+        ASSERT_FALSE(_dir.empty()) << "the zoo tool failed";
         _model = (_dir / "resnet50_tiny.onnx").string();
         make_answers();
     }
