@@ -63,6 +63,9 @@ int main(int argc, char** argv) {
     app.add_option("--batches", batches, "batch sizes")->delimiter(',');
     app.add_option("--iterations", iterations, "timed runs per model and batch")->capture_default_str();
     app.add_option("--math", math, "fp32, tensor_f16 or tensor_bf16")->capture_default_str();
+    bool no_task = false;
+    app.add_flag("--no-task", no_task,
+                 "time the plan's launches without task words too (no preemption checks): the checks' cost");
     CLI11_PARSE(app, argc, argv);
 
     gpu::gpu_device_options o;
@@ -112,20 +115,27 @@ int main(int argc, char** argv) {
             const auto launches = rt.task_launches(*in);
             gpu::stream* s = d->create_stream(0);
             gpu::task_words* w = d->ops().task_words_create(d.get());
-            for (int i = 0; i < iterations + 3; ++i) {
-                const auto t0 = clk::now();
-                for (size_t j = 0; j < launches.size(); ++j) {
-                    const auto& l = launches[j];
-                    d->launch(s, gpu::launch{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid, w,
-                                             uint32_t(j)});
+            const auto time_launches = [&](gpu::task_words* words, std::vector<double>& times) {
+                for (int i = 0; i < iterations + 3; ++i) {
+                    const auto t0 = clk::now();
+                    for (size_t j = 0; j < launches.size(); ++j) {
+                        const auto& l = launches[j];
+                        d->launch(s, gpu::launch{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid,
+                                                 words, uint32_t(j)});
+                    }
+                    d->synchronize(s);
+                    if (i >= 3) times.push_back(ms_since(t0));
                 }
-                d->synchronize(s);
-                if (i >= 3) kernels.push_back(ms_since(t0));
-            }
+            };
+            time_launches(w, kernels);
+            std::vector<double> unchecked;
+            if (no_task) time_launches(nullptr, unchecked);
             d->ops().task_words_destroy(d.get(), w);
             d->ops().stream_destroy(d.get(), s);
-            std::printf("reefline model=%s batch=%lld kernels_ms=%.3f end_to_end_ms=%.3f math=%s launches=%zu\n",
+            std::printf("reefline model=%s batch=%lld kernels_ms=%.3f end_to_end_ms=%.3f math=%s launches=%zu",
                         name.c_str(), (long long)batch, median(kernels), median(e2e), math.c_str(), launches.size());
+            if (no_task) std::printf(" no_task_kernels_ms=%.3f", median(unchecked));
+            std::printf("\n");
             std::fflush(stdout);
         }
     }

@@ -220,7 +220,7 @@ void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tens
     const plan& p = *in._plan;
     if (!gather) write_inputs(in, inputs);
     gpu::task_words* task = in._task;
-    task->preempt.store(0);
+    if (task->preempt.load() != 0) _device.set_task_flag(task, 0);
     task->completed.store(0);
     const auto& launches = p.launches();
     // The gather kernel, when given, is kernel 0 of the task; the model's kernels follow.

@@ -690,6 +690,9 @@ void op_task_words_destroy(device* dev, task_words* w) {
         d->recycled.push_back(w);
 }
 
+// Workers read the flag where the host writes it: a plain store is all it takes.
+void op_task_flag_set(device*, task_words* w, uint32_t value) { w->preempt.store(value, std::memory_order_seq_cst); }
+
 const device_ops cpu_ops = {
     op_destroy,
     op_caps,
@@ -711,6 +714,7 @@ const device_ops cpu_ops = {
     op_event_synchronize,
     op_task_words_create,
     op_task_words_destroy,
+    op_task_flag_set,
 };
 
 }  // namespace

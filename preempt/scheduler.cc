@@ -124,7 +124,7 @@ task_id scheduler::submit(task t) {
     // scheduler thread still preempts formally, and only it clears a flag (after a drain).
     // A flag raised on an idle vHQ is cleared when its next task starts.
     if (r->t.cls == task_class::rt && _opt.pol == policy::reef && _opt.preempt == preempt_mode::reset)
-        for (auto& q : _be) q->w->preempt.store(1, std::memory_order_seq_cst);
+        for (auto& q : _be) raise_flag(*q);
     _incoming.push_back(r);
     _incoming_n.fetch_add(1, std::memory_order_release);
     lk.unlock();
@@ -196,10 +196,16 @@ std::unique_ptr<std::vector<launch>> build_pending(const task& t, task_words* w,
 }
 }  // namespace
 
+void scheduler::raise_flag(vhq& q) { _dev.set_task_flag(q.w, 1); }
+
+void scheduler::lower_flag(vhq& q) {
+    if (q.w->preempt.load(std::memory_order_seq_cst) != 0) _dev.set_task_flag(q.w, 0);
+}
+
 void scheduler::start_task(vhq& q, record* r) {
     q.cur = r;
     if (r->res.start_ns == 0) r->res.start_ns = now_ns();
-    q.w->preempt.store(0, std::memory_order_seq_cst);
+    lower_flag(q);
     q.w->completed.store(0, std::memory_order_seq_cst);
     q.pending = build_pending(r->t, q.w, 0);
     q.head = 0;
@@ -223,7 +229,7 @@ void scheduler::pump(vhq& q) {
         // The device refused a launch: stop the task's launches already queued, wait for the
         // stream (a rare error path), fail the task. The flag stays raised until the vHQ's
         // next task starts (on a drained stream).
-        q.w->preempt.store(1, std::memory_order_seq_cst);
+        raise_flag(q);
         q.pending.reset();
         _dev.synchronize(q.s);
         record* r = q.cur;
@@ -259,7 +265,7 @@ void scheduler::preempt(vhq& q) {
         _rc_queue.push_back(std::move(q.pending));
     }
     _rc_cv.notify_one();
-    if (_opt.preempt == preempt_mode::reset) q.w->preempt.store(1, std::memory_order_seq_cst);
+    if (_opt.preempt == preempt_mode::reset) raise_flag(q);
     _dev.ops().event_record(&_dev, q.drain, q.s);
     q.st = vhq::state::preempted;
     ++q.cur->res.preemptions;
@@ -297,7 +303,7 @@ bool scheduler::try_restore(vhq& q) {
     }
     // The stream is drained: no stale launch of this task is left to run.
     q.w->completed.store(from, std::memory_order_seq_cst);
-    q.w->preempt.store(0, std::memory_order_seq_cst);
+    lower_flag(q);
     q.pending = build_pending(r->t, q.w, from);
     q.head = 0;
     q.submitted = from;
@@ -557,7 +563,7 @@ void scheduler::cancel_all() {
     for (auto& q : _be) all.push_back(q.get());
     for (vhq* q : all) {
         if (q->cur) {
-            q->w->preempt.store(1, std::memory_order_seq_cst);
+            raise_flag(*q);
             q->pending.reset();
         }
     }
@@ -577,7 +583,7 @@ void scheduler::cancel_all() {
             q->waiting.pop_front();
             finish(r, task_status::cancelled);
         }
-        q->w->preempt.store(0, std::memory_order_seq_cst);
+        lower_flag(*q);
     }
 }
 

@@ -169,6 +169,10 @@ private:
     void intake();
     void finish(record* r, task_status st);
     void start_task(vhq& q, record* r);
+    // The vHQ's task flag, through the device (a GPU keeps the copy kernels read in device
+    // memory). Lowering waits for the device's copy, so it is skipped when already down.
+    void raise_flag(vhq& q);
+    void lower_flag(vhq& q);
     void pump(vhq& q);
     bool check_done(vhq& q);
     void preempt(vhq& q);

@@ -160,7 +160,7 @@ GPU_TEST(flag_stops_running_and_queued_launches) {
     for (uint32_t i = 1; i <= 20; ++i) d.launch(r.s, launch_of(spin_info, long_spin, grid, r.w, i));
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     const auto t0 = clk::now();
-    r.w->preempt.store(1);  // a plain store to host-mapped memory: no launch, no API call
+    d.set_task_flag(r.w, 1);  // a 4-byte copy on the flag stream: no kernel launch
     d.synchronize(r.s);
     const double ms = ms_since(t0);
     std::printf("  flag raised -> running launch and 20 queued ones gone: %.3f ms\n", ms);
@@ -168,7 +168,7 @@ GPU_TEST(flag_stops_running_and_queued_launches) {
     EXPECT(r.w->completed.load() == 0u) << "a preempted launch advanced the counter to " << r.w->completed.load();
     EXPECT(d.ops().queued(&d, r.s) == 0u);
     // After the flag is cleared, the stream runs launches again.
-    r.w->preempt.store(0);
+    d.set_task_flag(r.w, 0);
     r.next_index = 0;
     const auto short_spin = spin(100);
     EXPECT(r.run(spin_info, short_spin, grid));
@@ -190,7 +190,7 @@ GPU_TEST(rt_stream_runs_while_be_stream_is_full) {
     *reinterpret_cast<volatile uint32_t*>(started) = 0;
     const auto rt_spin = spin(10, 5, started);
     const auto t0 = clk::now();
-    be.w->preempt.store(1);
+    d.set_task_flag(be.w, 1);
     d.launch(rt.s, launch_of(spin_info, rt_spin, 1, rt.w, 0));
     while (*reinterpret_cast<volatile uint32_t*>(started) == 0 && ms_since(t0) < 1000) {
     }

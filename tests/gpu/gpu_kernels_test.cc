@@ -314,13 +314,13 @@ GPU_TEST(completion_counter_empty_launches_and_flags) {
     dev_buffer dz(d, x.size() * 4);
     const auto before = dz.read<uint32_t>();
     u.y = dz.get();
-    r.w->preempt.store(1);
+    d.set_task_flag(r.w, 1);
     EXPECT(!r.run(k::unary_kernel, u, grid));
     EXPECT(!r.run(k::unary_kernel, u, grid, 0, 0));
     EXPECT(r.w->completed.load() == 2u) << "got " << r.w->completed.load();
     expect_equal(dz.read<uint32_t>(), before, "output of a flagged launch");
     // The task restores: same launch, flag down.
-    r.w->preempt.store(0);
+    d.set_task_flag(r.w, 0);
     EXPECT(r.run(k::unary_kernel, u, grid));
     std::vector<float> want(x.size());
     for (size_t i = 0; i < x.size(); ++i) want[i] = -x[i];
@@ -347,9 +347,9 @@ GPU_TEST(preempted_conv_restarts_identically) {
     a.y = y1.get();
     EXPECT(r.run(conv2d_info, a, grid));
     a.y = y2.get();
-    r.w->preempt.store(1);
+    d.set_task_flag(r.w, 1);
     EXPECT(!r.run(conv2d_info, a, grid));
-    r.w->preempt.store(0);
+    d.set_task_flag(r.w, 0);
     EXPECT(r.run(conv2d_info, a, grid));
     expect_equal(y2.read<float>(), y1.read<float>(), "conv re-run after preemption");
 }

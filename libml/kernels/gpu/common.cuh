@@ -31,7 +31,7 @@ struct launch_ctx {
     uint32_t count;         // GPU blocks of this launch (>= 1)
     uint32_t kernel_index;
     uint32_t sequence;
-    const uint32_t* preempt;  // task words (host-mapped): [0] preempt flag, [1] completed; or null
+    const uint32_t* preempt;  // the task's preemption flag (device memory), or null
     uint32_t* completed;
     uint32_t* counter;        // [0] blocks finished, [1] some block exited on the flag
     uint32_t* stream_done;    // host-mapped: sequence of the last finished launch on the stream
@@ -43,7 +43,7 @@ inline launch_ctx make_ctx(const gpu_launch_params& p) {
     c.count = p.block_count ? p.block_count : 1;
     c.kernel_index = p.kernel_index;
     c.sequence = p.sequence;
-    c.preempt = p.task;
+    c.preempt = p.flag;
     c.completed = p.task ? p.task + 1 : nullptr;
     c.counter = p.counter;
     c.stream_done = p.stream_done;
@@ -62,7 +62,8 @@ inline Args args_from(const gpu_launch_params& p) {
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(RL_GPU_EMU)
 
-// A load that always goes to memory: the host writes the flag behind the GPU's back.
+// A load that always goes to memory: the host's copy engine writes the flag behind the
+// kernel's back.
 __device__ __forceinline__ uint32_t load_flag(const uint32_t* p) {
     return p ? *reinterpret_cast<const volatile uint32_t*>(p) : 0u;
 }
@@ -94,9 +95,9 @@ __device__ __forceinline__ void block_end(const launch_ctx& c, bool ok) {
 }
 
 // Check points inside a block's main loop (GEMM/conv: per K chunk). Thread 0 issues the
-// flag's load at one check and the block acts on it at the next, so the PCIe round trip of
-// the host-mapped read overlaps a chunk of work instead of stalling the block. A raised flag
-// stops the block within one or two chunks.
+// flag's load at one check and the block acts on it at the next, so the read's latency (an L2
+// hit: the flag is in device memory) overlaps a chunk of work instead of stalling the block. A
+// raised flag stops the block within one or two chunks.
 struct preempt_check {
     const uint32_t* flag;
     uint32_t pending;

@@ -41,6 +41,7 @@ struct gpu_launch_params {
     uint32_t sequence;       // stored into *stream_done when the launch finishes
     uint32_t flags;          // gpu_launch_flag
     uint32_t* task;          // device address of the task words {preempt, completed}, or null
+    const uint32_t* flag;    // device memory: the task's preemption flag that kernels check, or null
     uint32_t* counter;       // device memory: {blocks finished, some block exited on the flag}
     uint32_t* stream_done;   // device address of the stream's host-mapped finished word
     void* stream;            // cudaStream_t / hipStream_t

@@ -399,7 +399,7 @@ struct cudaDeviceProp {
     char name[256];
     int multiProcessorCount;
 };
-enum cudaMemcpyKind : int { cudaMemcpyDefault = 4 };
+enum cudaMemcpyKind : int { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDefault = 4 };
 constexpr unsigned cudaHostAllocPortable = 1, cudaHostAllocMapped = 2;
 constexpr unsigned cudaHostRegisterPortable = 1, cudaHostRegisterMapped = 2;
 constexpr unsigned cudaStreamNonBlocking = 1, cudaEventDisableTiming = 2;
@@ -463,6 +463,12 @@ inline cudaError_t cudaMemcpy(void* d, const void* s, size_t n, cudaMemcpyKind) 
     std::memmove(d, s, n);
     return cudaSuccess;
 }
+// In stream order, like the runtime's: the bytes are read when the copy runs.
+inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyKind, cudaStream_t stream) {
+    if (auto* st = static_cast<rl_emu::stream_t*>(stream)) st->push([d, s, n] { std::memmove(d, s, n); });
+    else std::memmove(d, s, n);
+    return cudaSuccess;
+}
 inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int priority) {
     auto* st = new rl_emu::stream_t;
     st->priority = priority;
@@ -514,6 +520,21 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     std::lock_guard lk(e->mu);
     e->s = static_cast<rl_emu::stream_t*>(s);
     e->ticket = e->s->ticket();
+    return cudaSuccess;
+}
+// Work queued on `stream` after this waits for what the event recorded.
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned = 0) {
+    rl_emu::stream_t* s;
+    uint64_t t;
+    {
+        std::lock_guard lk(e->mu);
+        s = e->s;
+        t = e->ticket;
+    }
+    auto* st = static_cast<rl_emu::stream_t*>(stream);
+    if (!s || s == st) return cudaSuccess;
+    if (st) st->push([s, t] { s->wait_until(t); });
+    else s->wait_until(t);
     return cudaSuccess;
 }
 inline cudaError_t cudaEventQuery(cudaEvent_t e) {

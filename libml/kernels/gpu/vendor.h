@@ -101,6 +101,7 @@
 #define cudaEventRecord hipEventRecord
 #define cudaEventQuery hipEventQuery
 #define cudaEventSynchronize hipEventSynchronize
+#define cudaStreamWaitEvent hipStreamWaitEvent
 #define cudaEventElapsedTime hipEventElapsedTime
 
 #else  // CUDA
