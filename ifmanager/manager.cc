@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <rte_ethdev.h>
+#include <rte_mempool.h>
 
 #include <algorithm>
 #include <cmath>
@@ -390,12 +391,18 @@ json if_manager::stats(const std::string& only) const {
     json drops = json::object();
     for (size_t i = 0; i < dp::drop_reason_count; ++i) drops[std::string(dp::drop_reason_names[i])] = c.drops[i];
     const gpu::scheduler_stats ss = _scheduler.stats();
+    const rte_mempool* rx_pool = _plane.eth().rx_pool();
+    const rte_mempool* tx_pool = _plane.eth().tx_pool();
     return {{"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - _start).count()},
             {"ifs", ifs},
             {"port",
              {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"rx_packets", ps.ipackets},
               {"rx_bytes", ps.ibytes}, {"tx_packets", ps.opackets}, {"tx_bytes", ps.obytes}, {"rx_missed", ps.imissed},
-              {"rx_errors", ps.ierrors}, {"tx_errors", ps.oerrors}, {"rx_nombuf", ps.rx_nombuf}}},
+              {"rx_errors", ps.ierrors}, {"tx_errors", ps.oerrors}, {"rx_nombuf", ps.rx_nombuf},
+              // Pool occupancy: a count that keeps rising under steady traffic is a leak long
+              // before the exit check would report it.
+              {"rx_mbufs", rx_pool->size}, {"rx_mbufs_in_use", rte_mempool_in_use_count(rx_pool)},
+              {"tx_mbufs", tx_pool->size}, {"tx_mbufs_in_use", rte_mempool_in_use_count(tx_pool)}}},
             {"dataplane",
              {
 #define X(name) {#name, c.name},

@@ -166,6 +166,12 @@ constexpr field_spec port_fields[] = {
     {"tx_errors", "reefline_port_tx_errors_total", "counter", "Failed transmissions."},
     {"rx_nombuf", "reefline_port_rx_nombuf_total", "counter",
      "Receive buffer allocation failures (mempool exhausted)."},
+    {"rx_mbufs", "reefline_port_rx_mbufs", "gauge", "Mbufs in the receive pool."},
+    {"rx_mbufs_in_use", "reefline_port_rx_mbufs_in_use", "gauge",
+     "Receive mbufs out of their pool: held by the port, by requests under reassembly or queued, or being served."},
+    {"tx_mbufs", "reefline_port_tx_mbufs", "gauge", "Mbufs in the transmit pool."},
+    {"tx_mbufs_in_use", "reefline_port_tx_mbufs_in_use", "gauge",
+     "Transmit mbufs out of their pool: responses queued or being sent."},
 };
 
 constexpr field_spec dataplane_fields[] = {

@@ -3,11 +3,15 @@
 # net_af_packet with the control plane, two IFs from the tiny zoo added with reefctl (an RT
 # one fed at a uniform rate, a BE one fed closed-loop), reefgen as the cameras.
 #  - every answer equals the model run directly through libml on the same image (reefverify);
-#  - RT p99 latency with the BE load is reported against RT alone;
+#  - the scheduler preempts: with the BE load running, RT requests preempt BE work (preemption
+#    counters in the stats and the metrics), the RT median latency stays within a bound of RT
+#    alone, and every BE request is still answered with a result (none shed);
 #  - adding and removing a third model during the run does not disturb the RT IF;
 #  - bad requests to the control plane (unknown model, port conflict, corrupt ONNX) get errors;
+#  - the rx pool's in-use gauge sees requests held under load and none once idle;
 #  - metrics are served; shutdown through reefctl is clean (every mbuf back in its pool).
-# Needs root (namespaces); skips (77) without.
+# Needs root (namespaces); skips (77) without. E2E_POLICY=seq (or streams: policies that never
+# preempt) runs the daemon with that policy instead of reef; the test must then fail.
 set -euo pipefail
 reefgen=$1
 reefline=$2
@@ -41,7 +45,7 @@ cat > "$tmp/reefline.toml" <<EOF
 repo = "$tmp/repo"
 metrics = "127.0.0.1:0"
 ip = "198.18.0.2"
-policy = "reef"
+policy = "${E2E_POLICY:-reef}"
 EOF
 "$reefline" --config "$tmp/reefline.toml" --control "ipc://$tmp/control.sock" --age-ms 500 \
   --eal "-l 0 --no-pci --no-shconf --no-huge -m 512 --no-telemetry --log-level lib.eal:error --vdev=net_af_packet0,iface=$host_if,framecnt=16384" \
@@ -99,7 +103,7 @@ send rt_alone 9100 "$cam_shape" 21 --requests 80 --rate 40
 # 2. RT with the BE load (closed loop, 8 outstanding), and a third model added and removed
 #    while both run.
 ip netns exec "$ns" "$reefgen" send --dst 198.18.0.2 --dport 9200 --shape "$batch_shape" --frag-size 1024 \
-  --seed 31 --timeout-ms 3000 --closed-loop 8 --requests 400 --results "$tmp/be.jsonl" --json \
+  --seed 31 --timeout-ms 3000 --closed-loop 8 --requests 2000 --results "$tmp/be.jsonl" --json \
   > "$tmp/be.txt" 2> "$tmp/be.log" &
 be=$!
 ( sleep 0.5
@@ -107,7 +111,16 @@ be=$!
     > "$tmp/extra.txt" 2>&1 && sleep 0.5 && "$reefctl" "${ctl[@]}" remove-model --name extra >> "$tmp/extra.txt" 2>&1 \
     && echo ok >> "$tmp/extra.txt" ) &
 churn=$!
+# While both run: the receive pool's gauge sees the requests being served.
+( for _ in $(seq 10); do
+    "$reefctl" "${ctl[@]}" --json stats | python3 -c 'import json, sys; print(json.load(sys.stdin)["port"]["rx_mbufs_in_use"])'
+    sleep 0.2
+  done > "$tmp/mbufs_loaded.txt" 2>&1 ) &
+sampler=$!
 send rt_loaded 9100 "$cam_shape" 22 --requests 80 --rate 40
+# The comparison with RT alone means something only if the BE load lasted the whole RT run.
+kill -0 "$be" 2>/dev/null || fail "the BE load ended before the RT run did: raise its --requests"
+wait "$sampler" || { cat "$tmp/mbufs_loaded.txt"; fail "stats during the run"; }
 wait "$churn" || true
 grep -q "^ok$" "$tmp/extra.txt" || { cat "$tmp/extra.txt"; fail "adding/removing a model during the run"; }
 wait "$be" || { cat "$tmp/be.log" "$tmp/be.txt"; fail "BE load"; }
@@ -117,7 +130,7 @@ for run in rt_alone rt_loaded; do
   [ "$(field "$tmp/$run.txt" lost)" = 0 ] || fail "$run lost requests"
   [ "$(field "$tmp/$run.txt" responses)" = 80 ] || fail "$run: not every request answered"
 done
-[ "$(field "$tmp/be.txt" responses)" = 400 ] || fail "BE: not every request answered"
+[ "$(field "$tmp/be.txt" responses)" = 2000 ] || fail "BE: not every request answered"
 
 # Every result equals libml on the same image.
 "$reefverify" --model "$tmp/zoo/resnet50_tiny.onnx" --results "$tmp/rt_alone.jsonl" --shape "$cam_shape" --seed 21 --no-errors \
@@ -130,9 +143,25 @@ grep -q "verified=80 mismatched=0 errors=0" "$tmp/v1.txt" || fail "RT (alone) an
 grep -q "verified=80 mismatched=0 errors=0" "$tmp/v2.txt" || fail "RT (loaded) answers differ from libml"
 grep -q "mismatched=0" "$tmp/v3.txt" || fail "BE answers differ from libml"
 
+p50_alone=$(field "$tmp/rt_alone.txt" p50_us)
+p50_loaded=$(field "$tmp/rt_loaded.txt" p50_us)
 p99_alone=$(field "$tmp/rt_alone.txt" p99_us)
 p99_loaded=$(field "$tmp/rt_loaded.txt" p99_us)
-echo "RT p99: alone ${p99_alone} us, with the BE load ${p99_loaded} us"
+echo "RT median: alone ${p50_alone} us, with the BE load ${p50_loaded} us; p99: alone ${p99_alone} us, with the BE load ${p99_loaded} us"
+# RT under the BE load: the median within 1.5 x RT alone + 1 ms. Measured on the 2-core VM
+# (cpu backend; RT alone 0.95-1.34 ms): reef 1.10-1.55 ms loaded in 8 runs (0.9-1.5x alone);
+# seq, which lets the running BE batch block RT, 3.5-5.9 ms in 4 runs; streams, which shares
+# the device without preempting, 2.6-3.3 ms in 3 runs. Both fail the bound in every run, and
+# the preemption check below as well. The median, not p99: p99 over 80 requests swings 3x
+# between runs of one build.
+rt_bound=$(( p50_alone * 3 / 2 + 1000 ))
+[ "$p50_loaded" -le "$rt_bound" ] \
+  || fail "RT median with the BE load ${p50_loaded} us exceeds the bound ${rt_bound} us (1.5 x alone + 1 ms): BE work blocks RT"
+# Every BE request answered with a result: none shed, none failed.
+[ "$(field "$tmp/be.txt" ok)" = 2000 ] || fail "BE: $(tail -n 1 "$tmp/be.txt"): requests shed or answered with an error"
+# The rx pool's gauge saw requests held while the load ran.
+max_in_use=$(sort -n "$tmp/mbufs_loaded.txt" | tail -n 1)
+[ "${max_in_use:-0}" -gt 0 ] || fail "rx_mbufs_in_use stayed 0 under load: $(tr '\n' ' ' < "$tmp/mbufs_loaded.txt")"
 
 # Statistics agree with what the cameras saw; metrics are served.
 "$reefctl" "${ctl[@]}" stats
@@ -143,14 +172,24 @@ s = json.load(open(sys.argv[1]))
 ifs = {i["name"]: i for i in s["ifs"]}
 assert set(ifs) == {"cam", "batch"}, ifs.keys()
 assert ifs["cam"]["responses_total"] == 160, ifs["cam"]
-assert ifs["batch"]["responses_total"] + ifs["batch"]["shed_total"] == 400, ifs["batch"]
+assert ifs["batch"]["responses_total"] + ifs["batch"]["shed_total"] == 2000, ifs["batch"]
 assert ifs["cam"]["latency_seconds"]["count"] == 160
 assert s["scheduler"]["completed_rt"] > 0 and s["scheduler"]["completed_be"] > 0, s["scheduler"]
+# RT requests preempted BE work: counted by the scheduler and against the BE IF.
+assert s["scheduler"]["preemptions"] > 0, f"no preemptions: {s['scheduler']}"
+assert ifs["batch"]["preemptions_total"] > 0, ifs["batch"]
+print(f"preemptions: {s['scheduler']['preemptions']} (policy {s['scheduler']['policy']})")
+# Idle now: every mbuf is back in its pool while the daemon still runs.
+assert s["port"]["rx_mbufs_in_use"] == 0 and s["port"]["tx_mbufs_in_use"] == 0, s["port"]
 PY
 mport=$(sed -n 's|.*metrics on http://127.0.0.1:\([0-9]*\)/metrics.*|\1|p' "$tmp/reefline.err")
 curl -sf "http://127.0.0.1:$mport/metrics" > "$tmp/metrics.txt" || fail "metrics endpoint"
 grep -q '^reefline_if_responses_total{if="cam",class="rt"} 160' "$tmp/metrics.txt" || { grep cam "$tmp/metrics.txt" | head; fail "metrics"; }
 grep -q '^reefline_if_latency_seconds_bucket{if="cam"' "$tmp/metrics.txt" || fail "latency histogram"
+awk '$1 == "reefline_scheduler_preemptions_total" && $2 > 0 {found = 1} END {exit !found}' "$tmp/metrics.txt" \
+  || { grep preemptions "$tmp/metrics.txt"; fail "metrics: no preemptions"; }
+grep -q '^reefline_port_rx_mbufs_in_use{port="0",driver="net_af_packet"} 0$' "$tmp/metrics.txt" \
+  || { grep mbufs "$tmp/metrics.txt"; fail "metrics: rx mbufs in use"; }
 
 # The repository holds both models; shutdown through the control plane is clean.
 [ -f "$tmp/repo/cam/model.onnx" ] && [ -f "$tmp/repo/batch/config.json" ] && [ ! -e "$tmp/repo/extra" ] \
@@ -164,4 +203,4 @@ c = json.loads(sys.argv[1])
 assert c["mbufs_in_use_at_exit"] == 0, "mbufs leaked"
 PY
 "$reefctl" "${ctl[@]}" health > /dev/null 2>&1 && fail "reefctl health should fail with the daemon gone"
-echo "e2e: ok (RT p99 alone ${p99_alone} us, with BE ${p99_loaded} us)"
+echo "e2e: ok (RT median alone ${p50_alone} us, with BE ${p50_loaded} us; p99 alone ${p99_alone} us, with BE ${p99_loaded} us)"
