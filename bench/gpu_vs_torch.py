@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""PyTorch eager on the GPU: the reference for bench/gpu_model_bench.cc (issue 6).
+"""PyTorch eager on the GPU: the reference for bench/gpu_model_bench.cc.
 
 Times torchvision's resnet50 and vgg19 (the layers and shapes of the zoo's ResNet-50 v1.5 and
 VGG-19, which reefline runs) in eval mode under torch.inference_mode(), input already on the

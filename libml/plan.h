@@ -9,7 +9,7 @@
 // Argument structs hold raw pointers, so a plan is built for concrete region base addresses
 // (an instance's memory); `relocate()` retargets it when the memory moves.
 //
-// Idempotence (DESIGN.md invariants): no launch writes a byte range that it reads, and a
+// Idempotence (an invariant of the runtime): no launch writes a byte range that it reads, and a
 // range read by launch j is not written by any launch k in (j, j + restore_window], so that
 // restoring a preempted task from up to `restore_window` kernels before the interrupted one
 // recomputes the same values. check_idempotence() verifies both for any plan.

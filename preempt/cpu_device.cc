@@ -1,4 +1,4 @@
-// The cpu backend: a software device (DESIGN.md, "The GPU runtime").
+// The cpu backend: a software device.
 //
 // Compute units are worker threads. There is no separate command-processor thread: every idle
 // worker is its own command processor. It scans the streams in priority order (a snapshot list

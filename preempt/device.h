@@ -1,8 +1,8 @@
-// The device interface that the whole GPU side is written against (DESIGN.md, "The GPU
-// runtime"). Backends: cpu (the embedded default, a software device), cuda and hip (issue 6).
+// The device interface that the whole GPU side is written against (docs/architecture.md,
+// "The GPU runtime"). Backends: cpu (the embedded default, a software device), cuda and hip.
 //
 // Shaped like ggml's backend interface: a device is a small table of functions plus its
-// state, so the scheduler (issue 4) and libml never see a backend's types.
+// state, so the scheduler and libml never see a backend's types.
 //
 // Model of execution, the same on every backend:
 // - A kernel is a grid of independent blocks. A launch runs a slice of them
@@ -93,7 +93,7 @@ struct device_caps {
     uint32_t max_queue_depth;     // device-queue capacity per stream
     int lowest_priority;          // numerically: higher number = lower priority, as in CUDA
     int highest_priority;
-    bool gpu = false;             // a CUDA/HIP device (issue 6): plans pick GPU tile sizes
+    bool gpu = false;             // a CUDA/HIP device: plans pick GPU tile sizes
 };
 
 class device;

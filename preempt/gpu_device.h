@@ -1,4 +1,4 @@
-// The cuda and hip device backends (issue 6; DESIGN.md, "The GPU runtime"): the device
+// The cuda and hip device backends (one source for both): the device
 // interface of preempt/device.h on the CUDA or HIP runtime, one source for both
 // (preempt/gpu_device.cc through libml/kernels/gpu/vendor.h).
 //

@@ -1,4 +1,4 @@
-// The GPU scheduler (issue 4; DESIGN.md, "The GPU runtime"): REEF-style reset-based preemption
+// The GPU scheduler (docs/architecture.md): REEF-style reset-based preemption
 // of best-effort (BE) work by real-time (RT) work, and the baseline policies it is compared with.
 //
 // A task is an inference: its kernel launches in order (kernel, argument bytes, grid), a class

@@ -1,6 +1,6 @@
 // Kernel argument structs and their block decompositions, shared by every backend.
 //
-// This header is compiled by the host compiler and (issue 6) by nvcc and hipcc: plain data
+// This header is compiled by the host compiler and by nvcc and hipcc: plain data
 // and RL_HD inline functions only. A kernel's grid and the work of block b are computed here
 // and nowhere else, so the cpu backend runs exactly the block decomposition the GPU does,
 // and a padded launch (DKP) can run any slice of blocks on either.

@@ -1,5 +1,5 @@
 // The kernel library: every kernel's description (for the device) and its argument struct
-// (decomp.h). Backend implementations: cpu_*.cc here; CUDA/HIP in issue 6.
+// (decomp.h). Backend implementations: cpu_*.cc here; CUDA/HIP from the same decompositions in gpu/.
 #pragma once
 
 #include "libml/kernels/decomp.h"

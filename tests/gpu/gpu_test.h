@@ -1,4 +1,4 @@
-// A small test harness for the GPU tests (issue 6). Plain C++, no GoogleTest, so that the GPU
+// A small test harness for the GPU tests. Plain C++, no GoogleTest, so that the GPU
 // tests also build on a GPU machine that has only a compiler and the GPU toolkit
 // (-Dgpu_core=true, scripts/gpu-check). Exit status as meson reads it: 0 all passed, 1 some
 // failed, 77 skipped (no GPU).
