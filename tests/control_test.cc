@@ -372,4 +372,211 @@ TEST_F(control_test, curve_serves_listed_clients_only) {
     EXPECT_EQ(rc::call(local, {{"op", "list"}}, 10000, &listed)["models"].size(), 0u);
 }
 
+
+// --- Hostile messages: each class below once killed the daemon or bloated its repository ------
+
+// A reply must parse as one JSON object with a boolean "ok"; returns it.
+json parsed_reply(const std::string& r) {
+    json j = json::parse(r, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "reply is not JSON: " << r.substr(0, 200);
+    EXPECT_TRUE(j.is_object() && j.contains("ok") && j["ok"].is_boolean()) << r.substr(0, 200);
+    return j;
+}
+
+TEST_F(control_test, invalid_utf8_gets_an_error_reply_not_an_abort) {
+    // The parser's error message quotes the bad bytes; serialising it used to throw.
+    const std::vector<std::string> bodies = {"\xff\xfe\xfd", "{\"v\":1,\"op\":\"\xff\"}",
+                                             "{\"v\":1,\"op\":\"describe\",\"name\":\"\xc3\x28\"}",
+                                             "{\"v\":1,\"op\":\"list\",\"\xed\xa0\x80\":1}", "\"\xf0\x28\x8c\x28\""};
+    for (const auto& body : bodies) expect_error(parsed_reply(call_raw(body)), "bad_request");
+    EXPECT_TRUE(call({{"v", 1}, {"op", "health"}})["ok"].get<bool>());
+}
+
+TEST_F(control_test, deeply_nested_json_is_refused_before_anything_walks_it) {
+    // 200 000 levels in 400 kB: every recursive walk (dump, copy, compare) overflowed the stack.
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    const std::string deep_object = [] {
+        std::string s;
+        for (int i = 0; i < 100000; ++i) s += "{\"a\":";
+        return s + "1" + std::string(100000, '}');
+    }();
+    const std::vector<std::string> bodies = {"{\"v\":" + deep + ",\"op\":\"list\"}", "{\"v\":1,\"op\":\"list\",\"x\":" + deep + "}",
+                                             "{\"v\":1,\"op\":\"set\",\"name\":\"a\",\"slo_ms\":" + deep + "}", deep,
+                                             deep_object, "{\"v\":1,\"op\":\"list\",\"s\":\"[[[[[[[[[[[[[[[[[[[[[[\"}"};
+    for (size_t i = 0; i + 1 < bodies.size(); ++i) {
+        const std::string m = expect_error(parsed_reply(call_raw(bodies[i])), "bad_request");
+        EXPECT_NE(m.find("nested more than"), std::string::npos) << m;
+    }
+    // Brackets inside a string are not nesting: refused for the unknown field, not the depth.
+    const std::string m = expect_error(parsed_reply(call_raw(bodies.back())), "bad_request");
+    EXPECT_NE(m.find("unknown field 's'"), std::string::npos) << m;
+    // The limit itself is accepted as JSON (then refused by the schema).
+    const std::string at_limit = "{\"v\":1,\"op\":\"list\",\"x\":" + std::string(ifm::max_json_depth - 1, '[') +
+                                 std::string(ifm::max_json_depth - 1, ']') + "}";
+    EXPECT_EQ(expect_error(parsed_reply(call_raw(at_limit)), "bad_request").find("nested"), std::string::npos);
+    EXPECT_TRUE(call({{"v", 1}, {"op", "health"}})["ok"].get<bool>());
+}
+
+TEST_F(control_test, unknown_fields_are_refused_by_every_operation_and_the_repository_stays_small) {
+    ASSERT_TRUE(add("cam", 9100, _model)["ok"].get<bool>());
+    const std::vector<json> requests = {
+        {{"op", "health"}},       {{"op", "list"}},          {{"op", "describe"}, {"name", "cam"}},
+        {{"op", "stats"}},        {{"op", "set"}, {"name", "cam"}, {"slo_ms", 30}},
+        {{"op", "remove_model"}, {"name", "cam"}},
+        {{"op", "add_model"}, {"name", "b"}, {"port", 9101}, {"onnx", _model}},
+        {{"op", "shutdown"}}};
+    for (json r : requests) {
+        r["v"] = 1;
+        r["colour"] = "blue";
+        const std::string m = expect_error(call(r), "bad_request");
+        EXPECT_NE(m.find("unknown field 'colour'"), std::string::npos) << r.dump() << ": " << m;
+    }
+    EXPECT_FALSE(_manager->shutdown_requested());
+    // Nothing above applied: cam still has its SLO, b was not added.
+    const json d = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}});
+    EXPECT_EQ(d["result"]["slo_ms"], 100) << d.dump();
+    EXPECT_EQ(call({{"v", 1}, {"op", "list"}})["result"]["models"].size(), 1u);
+    // set refuses what only add_model takes with its own reason.
+    EXPECT_NE(expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"top_k", 3}}), "bad_request")
+                  .find("cannot be changed by set"),
+              std::string::npos);
+
+    // A 20 kB field once became a config.json of 200 MB after a few sets: now refused, and
+    // what is stored is the IF's settings, compact.
+    json junk = json::array();
+    for (int i = 0; i < 40; ++i) junk.push_back(std::string(500, 'x'));
+    expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"notes", junk}}), "bad_request");
+    const std::string not_ip = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"rt_sources", junk}}), "bad_request");
+    EXPECT_NE(not_ip.find("is not an IPv4 address"), std::string::npos) << not_ip;
+    EXPECT_LT(not_ip.size(), 200u) << "an error message quotes at most an excerpt of what the client sent";
+    json many_sources = json::array();
+    for (int i = 0; i < 65; ++i) many_sources.push_back("10.0.0." + std::to_string(i));
+    const std::string over = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"rt_sources", many_sources}}), "bad_request");
+    EXPECT_NE(over.find("65 entries; the limit is 64"), std::string::npos) << over;
+    const std::string long_path = expect_error(add("c", 9102, "/" + std::string(5000, 'p')), "bad_request");
+    EXPECT_NE(long_path.find("5001 bytes long; the limit is 4096"), std::string::npos) << long_path;
+    const std::string long_key = expect_error(call({{"v", 1}, {"op", "list"}, {std::string(100000, 'k'), 1}}), "bad_request");
+    EXPECT_LT(long_key.size(), 300u) << "an error message quotes at most an excerpt of what the client sent";
+    for (int i = 0; i < 10; ++i)
+        ASSERT_TRUE(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"slo_ms", 20 + i}, {"rt_sources", {"10.0.0.1"}}})["ok"].get<bool>());
+    const fs::path config = _dir / "repo" / "cam" / "config.json";
+    EXPECT_LT(fs::file_size(config), 1024u);
+    std::ifstream in(config);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_EQ(text.find("\n "), std::string::npos) << "persisted indented: " << text;
+    const json stored = json::parse(text);
+    EXPECT_EQ(stored["slo_ms"], 29);
+    EXPECT_EQ(stored["rt_sources"], json({"10.0.0.1"}));
+    for (const auto& [key, v] : stored.items())
+        EXPECT_TRUE(key == "name" || key == "port" || key == "onnx" || key == "class" || key == "slo_ms" ||
+                    key == "batching" || key == "min_batch" || key == "max_batch" || key == "fixed_batch" ||
+                    key == "priority" || key == "shed" || key == "rt_sources" || key == "top_k" || key == "mean" ||
+                    key == "std")
+            << key;
+    // A config made huge or deep by hand is refused at start-up, naming the file.
+    stop_daemon();
+    std::ofstream(config) << "{\"name\":\"cam\",\"x\":\"" << std::string(100 * 1024, 'y') << "\"}";
+    start_daemon();
+    ASSERT_EQ(_load_problems.size(), 1u);
+    EXPECT_NE(_load_problems[0].find("larger than"), std::string::npos) << _load_problems[0];
+    stop_daemon();
+    std::ofstream(config) << "{\"name\":\"cam\",\"port\":9100,\"colour\":\"blue\"}";
+    start_daemon();
+    ASSERT_EQ(_load_problems.size(), 1u);
+    EXPECT_NE(_load_problems[0].find("unknown field 'colour'"), std::string::npos) << _load_problems[0];
+}
+
+TEST_F(control_test, oversized_messages_are_answered_with_their_size_and_the_limit) {
+    for (const size_t size : {ifm::max_request_bytes + 1, size_t(3) << 20, ifm::transport_max_message_bytes - 1}) {
+        const std::string m = expect_error(parsed_reply(call_raw(std::string(size, '{'))), "bad_request");
+        EXPECT_NE(m.find(std::to_string(size) + " bytes"), std::string::npos) << m;
+        EXPECT_NE(m.find(std::to_string(ifm::max_request_bytes)), std::string::npos) << m;
+    }
+    // Beyond the transport's own limit libzmq drops the connection without handing the message
+    // over; the daemon goes on answering others.
+    void* s = zmq_socket(_ctx, ZMQ_REQ);
+    int zero = 0, timeout = 2000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    ASSERT_EQ(zmq_connect(s, _endpoint.c_str()), 0);
+    const std::string huge(ifm::transport_max_message_bytes + 1, ' ');
+    zmq_send(s, huge.data(), huge.size(), 0);
+    char buf[16];
+    EXPECT_LT(zmq_recv(s, buf, sizeof buf, 0), 0);
+    zmq_close(s);
+    EXPECT_TRUE(call({{"v", 1}, {"op", "health"}})["ok"].get<bool>());
+}
+
+// A DEALER socket sees every reply the daemon sends (a REQ socket would hide a second one):
+// each input below gets exactly one, and it parses.
+TEST_F(control_test, every_odd_input_gets_exactly_one_reply) {
+    void* s = zmq_socket(_ctx, ZMQ_DEALER);
+    int zero = 0, timeout = 20000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    ASSERT_EQ(zmq_connect(s, _endpoint.c_str()), 0);
+    std::string binary;
+    for (int i = 0; i < 512; ++i) binary.push_back(char(i * 37));
+    const std::vector<std::vector<std::string>> inputs = {
+        {""},
+        {binary},
+        {std::string(1, '\0')},
+        {"{\"v\":1,\"op\":\"list\"}", "second part"},
+        {"{\"v\":1,\"op\":\"list\"}", "", std::string(2u << 20, 'x')},
+        {std::string(2u << 20, 'x'), "{}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":1e400,\"onnx\":\"x\"}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":18446744073709551616,\"onnx\":\"x\"}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":-9223372036854775809,\"onnx\":\"x\"}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":\"x\",\"top_k\":1e308}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":\"x\",\"mean\":[1e308,-1e308,5e-324]}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":\"x\",\"slo_ms\":1e-320}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":[1],\"port\":{},\"onnx\":true}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":{\"a\":1}}"},
+        {"{\"v\":1,\"op\":\"set\",\"name\":\"n\",\"shed\":\"yes\",\"rt_sources\":[1,null,[]]}"},
+        {"{\"v\":1,\"op\":\"stats\",\"name\":17}"},
+        {"{\"v\":1.0,\"op\":\"list\"}"},
+        {"{\"v\":-1e400,\"op\":\"list\"}"},
+        {"{\"v\":1,\"op\":null}"},
+        {"{\"v\":1,\"op\":\"list\",\"v\":2}"},
+        {"{\"v\":1,\"op\":\"list\"} trailing"},
+        {"null"},
+        {"\"a string\""},
+        {"[{\"v\":1,\"op\":\"list\"}]"},
+        {"{\"v\":1,\"op\":\"health\"}"},
+    };
+    for (const auto& parts : inputs) {
+        ASSERT_GE(zmq_send(s, "", 0, ZMQ_SNDMORE), 0);  // the envelope delimiter REP expects
+        for (size_t i = 0; i < parts.size(); ++i)
+            ASSERT_GE(zmq_send(s, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0), 0);
+    }
+    std::vector<json> replies;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        std::vector<std::string> frames;
+        for (bool more = true; more;) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, s, 0) < 0) {
+                zmq_msg_close(&m);
+                FAIL() << "no reply to input " << i << " of " << inputs.size();
+            }
+            frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        ASSERT_EQ(frames.size(), 2u) << "reply " << i << ": delimiter + one part";
+        EXPECT_TRUE(frames[0].empty());
+        replies.push_back(parsed_reply(frames[1]));
+    }
+    // Nothing more arrives.
+    int short_wait = 300;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &short_wait, sizeof short_wait);
+    char buf[16];
+    EXPECT_LT(zmq_recv(s, buf, sizeof buf, 0), 0) << "an extra reply";
+    zmq_close(s);
+    for (size_t i = 0; i + 1 < replies.size(); ++i) EXPECT_FALSE(replies[i]["ok"].get<bool>()) << i << ": " << replies[i].dump();
+    EXPECT_NE(replies[3]["error"]["message"].get<std::string>().find("2 parts"), std::string::npos);
+    EXPECT_TRUE(replies.back()["ok"].get<bool>());
+    EXPECT_EQ(replies.back()["result"]["models"], 0);
+}
+
 }  // namespace
