@@ -3,6 +3,7 @@
 // an error reply and leave the daemon answering), the model repository across a restart,
 // events on the PUB socket, and adding/removing a model while another IF serves traffic.
 #include <gtest/gtest.h>
+#include <onnx/onnx_pb.h>
 #include <rte_eth_ring.h>
 #include <rte_ethdev.h>
 #include <rte_ring.h>
@@ -14,6 +15,7 @@
 #include <fstream>
 #include <thread>
 
+#include "ifmanager/byte_size.h"
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
 #include "tests/ring_port.h"
@@ -31,6 +33,36 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// An image model of the given input shape that is all activations and no weights (x -> Relu ->
+// Sigmoid -> GlobalAveragePool -> Flatten): a file of a few hundred bytes whose arenas grow
+// with the image and the batch. Written to `path`; returns it.
+std::string write_activation_model(const fs::path& path, const std::vector<int64_t>& input_shape) {
+    onnx::ModelProto m;
+    m.set_ir_version(8);
+    auto* opset = m.add_opset_import();
+    opset->set_domain("");
+    opset->set_version(13);
+    auto* g = m.mutable_graph();
+    g->set_name("activations");
+    auto* in = g->add_input();
+    in->set_name("x");
+    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    for (const int64_t d : input_shape) in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
+    auto* out = g->add_output();
+    out->set_name("y");
+    out->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
+    const std::vector<std::array<const char*, 3>> nodes = {
+        {"Relu", "x", "a"}, {"Sigmoid", "a", "b"}, {"GlobalAveragePool", "b", "c"}, {"Flatten", "c", "y"}};
+    for (const auto& [op, from, to] : nodes) {
+        auto* n = g->add_node();
+        n->set_op_type(op);
+        n->add_input(from);
+        n->add_output(to);
+    }
+    std::ofstream(path, std::ios::binary) << m.SerializeAsString();
+    return path.string();
+}
 
 class control_test : public ::testing::Test {
 protected:
@@ -56,8 +88,7 @@ protected:
 
     void start_daemon() {
         _repo = std::make_unique<ifm::model_repository>(_dir / "repo");
-        _manager = std::make_unique<ifm::if_manager>(*_plane, *_runtime, *_scheduler, _repo.get(),
-                                                     ifm::manager_info{"0.1.0", "cpu", "reef"});
+        _manager = std::make_unique<ifm::if_manager>(*_plane, *_runtime, *_scheduler, _repo.get(), _info);
         _load_problems = _manager->load_repository();
         _control = std::make_unique<ifm::control_server>(*_manager, ifm::control_options{_endpoint, ""});
         _stop = false;
@@ -167,6 +198,7 @@ protected:
     std::unique_ptr<ifm::if_manager> _manager;
     std::unique_ptr<ifm::control_server> _control;
     std::vector<std::string> _load_problems;
+    ifm::manager_info _info{"0.1.0", "cpu", "reef"};
     std::thread _serving;
     std::atomic<bool> _stop{false};
     void* _ctx = nullptr;
@@ -577,6 +609,140 @@ TEST_F(control_test, every_odd_input_gets_exactly_one_reply) {
     EXPECT_NE(replies[3]["error"]["message"].get<std::string>().find("2 parts"), std::string::npos);
     EXPECT_TRUE(replies.back()["ok"].get<bool>());
     EXPECT_EQ(replies.back()["result"]["models"], 0);
+}
+
+
+// --- Models: a memory budget, file limits, image inputs ---------------------------------------
+
+TEST_F(control_test, a_model_that_does_not_fit_the_memory_budget_is_refused_before_it_is_loaded) {
+    stop_daemon();
+    _info.memory_budget_bytes = 24 << 20;
+    start_daemon();
+    // 12 bytes a pixel at batch 1: 3 MiB a tensor, ~31x that over batch sizes 1..16.
+    const std::string big = write_activation_model(_dir / "activations.onnx", {1, 3, 512, 512});
+    const auto before = call({{"v", 1}, {"op", "health"}})["result"]["memory"];
+    EXPECT_EQ(before["budget_bytes"], 24 << 20) << before.dump();
+    EXPECT_EQ(before["used_bytes"], 0);
+    EXPECT_EQ(before["free_bytes"], 24 << 20);
+    const std::string m = expect_error(add("big", 9100, big, {{"max_batch", 16}}), "bad_model");
+    for (const char* part : {"model 'big'", "needs ", "arenas ", "batch sizes 1, 2, 4, 8, 16", "budget 24.0 MiB",
+                             "0 B in use", "--memory-budget"})
+        EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+    // The same file planned for batch 1 fits; its figures are reported and counted.
+    const json r = add("big", 9100, big, {{"max_batch", 1}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    const json mem = r["result"]["memory"];
+    EXPECT_GT(mem["instance_bytes"].get<int64_t>(), 6 << 20) << mem.dump();
+    EXPECT_EQ(mem["shared_weights"], false);
+    const json used = call({{"v", 1}, {"op", "health"}})["result"]["memory"];
+    EXPECT_EQ(used["used_bytes"], mem["total_bytes"]) << used.dump();
+    EXPECT_EQ(used["free_bytes"].get<int64_t>(), (24 << 20) - mem["total_bytes"].get<int64_t>());
+    // Growing it past the budget is refused too, and leaves it as it was.
+    const std::string grow = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "big"}, {"max_batch", 16}}), "bad_model");
+    EXPECT_NE(grow.find("more for arenas of batch sizes 2, 4, 8, 16"), std::string::npos) << grow;
+    const json d = call({{"v", 1}, {"op", "describe"}, {"name", "big"}});
+    EXPECT_EQ(d["result"]["max_batch"], 1);
+    EXPECT_EQ(d["result"]["memory"]["instance_bytes"], mem["instance_bytes"]);
+    // Removing it gives the memory back.
+    ASSERT_TRUE(call({{"v", 1}, {"op", "remove_model"}, {"name", "big"}})["ok"].get<bool>());
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["memory"]["used_bytes"], 0);
+}
+
+// The admission figure comes from the planner: for every batch size it is what the instance
+// then holds (arena and inputs exactly; the gather list at the data plane's worst case), and a
+// second IF of the same file counts its weights once.
+TEST_F(control_test, the_footprint_is_what_the_instances_then_hold_and_shared_weights_count_once) {
+    const std::string file = write_activation_model(_dir / "activations.onnx", {1, 3, 64, 48});
+    const std::vector<int64_t> sizes = {1, 2, 4, 5};
+    const ml::memory_footprint f = _runtime->footprint(ml::import_onnx(file), sizes, ifm::model_if::segments_per_image);
+    ASSERT_EQ(f.instances.size(), sizes.size());
+    const json r = add("act", 9100, file, {{"max_batch", 5}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    const json& held = r["result"]["instances"];
+    ASSERT_EQ(held.size(), sizes.size()) << held.dump();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        EXPECT_EQ(held[i]["batch"], sizes[i]);
+        // Nothing ran yet: the gather list is not allocated, the rest is exactly the estimate.
+        EXPECT_EQ(held[i]["bytes"].get<int64_t>(),
+                  f.instances[i].second - ml::runtime::gather_list_bytes(sizes[i], ifm::model_if::segments_per_image))
+            << "batch " << sizes[i];
+    }
+
+    const json a = add("a", 9101, _model, {{"max_batch", 2}});
+    ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+    const int64_t weights = a["result"]["memory"]["weight_bytes"].get<int64_t>();
+    const int64_t host = a["result"]["memory"]["host_bytes"].get<int64_t>();
+    EXPECT_GT(weights, 0);
+    EXPECT_GE(host, weights / 2);
+    const int64_t used1 = call({{"v", 1}, {"op", "health"}})["result"]["memory"]["used_bytes"].get<int64_t>();
+    const json b = add("b", 9102, _model, {{"max_batch", 2}});
+    ASSERT_TRUE(b["ok"].get<bool>()) << b.dump();
+    EXPECT_EQ(b["result"]["memory"]["shared_weights"], true);
+    EXPECT_EQ(call({{"v", 1}, {"op", "describe"}, {"name", "a"}})["result"]["memory"]["shared_weights"], true);
+    const int64_t used2 = call({{"v", 1}, {"op", "health"}})["result"]["memory"]["used_bytes"].get<int64_t>();
+    EXPECT_EQ(used2 - used1, b["result"]["memory"]["instance_bytes"].get<int64_t>());
+}
+
+TEST_F(control_test, a_model_file_is_measured_before_it_is_read) {
+    stop_daemon();
+    _info.max_model_file_bytes = 64 << 20;
+    _info.memory_budget_bytes = 1ull << 30;
+    start_daemon();
+    // 64 GiB of holes: reading or hashing it first would take minutes and the memory with it.
+    const fs::path sparse = _dir / "huge.onnx";
+    std::ofstream(sparse).put('x');
+    fs::resize_file(sparse, 64ull << 30);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string m = expect_error(add("huge", 9100, sparse.string()), "bad_model");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    EXPECT_NE(m.find("is 64.0 GiB; the largest model file this daemon reads is 64.0 MiB (--max-model-file)"),
+              std::string::npos) << m;
+    // Within the file limit but larger than the budget's free memory: refused before reading.
+    fs::resize_file(sparse, 48 << 20);
+    stop_daemon();
+    _info.memory_budget_bytes = 32 << 20;
+    start_daemon();
+    const std::string b = expect_error(add("huge", 9100, sparse.string()), "bad_model");
+    EXPECT_NE(b.find("reading " + sparse.string() + " needs 48.0 MiB; budget 32.0 MiB"), std::string::npos) << b;
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
+}
+
+TEST_F(control_test, an_image_input_with_a_zero_or_absurd_dimension_is_refused_naming_it) {
+    const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
+        {{1, 3, 0, 32}, "input 'x' [1x3x0x32]: dimension 2 (H) is 0; an image input needs it in 1..65535"},
+        {{1, 3, 32, 70000}, "dimension 3 (W) is 70000; an image input needs it in 1..65535"},
+        {{1, 5, 32, 32}, "dimension 1 (C) is 5; an image input needs it in 1..3"},
+        {{0, 3, 32, 32}, "dimension 0 (N) is 0"},
+        {{1, 3, 32}, "expected one f32 [N, C<=3, H, W] image input, got input 'x' f32 [1x3x32]"},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const std::string file = write_activation_model(_dir / ("dims" + std::to_string(i) + ".onnx"), cases[i].first);
+        const json r = add("d" + std::to_string(i), uint16_t(9100 + i), file);
+        if (r["ok"].get<bool>()) {
+            ADD_FAILURE() << "accepted " << ml::shape_str(cases[i].first);
+            continue;
+        }
+        EXPECT_EQ(r["error"]["code"], "bad_model") << r.dump();
+        const std::string m = r["error"]["message"];
+        EXPECT_NE(m.find(cases[i].second), std::string::npos) << m;
+        EXPECT_NE(m.find("model 'd" + std::to_string(i) + "'"), std::string::npos) << m;
+    }
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
+}
+
+TEST(byte_size, parses_what_operators_write_and_refuses_the_rest) {
+    EXPECT_EQ(ifm::parse_byte_size("2G"), 2ull << 30);
+    EXPECT_EQ(ifm::parse_byte_size("512M"), 512ull << 20);
+    EXPECT_EQ(ifm::parse_byte_size("1.5GiB"), 3ull << 29);
+    EXPECT_EQ(ifm::parse_byte_size("64k"), 64ull << 10);
+    EXPECT_EQ(ifm::parse_byte_size("3 TB"), 3ull << 40);
+    EXPECT_EQ(ifm::parse_byte_size("4096"), 4096u);
+    for (const char* bad : {"", "G", "2X", "-1G", "0", "0.1", "nan", "inf", "0x10M", "1e30G", "2 G B", "2GiBs"})
+        EXPECT_THROW(ifm::parse_byte_size(bad), std::invalid_argument) << bad;
+    EXPECT_EQ(ifm::format_byte_size(3.1 * (1ull << 30)), "3.1 GiB");
+    EXPECT_EQ(ifm::format_byte_size(98 << 20), "98.0 MiB");
+    EXPECT_EQ(ifm::format_byte_size(512), "512 B");
+    EXPECT_GT(ifm::mem_available_bytes(), 0u);
 }
 
 }  // namespace
