@@ -282,7 +282,10 @@ void if_manager::add_service(std::shared_ptr<dp::if_service> s) {
         if (o->binding().udp_port == s->binding().udp_port)
             throw control_error("port_in_use", "UDP port " + std::to_string(s->binding().udp_port) + " is taken by IF '" +
                                                    o->name() + "'");
-    _services.push_back(std::move(s));
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        _services.push_back(std::move(s));
+    }
     replace_serving(_services);
     publish_bindings();
 }
@@ -297,10 +300,9 @@ void if_manager::admit(uint64_t need, const std::string& what) const {
 }
 
 uint64_t if_manager::memory_used() const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
     std::set<const ml::model*> counted;
     uint64_t total = 0;
-    for (const auto& [name, mif] : _models) {
+    for (const auto& [name, mif] : snapshot().models) {
         if (counted.insert(mif->model().get()).second)
             total += uint64_t(mif->model()->weight_bytes() + mif->model()->host_bytes());
         total += uint64_t(mif->memory_bytes());
@@ -424,8 +426,11 @@ json if_manager::add_model(const json& f, bool persist) {
             throw control_error("io_error", std::string("model repository: ") + e.what());
         }
     }
-    _models[name] = mif;
-    _services.push_back(mif);
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        _models[name] = mif;
+        _services.push_back(mif);
+    }
     replace_serving(_services);  // the serving thread polls it from now on...
     publish_bindings();          // ...and only then does the data plane fill its ring
     event({{"event", "model_loaded"}, {"name", name}, {"udp_port", port},
@@ -438,7 +443,10 @@ json if_manager::remove_model(const std::string& name) {
     std::shared_ptr<model_if> mif = find(name);
     // Unpublish first: once publish() returns no rx lcore can put another request on the
     // IF's ring. Then the serving thread drains what is there.
-    std::erase(_services, std::static_pointer_cast<dp::if_service>(mif));
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        std::erase(_services, std::static_pointer_cast<dp::if_service>(mif));
+    }
     publish_bindings();
     const uint64_t before = mif->counters().responses_sent.get() + mif->counters().error_responses.get();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -447,7 +455,10 @@ json if_manager::remove_model(const std::string& name) {
     replace_serving(_services);
     if (!mif->idle()) mif->fail_pending();  // drain timed out (or serving stopped)
     const uint64_t answered = mif->counters().responses_sent.get() + mif->counters().error_responses.get() - before;
-    _models.erase(name);
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        _models.erase(name);
+    }
     mif.reset();  // ~model_if waits for a batch in flight
     if (_repo && _repo->contains(name)) {
         try {
@@ -510,6 +521,11 @@ json if_manager::describe(const model_if& mif) const {
     return d;
 }
 
+if_manager::tables if_manager::snapshot() const {
+    std::lock_guard<std::mutex> t(_tables_mu);
+    return {_services, _models};
+}
+
 std::vector<std::string> if_manager::load_repository() {
     std::vector<std::string> problems;
     if (!_repo) return problems;
@@ -524,9 +540,8 @@ std::vector<std::string> if_manager::load_repository() {
 }
 
 json if_manager::list() const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
     json models = json::array();
-    for (const auto& [name, mif] : _models) {
+    for (const auto& [name, mif] : snapshot().models) {
         json d = mif->describe();
         json summary;
         for (const char* k : {"name", "udp_port", "class", "slo_ms", "batching", "batch_size", "min_batch", "max_batch",
@@ -538,7 +553,7 @@ json if_manager::list() const {
 }
 
 json if_manager::health() const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
+    const size_t models = snapshot().models.size();
     rte_eth_link link{};
     rte_eth_link_get_nowait(_plane.eth().id(), &link);
     return {{"status", _shutdown.load() ? "stopping" : "ok"},
@@ -546,7 +561,7 @@ json if_manager::health() const {
             {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - _start).count()},
             {"backend", _info.backend},
             {"policy", _info.policy},
-            {"models", _models.size()},
+            {"models", models},
             {"memory", memory_json()},
             {"port", {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"link_up", link.link_status != 0}}}};
 }
@@ -560,12 +575,13 @@ json if_manager::memory_json() const {
 }
 
 json if_manager::stats(const std::string& only) const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
-    if (!only.empty()) find(only);
+    const tables t = snapshot();
+    if (!only.empty() && std::none_of(t.services.begin(), t.services.end(), [&](const auto& s) { return s->name() == only; }))
+        throw control_error("unknown_model", "no model IF named " + in_quotes(only));
     json ifs = json::array();
-    for (const auto& s : _services) {
+    for (const auto& s : t.services) {
         if (!only.empty() && s->name() != only) continue;
-        if (auto it = _models.find(s->name()); it != _models.end() && it->second == s) {
+        if (auto it = t.models.find(s->name()); it != t.models.end() && it->second == s) {
             ifs.push_back(it->second->stats());
         } else {
             const dp::if_counters& c = s->counters();
@@ -603,8 +619,7 @@ json if_manager::stats(const std::string& only) const {
 }
 
 void if_manager::add_if_counters(dp::counter_snapshot& s) const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
-    for (const auto& f : _services) s.add(f->counters());
+    for (const auto& f : snapshot().services) s.add(f->counters());
 }
 
 void if_manager::tick() {

@@ -130,10 +130,21 @@ private:
     manager_info _info;
     std::chrono::steady_clock::time_point _start = std::chrono::steady_clock::now();
 
-    // Control side (one operation at a time).
+    // Control side (one operation at a time). Operations hold _ops_mu for their whole
+    // length (an add_model loads and warms a model for seconds); they change the two tables
+    // below under _tables_mu as well, briefly, so that readers on other threads (metrics
+    // scrapes, the serving loop's counters) take only _tables_mu and are never held up by
+    // an operation in progress.
     mutable std::recursive_mutex _ops_mu;
+    mutable std::mutex _tables_mu;
     std::vector<std::shared_ptr<dp::if_service>> _services;   // built-in + model IFs
     std::map<std::string, std::shared_ptr<model_if>> _models;  // by IF name
+    struct tables {
+        std::vector<std::shared_ptr<dp::if_service>> services;
+        std::map<std::string, std::shared_ptr<model_if>> models;
+    };
+    // Copies of both tables, for readers outside operations.
+    tables snapshot() const;
     // Loaded models by file (content hash, size): a second IF of the same file shares weights.
     std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<ml::model>> _loaded;
 

@@ -359,6 +359,34 @@ TEST_F(control_test, adding_and_removing_a_model_does_not_disturb_another_if) {
     EXPECT_EQ(st["result"]["ifs"][0]["shed_total"], 0);
 }
 
+// stats (what a metrics scrape and the serving loop's counters read) does not wait for an
+// operation in progress: add_model holds the operation lock while it loads and warms a model.
+TEST_F(control_test, stats_are_answered_while_a_model_is_being_added) {
+    std::atomic<bool> adding{true};
+    json added;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread op([&] {
+        added = add("slow", 9100, _model, {{"max_batch", 128}});
+        adding = false;
+    });
+    double worst_ms = 0;
+    int calls = 0;
+    while (adding.load()) {
+        const auto s0 = std::chrono::steady_clock::now();
+        const json st = _manager->stats();
+        dp::counter_snapshot counters{};
+        _manager->add_if_counters(counters);
+        worst_ms = std::max(worst_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+        ++calls;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    op.join();
+    const double add_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(added["ok"].get<bool>()) << added.dump();
+    ASSERT_GT(add_ms, 300) << "the add was too quick to tell";
+    EXPECT_LT(worst_ms, 100) << calls << " stats calls during a " << add_ms << " ms add_model";
+}
+
 TEST_F(control_test, shutdown_is_acknowledged_and_a_second_daemon_is_refused) {
     EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{_endpoint, ""}), std::runtime_error);
     EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{"tcp://0.0.0.0:5999", ""}), std::runtime_error);
