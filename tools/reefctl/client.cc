@@ -37,8 +37,9 @@ std::string hint(const std::string& endpoint) {
     return "is reefline running (reefline --control " + endpoint + ")?";
 }
 
+// Local failures; their messages may quote what an endpoint sent.
 [[noreturn]] void fail(const char* code, const std::string& message) {
-    throw control_error(code, message, false);
+    throw control_error(code, printable(message), false);
 }
 
 // The checks that tell "no daemon" from "daemon not answering" before anything is sent: for
