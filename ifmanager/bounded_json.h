@@ -61,7 +61,7 @@ inline nlohmann::json bounded_parse(std::string_view text) {
         return nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
         // The parser's message quotes the token it stopped at, which may be long.
-        throw json_refused("not JSON: " + excerpt(e.what(), 240));
+        throw json_refused("not valid JSON: " + excerpt(e.what(), 240));
     }
 }
 

@@ -413,7 +413,7 @@ TEST_F(reefctl_cli, BadRepliesAreReported) {
     });
     auto r = run("list");
     EXPECT_EQ(r.status, 3);
-    EXPECT_NE(r.err.find("is not JSON"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is not valid JSON"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("<html>hello</html>"), std::string::npos) << r.err;
     r = run("stats");
     EXPECT_EQ(r.status, 3);
@@ -469,7 +469,7 @@ TEST_F(reefctl_cli, HostileRepliesAreClearErrors) {
     EXPECT_EQ(r.err.find('\x1b'), std::string::npos);
     r = run("shutdown");
     EXPECT_EQ(r.status, 3) << "a number JSON cannot hold is not a reply";
-    EXPECT_NE(r.err.find("not JSON"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("not valid JSON"), std::string::npos) << r.err;
 }
 
 TEST_F(reefctl_cli, AnOversizedReplyIsDroppedNotAllocated) {
