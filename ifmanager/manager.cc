@@ -399,14 +399,18 @@ json if_manager::add_model(const json& f, bool persist) {
     } catch (const std::exception& e) {
         throw control_error("bad_model", label + ": " + e.what());
     }
-    std::string needs = label + " needs " + format_byte_size(double(need.peak_bytes())) + ": ";
+    // The file's bytes stay in memory until the entry is stored in the repository.
+    const uint64_t peak = uint64_t(need.peak_bytes()) + file.bytes.size();
+    std::string needs = label + " needs " + format_byte_size(double(peak)) + ": ";
     if (model)
         needs += "weights shared with a loaded IF of the same file, ";
     else
         needs += "weights " + format_byte_size(double(need.weight_bytes)) + " (+ " + format_byte_size(double(need.host_bytes)) +
-                 " host copy, " + format_byte_size(double(need.staging_bytes)) + " while uploading), ";
-    admit(uint64_t(need.peak_bytes()),
-          needs + "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes));
+                 " host copy), ";
+    needs += "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes) +
+             ", while loading the file " + format_byte_size(double(file.bytes.size()));
+    if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
+    admit(peak, needs);
 
     std::shared_ptr<model_if> mif;
     try {

@@ -8,6 +8,7 @@
 //   rt.infer_batch(*a, inputs, outputs);          // run on the device, synchronously
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -44,8 +45,9 @@ struct memory_footprint {
         for (const auto& [batch, bytes] : instances) total += bytes;
         return total;
     }
-    // Everything at once: what loading the model and planning every instance needs at its peak.
-    int64_t peak_bytes() const { return weight_bytes + host_bytes + staging_bytes + instance_bytes(); }
+    // What loading the model and then planning every instance needs at its peak: the staging
+    // buffer is freed once the weights are uploaded, before any instance exists.
+    int64_t peak_bytes() const { return weight_bytes + host_bytes + std::max(staging_bytes, instance_bytes()); }
 };
 
 // A loaded model: its batch-independent graph and its weights on the device.

@@ -653,7 +653,8 @@ TEST_F(control_test, a_model_that_does_not_fit_the_memory_budget_is_refused_befo
     EXPECT_EQ(before["used_bytes"], 0);
     EXPECT_EQ(before["free_bytes"], 24 << 20);
     const std::string m = expect_error(add("big", 9100, big, {{"max_batch", 16}}), "bad_model");
-    for (const char* part : {"model 'big'", "needs ", "arenas ", "batch sizes 1, 2, 4, 8, 16", "budget 24.0 MiB",
+    for (const char* part : {"model 'big'", "needs ", "arenas ", "batch sizes 1, 2, 4, 8, 16", "while loading the file ",
+                             "and the upload buffer ", "budget 24.0 MiB",
                              "0 B in use", "--memory-budget"})
         EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
     // The same file planned for batch 1 fits; its figures are reported and counted.
