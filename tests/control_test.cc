@@ -3,7 +3,6 @@
 // an error reply and leave the daemon answering), the model repository across a restart,
 // events on the PUB socket, and adding/removing a model while another IF serves traffic.
 #include <gtest/gtest.h>
-#include <onnx/onnx_pb.h>
 #include <rte_eth_ring.h>
 #include <rte_ethdev.h>
 #include <rte_ring.h>
@@ -18,6 +17,7 @@
 #include "ifmanager/byte_size.h"
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
+#include "tests/chain_model.h"
 #include "tests/ring_port.h"
 #include "tests/tiny_zoo.h"
 #include "tools/reefctl/client.h"
@@ -34,33 +34,10 @@ using nlohmann::json;
 
 namespace {
 
-// An image model of the given input shape that is all activations and no weights (x -> Relu ->
-// Sigmoid -> GlobalAveragePool -> Flatten): a file of a few hundred bytes whose arenas grow
-// with the image and the batch. Written to `path`; returns it.
+// x -> Relu -> Sigmoid -> GlobalAveragePool -> Flatten, written to `path`; returns it.
 std::string write_activation_model(const fs::path& path, const std::vector<int64_t>& input_shape) {
-    onnx::ModelProto m;
-    m.set_ir_version(8);
-    auto* opset = m.add_opset_import();
-    opset->set_domain("");
-    opset->set_version(13);
-    auto* g = m.mutable_graph();
-    g->set_name("activations");
-    auto* in = g->add_input();
-    in->set_name("x");
-    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
-    for (const int64_t d : input_shape) in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
-    auto* out = g->add_output();
-    out->set_name("y");
-    out->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
-    const std::vector<std::array<const char*, 3>> nodes = {
-        {"Relu", "x", "a"}, {"Sigmoid", "a", "b"}, {"GlobalAveragePool", "b", "c"}, {"Flatten", "c", "y"}};
-    for (const auto& [op, from, to] : nodes) {
-        auto* n = g->add_node();
-        n->set_op_type(op);
-        n->add_input(from);
-        n->add_output(to);
-    }
-    std::ofstream(path, std::ios::binary) << m.SerializeAsString();
+    std::ofstream(path, std::ios::binary)
+        << reefline::testing::chain_model(input_shape, {"Relu", "Sigmoid", "GlobalAveragePool", "Flatten"});
     return path.string();
 }
 

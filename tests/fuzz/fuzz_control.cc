@@ -3,8 +3,6 @@
 // and a small memory budget. Invariant: every input gets one reply that parses as a JSON
 // object with a boolean "ok". A tiny model file lies at a fixed path (see model_path) so that
 // inputs can add, set, describe and remove real IFs.
-#include <onnx/onnx_pb.h>
-
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -18,6 +16,7 @@
 #include "dataplane/engine.h"
 #include "ifmanager/manager.h"
 #include "libml/libml.h"
+#include "tests/chain_model.h"
 
 namespace fs = std::filesystem;
 namespace dp = reefline::dp;
@@ -31,26 +30,8 @@ const fs::path model_path = fuzz_dir / "model.onnx";
 
 // x [1, 3, 4, 4] -> Relu -> GlobalAveragePool -> Flatten: loads and plans in milliseconds.
 void write_model() {
-    onnx::ModelProto m;
-    m.set_ir_version(8);
-    auto* opset = m.add_opset_import();
-    opset->set_domain("");
-    opset->set_version(13);
-    auto* g = m.mutable_graph();
-    g->set_name("fuzz");
-    auto* in = g->add_input();
-    in->set_name("x");
-    in->mutable_type()->mutable_tensor_type()->set_elem_type(onnx::TensorProto::FLOAT);
-    for (const int64_t d : {1, 3, 4, 4}) in->mutable_type()->mutable_tensor_type()->mutable_shape()->add_dim()->set_dim_value(d);
-    g->add_output()->set_name("y");
-    const char* nodes[][3] = {{"Relu", "x", "a"}, {"GlobalAveragePool", "a", "b"}, {"Flatten", "b", "y"}};
-    for (const auto& [op, from, to] : nodes) {
-        auto* n = g->add_node();
-        n->set_op_type(op);
-        n->add_input(from);
-        n->add_output(to);
-    }
-    std::ofstream(model_path, std::ios::binary) << m.SerializeAsString();
+    std::ofstream(model_path, std::ios::binary)
+        << reefline::testing::chain_model({1, 3, 4, 4}, {"Relu", "GlobalAveragePool", "Flatten"});
 }
 
 struct fuzzed_daemon {
