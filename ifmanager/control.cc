@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "ifmanager/bounded_json.h"
+
 namespace reefline::ifm {
 
 namespace fs = std::filesystem;
@@ -90,10 +92,16 @@ control_server::control_server(if_manager& manager, const control_options& optio
     _rep = zmq_socket(_context, ZMQ_REP);
     _pub = zmq_socket(_context, ZMQ_PUB);
     int zero = 0;
-    int64_t max_size = 16 << 20;  // larger ones are cut off; 1..16 MiB get an error reply
+    // libzmq allocates a message part whole as soon as its header announces the size, so a
+    // part above this is refused by the transport itself (it closes the connection: no
+    // reply can be sent). Up to it, a request above max_request_bytes is received, measured
+    // and answered with bad_request. Few queued requests per client keep memory bounded.
+    int64_t max_size = int64_t(transport_max_message_bytes);
+    int queued = 4;
     zmq_setsockopt(_rep, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(_pub, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(_rep, ZMQ_MAXMSGSIZE, &max_size, sizeof max_size);
+    zmq_setsockopt(_rep, ZMQ_RCVHWM, &queued, sizeof queued);
     const auto give_up = [this](const std::string& e) {
         for (void* s : {_rep, _pub, _zap})
             if (s) zmq_close(s);
@@ -144,39 +152,49 @@ void control_server::run() {
         zmq_pollitem_t items[2] = {{_rep, 0, ZMQ_POLLIN, 0}, {_zap, 0, ZMQ_POLLIN, 0}};
         const int n = zmq_poll(items, _zap ? 2 : 1, 100);
         if (n > 0 && (items[1].revents & ZMQ_POLLIN)) answer_zap();
-        if (n > 0 && (items[0].revents & ZMQ_POLLIN)) {
-            zmq_msg_t msg;
-            zmq_msg_init(&msg);
-            if (zmq_msg_recv(&msg, _rep, 0) >= 0) {
-                std::string request(static_cast<const char*>(zmq_msg_data(&msg)), zmq_msg_size(&msg));
-                bool more = zmq_msg_more(&msg);
-                const bool multipart = more;
-                zmq_msg_close(&msg);
-                // REP must read the whole message before it answers; extra parts are an error.
-                while (more) {
-                    zmq_msg_init(&msg);
-                    if (zmq_msg_recv(&msg, _rep, 0) < 0) break;
-                    more = zmq_msg_more(&msg);
-                    zmq_msg_close(&msg);
-                }
-                const std::string reply =
-                    multipart ? R"({"v":1,"ok":false,"error":{"code":"bad_request","message":"a request is one message part"}})"
-                              : _manager.handle_message(request);
-                zmq_send(_rep, reply.data(), reply.size(), 0);
-            } else {
-                zmq_msg_close(&msg);
-            }
-        }
+        if (n > 0 && (items[0].revents & ZMQ_POLLIN)) answer_request();
         const auto now = std::chrono::steady_clock::now();
         if (now >= next_tick) {
             _manager.tick();
             next_tick = now + std::chrono::seconds(1);
         }
         for (const auto& e : _manager.take_events()) {
-            const std::string s = e.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-            zmq_send(_pub, s.data(), s.size(), ZMQ_DONTWAIT);
+            const std::string s = serialise(e);
+            if (!s.empty()) zmq_send(_pub, s.data(), s.size(), ZMQ_DONTWAIT);
         }
     }
+}
+
+// One request: its first part is measured before anything parses it; a REP socket answers
+// only a whole message, so every further part is read (and discarded) too. Exactly one reply
+// goes back whatever arrived.
+void control_server::answer_request() {
+    zmq_msg_t msg;
+    zmq_msg_init(&msg);
+    if (zmq_msg_recv(&msg, _rep, 0) < 0) {
+        zmq_msg_close(&msg);
+        return;
+    }
+    const size_t size = zmq_msg_size(&msg);
+    bool more = zmq_msg_more(&msg);
+    std::string reply;
+    if (!more) reply = _manager.handle_message({static_cast<const char*>(zmq_msg_data(&msg)), size});
+    zmq_msg_close(&msg);
+    size_t parts = 1;
+    while (more) {
+        zmq_msg_init(&msg);
+        if (zmq_msg_recv(&msg, _rep, 0) < 0) {
+            zmq_msg_close(&msg);
+            break;
+        }
+        ++parts;
+        more = zmq_msg_more(&msg);
+        zmq_msg_close(&msg);
+    }
+    if (parts > 1)
+        reply = if_manager::error_text("bad_request", "a request is one message part; this one had " +
+                                                          std::to_string(parts) + " parts");
+    zmq_send(_rep, reply.data(), reply.size(), 0);
 }
 
 // One ZAP request (RFC 27): version, request id, domain, address, routing id, mechanism, then
@@ -206,7 +224,8 @@ void control_server::answer_zap() {
     const std::string reply[6] = {"1.0", id, status, text, "", ""};
     for (int i = 0; i < 6; ++i) zmq_send(_zap, reply[i].data(), reply[i].size(), i < 5 ? ZMQ_SNDMORE : 0);
     // Logged at the 1st, 2nd, 4th, 8th... refusal: a client retrying in a loop cannot fill the log.
-    if (!allowed && (++_auth_refused & (_auth_refused - 1)) == 0)
+    if (!allowed) ++_auth_refused;
+    if (!allowed && (_auth_refused & (_auth_refused - 1)) == 0)
         std::fprintf(stderr, "reefline: control: refused a CURVE client from %s (key not in the client list; %llu refusals)\n",
                      frames.size() > 3 ? frames[3].c_str() : "?", static_cast<unsigned long long>(_auth_refused));
 }

@@ -22,6 +22,9 @@ struct control_options {
     std::vector<std::string> curve_clients;
 };
 
+// The largest message part the transport receives (ZMQ_MAXMSGSIZE); see control_server.
+inline constexpr size_t transport_max_message_bytes = size_t(16) << 20;
+
 // The default endpoint: /run/reefline when it can be created, else /tmp.
 std::string default_control_endpoint();
 
@@ -38,6 +41,7 @@ public:
 
 private:
     void run();
+    void answer_request();
     void answer_zap();
 
     if_manager& _manager;

@@ -71,7 +71,7 @@ inline std::string write_curve_keypair(const std::string& prefix) {
     if (zmq_curve_keypair(pub, sec) != 0)
         throw std::runtime_error(std::string("CURVE: cannot make a key pair: ") + zmq_strerror(zmq_errno()));
     struct stat st {};
-    for (const std::string f : {prefix + ".key", prefix + ".pub"})
+    for (const std::string& f : {prefix + ".key", prefix + ".pub"})
         if (::stat(f.c_str(), &st) == 0) throw std::runtime_error(f + " exists; not overwriting a key");
     const mode_t old = ::umask(077);
     std::ofstream key(prefix + ".key");

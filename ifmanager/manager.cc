@@ -1,15 +1,24 @@
 #include "ifmanager/manager.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <rte_ethdev.h>
 #include <rte_mempool.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <regex>
+#include <set>
+#include <span>
 #include <thread>
+
+#include "ifmanager/bounded_json.h"
+#include "ifmanager/byte_size.h"
 
 namespace reefline::ifm {
 
@@ -19,9 +28,11 @@ using nlohmann::json;
 namespace {
 
 constexpr int schema_version = 1;
-constexpr size_t max_message_bytes = 1u << 20;
 
 [[noreturn]] void bad(const std::string& message) { throw control_error("bad_request", message); }
+
+// A field name as an error message quotes it (the name may be anything a client sent).
+std::string in_quotes(std::string_view key) { return "'" + excerpt(key) + "'"; }
 
 const json* field(const json& o, const char* key) {
     const auto it = o.find(key);
@@ -63,7 +74,7 @@ bool get_bool(const json& o, const char* key) {
 gpu::task_class parse_class(const std::string& s) {
     if (s == "rt") return gpu::task_class::rt;
     if (s == "be") return gpu::task_class::be;
-    bad("field 'class' must be \"rt\" or \"be\", got \"" + s + "\"");
+    bad("field 'class' must be \"rt\" or \"be\", got \"" + excerpt(s) + "\"");
 }
 
 std::array<float, 3> get_triple(const json& o, const char* key) {
@@ -72,10 +83,50 @@ std::array<float, 3> get_triple(const json& o, const char* key) {
     std::array<float, 3> t{};
     for (size_t i = 0; i < 3; ++i) {
         if (!(*v)[i].is_number()) bad(std::string("field '") + key + "' must be an array of 3 numbers");
-        t[i] = (*v)[i].get<float>();
-        if (!std::isfinite(t[i])) bad(std::string("field '") + key + "' must hold finite numbers");
+        const double d = (*v)[i].get<double>();
+        if (!(std::fabs(d) <= 1e6)) bad(std::string("field '") + key + "' must hold numbers within +-1e6");
+        t[i] = float(d);
     }
     return t;
+}
+
+// The fields each operation takes besides "v" and "op" (docs/control.md). Anything else is
+// refused: a misspelt field silently ignored is a setting the operator believes applied, and
+// an unknown one persisted would grow the repository without bound.
+constexpr const char* tunable_fields[] = {"class", "slo_ms", "batching", "min_batch", "max_batch", "fixed_batch",
+                                          "priority", "rt_sources", "shed"};
+constexpr const char* add_only_fields[] = {"name", "port", "onnx", "top_k", "mean", "std"};
+
+bool one_of(std::string_view key, std::span<const char* const> names) {
+    return std::any_of(names.begin(), names.end(), [&](const char* n) { return key == n; });
+}
+
+std::string names_text(std::initializer_list<std::span<const char* const>> lists) {
+    std::string s;
+    for (const auto& l : lists)
+        for (const char* n : l) s += (s.empty() ? "" : ", ") + std::string(n);
+    return s.empty() ? "none" : s;
+}
+
+// Refuses fields `op` does not take and values beyond the size limits, naming the field.
+void check_fields(const json& r, const std::string& op, std::initializer_list<std::span<const char* const>> allowed) {
+    for (const auto& [key, value] : r.items()) {
+        if (key == "v" || key == "op") continue;
+        bool known = false;
+        for (const auto& l : allowed) known |= one_of(key, l);
+        if (!known) {
+            if (op == "set" && one_of(key, add_only_fields))
+                bad("field '" + key + "' cannot be changed by set: remove and add the model");
+            bad("unknown field " + in_quotes(key) + " for " + op + " (it takes: " + names_text(allowed) + ")");
+        }
+        if (value.is_string() && value.get_ref<const std::string&>().size() > max_string_bytes)
+            bad("field '" + key + "' is " + std::to_string(value.get_ref<const std::string&>().size()) +
+                " bytes long; the limit is " + std::to_string(max_string_bytes));
+        if (value.is_array() && value.size() > max_array_items)
+            bad("field '" + key + "' has " + std::to_string(value.size()) + " entries; the limit is " +
+                std::to_string(max_array_items));
+        if (value.is_object()) bad("field '" + key + "' must not be an object");
+    }
 }
 
 // Applies the tunable fields present in `f` to `s` (add_model and set share them).
@@ -89,7 +140,7 @@ void apply_settings(const json& f, model_settings& s) {
     if (field(f, "batching")) {
         const std::string p = get_string(f, "batching");
         if (!ml::parse_batching_policy(p, s.batching.policy))
-            bad("field 'batching' must be \"slab\", \"aimd\" or \"fixed\", got \"" + p + "\"");
+            bad("field 'batching' must be \"slab\", \"aimd\" or \"fixed\", got \"" + excerpt(p) + "\"");
     }
     if (field(f, "max_batch")) s.batching.max_batch = uint32_t(get_int(f, "max_batch", 1, 256));
     if (field(f, "min_batch")) s.batching.min_batch = uint32_t(get_int(f, "min_batch", 1, 256));
@@ -105,28 +156,66 @@ void apply_settings(const json& f, model_settings& s) {
         for (const auto& a : v) {
             uint32_t be = 0;
             if (!a.is_string() || inet_pton(AF_INET, a.get<std::string>().c_str(), &be) != 1)
-                bad("field 'rt_sources': " + a.dump() + " is not an IPv4 address");
+                bad("field 'rt_sources': " + excerpt(serialise(a)) + " is not an IPv4 address");
             s.rt_sources_be.push_back(be);
         }
     }
 }
 
-// FNV-1a over the file: the key that lets a second IF of the same model share its weights.
-uint64_t file_hash(const fs::path& p) {
-    std::ifstream in(p, std::ios::binary);
-    if (!in) throw control_error("bad_model", "cannot read " + p.string());
-    uint64_t h = 1469598103934665603ull;
-    char buf[1 << 16];
-    while (in) {
-        in.read(buf, sizeof buf);
-        for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ uint8_t(buf[i])) * 1099511628211ull;
+// A model file read once, after its size was checked: the bytes that are hashed, imported and
+// stored in the repository are the same.
+struct model_file {
+    std::string bytes;
+    uint64_t hash = 0;
+};
+
+model_file read_model_file(const std::string& path, uint64_t limit) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) throw control_error("bad_model", "cannot read " + path + ": " + std::strerror(errno));
+    struct closer {
+        int fd;
+        ~closer() { ::close(fd); }
+    } close_it{fd};
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw control_error("bad_model", path + " is not a regular file");
+    const uint64_t size = uint64_t(st.st_size);
+    if (size == 0) throw control_error("bad_model", path + " is empty");
+    if (size > limit)
+        throw control_error("bad_model", path + " is " + format_byte_size(double(size)) + "; the largest model file this daemon reads is " +
+                                             format_byte_size(double(limit)) + " (--max-model-file)");
+    model_file f;
+    f.bytes.resize(size);
+    size_t got = 0;
+    while (got < size) {
+        const ssize_t n = ::read(fd, f.bytes.data() + got, size - got);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw control_error("bad_model", "cannot read " + path + ": " + std::strerror(errno));
+        if (n == 0) throw control_error("bad_model", path + " shrank while it was read");
+        got += size_t(n);
     }
-    return h;
+    // FNV-1a: the key that lets a second IF of the same model share its weights.
+    uint64_t h = 1469598103934665603ull;
+    for (const char c : f.bytes) h = (h ^ uint8_t(c)) * 1099511628211ull;
+    f.hash = h;
+    return f;
+}
+
+std::string sizes_text(const std::vector<int64_t>& sizes) {
+    std::vector<int64_t> distinct(sizes);
+    std::sort(distinct.begin(), distinct.end());
+    distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+    std::string s;
+    for (const int64_t b : distinct) s += (s.empty() ? "" : ", ") + std::to_string(b);
+    return s;
 }
 
 json reply_error(const std::string& code, const std::string& message) {
     return {{"v", schema_version}, {"ok", false}, {"error", {{"code", code}, {"message", message}}}};
 }
+
+// What handle_message() answers if even an error reply cannot be serialised (out of memory).
+constexpr std::string_view unserialisable_reply =
+    R"({"v":1,"ok":false,"error":{"code":"internal","message":"the reply could not be serialised"}})";
 
 }  // namespace
 
@@ -150,7 +239,7 @@ std::vector<json> if_manager::take_events() {
 
 std::shared_ptr<model_if> if_manager::find(const std::string& name) const {
     const auto it = _models.find(name);
-    if (it == _models.end()) throw control_error("unknown_model", "no model IF named '" + name + "'");
+    if (it == _models.end()) throw control_error("unknown_model", "no model IF named " + in_quotes(name));
     return it->second;
 }
 
@@ -194,18 +283,67 @@ void if_manager::add_service(std::shared_ptr<dp::if_service> s) {
         if (o->binding().udp_port == s->binding().udp_port)
             throw control_error("port_in_use", "UDP port " + std::to_string(s->binding().udp_port) + " is taken by IF '" +
                                                    o->name() + "'");
-    _services.push_back(std::move(s));
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        _services.push_back(std::move(s));
+    }
     replace_serving(_services);
     publish_bindings();
+}
+
+void if_manager::admit(uint64_t need, const std::string& what) const {
+    const uint64_t budget = _info.memory_budget_bytes;
+    if (budget == 0) return;
+    const uint64_t used = memory_used();
+    if (used <= budget && need <= budget - used) return;
+    throw control_error("bad_model", what + "; budget " + format_byte_size(double(budget)) + ", " +
+                                         format_byte_size(double(used)) + " in use (--memory-budget)");
+}
+
+uint64_t if_manager::memory_used() const {
+    std::set<const ml::model*> counted;
+    uint64_t total = 0;
+    for (const auto& [name, mif] : snapshot().models) {
+        if (counted.insert(mif->model().get()).second)
+            total += uint64_t(mif->model()->weight_bytes() + mif->model()->host_bytes());
+        total += uint64_t(mif->memory_bytes());
+    }
+    return total;
+}
+
+json if_manager::persisted_config(const model_if& mif) const {
+    const model_if_config& c = mif.config();
+    const model_settings s = mif.settings();
+    json sources = json::array();
+    for (const uint32_t ip : s.rt_sources_be) {
+        char buf[INET_ADDRSTRLEN];
+        sources.push_back(inet_ntop(AF_INET, &ip, buf, sizeof buf));
+    }
+    return {{"name", c.name},
+            {"port", c.udp_port},
+            {"onnx", c.onnx},
+            {"class", s.cls == gpu::task_class::rt ? "rt" : "be"},
+            {"slo_ms", s.batching.slo_ms},
+            {"batching", ml::batching_policy_name(s.batching.policy)},
+            {"min_batch", s.batching.min_batch},
+            {"max_batch", s.batching.max_batch},
+            {"fixed_batch", s.batching.fixed_batch},
+            {"priority", s.priority},
+            {"shed", s.shed},
+            {"rt_sources", sources},
+            {"top_k", c.top_k},
+            {"mean", {c.mean[0], c.mean[1], c.mean[2]}},
+            {"std", {c.std[0], c.std[1], c.std[2]}}};
 }
 
 json if_manager::add_model(const json& f, bool persist) {
     std::lock_guard<std::recursive_mutex> g(_ops_mu);
     if (!f.is_object()) bad("add_model fields must be an object");
+    check_fields(f, "add_model", {add_only_fields, tunable_fields});
     const std::string name = get_string(f, "name");
     static const std::regex name_re("[A-Za-z0-9_.-]{1,64}");
     if (!std::regex_match(name, name_re) || name == "." || name == "..")
-        bad("field 'name' must be 1-64 characters of A-Z a-z 0-9 _ . -, got \"" + name + "\"");
+        bad("field 'name' must be 1-64 characters of A-Z a-z 0-9 _ . -, got \"" + excerpt(name) + "\"");
     const uint16_t port = uint16_t(get_int(f, "port", 1, 65535));
     if (_models.count(name)) throw control_error("model_exists", "a model IF named '" + name + "' is already loaded");
     for (const auto& s : _services)
@@ -222,8 +360,6 @@ json if_manager::add_model(const json& f, bool persist) {
     } else {
         bad("field 'onnx' is missing and the repository has no entry '" + name + "'");
     }
-    std::error_code ec;
-    if (!fs::is_regular_file(c.onnx, ec)) throw control_error("bad_model", "no such model file: " + c.onnx);
     apply_settings(f, c.settings);
     if (field(f, "top_k")) c.top_k = uint32_t(get_int(f, "top_k", 1, 100));
     if (field(f, "mean")) {
@@ -238,38 +374,73 @@ json if_manager::add_model(const json& f, bool persist) {
     }
     c.slot = free_slot();
 
-    // Load (or share the weights of a loaded copy of the same file), plan, warm up.
-    const uint64_t hash = file_hash(c.onnx);
-    std::shared_ptr<ml::model> shared;
-    if (auto it = _loaded.find(hash); it != _loaded.end()) shared = it->second.lock();
+    // The file's size is checked before it is read, and it must fit the budget on its own:
+    // importing holds at least its bytes.
+    std::error_code ec;
+    if (!fs::is_regular_file(c.onnx, ec)) throw control_error("bad_model", "no such model file: " + c.onnx);
+    const uint64_t file_size = fs::file_size(c.onnx, ec);
+    if (!ec && file_size <= _info.max_model_file_bytes)
+        admit(file_size, "model '" + name + "': reading " + c.onnx + " needs " + format_byte_size(double(file_size)));
+    model_file file = read_model_file(c.onnx, _info.max_model_file_bytes);
+
+    // Share the weights of a loaded copy of the same file, or import it; then the footprint of
+    // everything the IF will allocate, from the graph and its plans, before any of it is.
+    const auto key = std::make_pair(file.hash, uint64_t(file.bytes.size()));
+    std::shared_ptr<ml::model> model;
+    if (auto it = _loaded.find(key); it != _loaded.end()) model = it->second.lock();
+    const std::string label = "model '" + name + "' (" + c.onnx + ")";
+    std::optional<ml::graph> imported;
+    ml::memory_footprint need;
+    const std::vector<int64_t> sizes = model_if::initial_instances(c.settings);
+    try {
+        if (!model) imported = ml::import_onnx_buffer(file.bytes.data(), file.bytes.size(), {}, c.onnx);
+        model_if::image_input(model ? model->imported() : *imported);
+        need = model ? _runtime.footprint(*model, sizes, model_if::segments_per_image)
+                     : _runtime.footprint(*imported, sizes, model_if::segments_per_image);
+    } catch (const std::exception& e) {
+        throw control_error("bad_model", label + ": " + e.what());
+    }
+    // The file's bytes stay in memory until the entry is stored in the repository.
+    const uint64_t peak = uint64_t(need.peak_bytes()) + file.bytes.size();
+    std::string needs = label + " needs " + format_byte_size(double(peak)) + ": ";
+    if (model)
+        needs += "weights shared with a loaded IF of the same file, ";
+    else
+        needs += "weights " + format_byte_size(double(need.weight_bytes)) + " (+ " + format_byte_size(double(need.host_bytes)) +
+                 " host copy), ";
+    needs += "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes) +
+             ", while loading the file " + format_byte_size(double(file.bytes.size()));
+    if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
+    admit(peak, needs);
+
     std::shared_ptr<model_if> mif;
     try {
-        mif = std::make_shared<model_if>(_plane, _runtime, _scheduler, c, shared);
+        if (!model) model = _runtime.load_graph(std::move(*imported), fs::path(c.onnx).filename().string());
+        imported.reset();
+        mif = std::make_shared<model_if>(_plane, _runtime, _scheduler, c, model);
     } catch (const std::exception& e) {
-        throw control_error("bad_model", "model '" + name + "' (" + c.onnx + "): " + e.what());
+        throw control_error("bad_model", label + ": " + e.what());
     }
-    _loaded[hash] = mif->model();
+    _loaded[key] = model;
 
-    json fields = f;
-    fields.erase("v");
-    fields.erase("op");
-    fields["onnx"] = c.onnx;
     if (persist && _repo) {
         try {
-            const fs::path stored = _repo->save(name, fields, c.onnx);
-            fields["onnx"] = stored.string();
+            const fs::path stored = _repo->save(name, persisted_config(*mif), c.onnx, file.bytes);
+            c.onnx = stored.string();
         } catch (const std::exception& e) {
             throw control_error("io_error", std::string("model repository: ") + e.what());
         }
     }
-    _model_fields[name] = fields;
-    _models[name] = mif;
-    _services.push_back(mif);
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        _models[name] = mif;
+        _services.push_back(mif);
+    }
     replace_serving(_services);  // the serving thread polls it from now on...
     publish_bindings();          // ...and only then does the data plane fill its ring
     event({{"event", "model_loaded"}, {"name", name}, {"udp_port", port},
            {"class", c.settings.cls == gpu::task_class::rt ? "rt" : "be"}});
-    return mif->describe();
+    return describe(*mif);
 }
 
 json if_manager::remove_model(const std::string& name) {
@@ -277,7 +448,10 @@ json if_manager::remove_model(const std::string& name) {
     std::shared_ptr<model_if> mif = find(name);
     // Unpublish first: once publish() returns no rx lcore can put another request on the
     // IF's ring. Then the serving thread drains what is there.
-    std::erase(_services, std::static_pointer_cast<dp::if_service>(mif));
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        std::erase(_services, std::static_pointer_cast<dp::if_service>(mif));
+    }
     publish_bindings();
     const uint64_t before = mif->counters().responses_sent.get() + mif->counters().error_responses.get();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -286,8 +460,10 @@ json if_manager::remove_model(const std::string& name) {
     replace_serving(_services);
     if (!mif->idle()) mif->fail_pending();  // drain timed out (or serving stopped)
     const uint64_t answered = mif->counters().responses_sent.get() + mif->counters().error_responses.get() - before;
-    _models.erase(name);
-    _model_fields.erase(name);
+    {
+        std::lock_guard<std::mutex> t(_tables_mu);
+        _models.erase(name);
+    }
     mif.reset();  // ~model_if waits for a batch in flight
     if (_repo && _repo->contains(name)) {
         try {
@@ -302,28 +478,57 @@ json if_manager::remove_model(const std::string& name) {
 
 json if_manager::set(const json& f) {
     std::lock_guard<std::recursive_mutex> g(_ops_mu);
+    static constexpr const char* name_field[] = {"name"};
+    check_fields(f, "set", {name_field, tunable_fields});
     const std::string name = get_string(f, "name");
     std::shared_ptr<model_if> mif = find(name);
-    for (const char* k : {"onnx", "port", "top_k", "mean", "std"})
-        if (field(f, k)) bad(std::string("field '") + k + "' cannot be changed by set: remove and add the model");
     model_settings s = mif->settings();
     apply_settings(f, s);
+    // New batch sizes (a larger max_batch, a lane that was not planned) are new instances.
+    const std::vector<int64_t> sizes = mif->instances_to_plan(s);
+    if (!sizes.empty()) {
+        int64_t need = 0;
+        try {
+            need = _runtime.footprint(*mif->model(), sizes, model_if::segments_per_image).instance_bytes();
+        } catch (const std::exception& e) {
+            bad(std::string("cannot plan the new batch sizes: ") + e.what());
+        }
+        admit(uint64_t(need), "model '" + name + "' needs " + format_byte_size(double(need)) +
+                                  " more for arenas of batch sizes " + sizes_text(sizes));
+    }
     try {
         mif->update(s);
     } catch (const std::invalid_argument& e) {
         bad(e.what());
     }
-    json& stored = _model_fields[name];
-    for (const auto& [k, v] : f.items())
-        if (k != "v" && k != "op" && k != "name") stored[k] = v;
     if (_repo && _repo->contains(name)) {
         try {
-            _repo->save_config(name, stored);
+            _repo->save_config(name, persisted_config(*mif));
         } catch (const std::exception& e) {
             throw control_error("io_error", std::string("model repository: ") + e.what());
         }
     }
-    return mif->describe();
+    return describe(*mif);
+}
+
+json if_manager::describe(const model_if& mif) const {
+    json d = mif.describe();
+    const auto& m = mif.model();
+    const int64_t instances = mif.memory_bytes();
+    // The weights are shared when another IF serves the same loaded model.
+    bool shared = false;
+    for (const auto& [other, o] : _models) shared |= o.get() != &mif && o->model() == m;
+    d["memory"] = {{"weight_bytes", m->weight_bytes()},
+                   {"host_bytes", m->host_bytes()},
+                   {"instance_bytes", instances},
+                   {"shared_weights", shared},
+                   {"total_bytes", m->weight_bytes() + m->host_bytes() + instances}};
+    return d;
+}
+
+if_manager::tables if_manager::snapshot() const {
+    std::lock_guard<std::mutex> t(_tables_mu);
+    return {_services, _models};
 }
 
 std::vector<std::string> if_manager::load_repository() {
@@ -340,9 +545,8 @@ std::vector<std::string> if_manager::load_repository() {
 }
 
 json if_manager::list() const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
     json models = json::array();
-    for (const auto& [name, mif] : _models) {
+    for (const auto& [name, mif] : snapshot().models) {
         json d = mif->describe();
         json summary;
         for (const char* k : {"name", "udp_port", "class", "slo_ms", "batching", "batch_size", "min_batch", "max_batch",
@@ -354,7 +558,7 @@ json if_manager::list() const {
 }
 
 json if_manager::health() const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
+    const size_t models = snapshot().models.size();
     rte_eth_link link{};
     rte_eth_link_get_nowait(_plane.eth().id(), &link);
     return {{"status", _shutdown.load() ? "stopping" : "ok"},
@@ -362,17 +566,27 @@ json if_manager::health() const {
             {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - _start).count()},
             {"backend", _info.backend},
             {"policy", _info.policy},
-            {"models", _models.size()},
+            {"models", models},
+            {"memory", memory_json()},
             {"port", {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"link_up", link.link_status != 0}}}};
 }
 
+json if_manager::memory_json() const {
+    const uint64_t used = memory_used(), budget = _info.memory_budget_bytes;
+    json m = {{"used_bytes", used}, {"max_model_file_bytes", _info.max_model_file_bytes}};
+    m["budget_bytes"] = budget ? json(budget) : json(nullptr);
+    m["free_bytes"] = budget ? json(budget > used ? budget - used : 0) : json(nullptr);
+    return m;
+}
+
 json if_manager::stats(const std::string& only) const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
-    if (!only.empty()) find(only);
+    const tables t = snapshot();
+    if (!only.empty() && std::none_of(t.services.begin(), t.services.end(), [&](const auto& s) { return s->name() == only; }))
+        throw control_error("unknown_model", "no model IF named " + in_quotes(only));
     json ifs = json::array();
-    for (const auto& s : _services) {
+    for (const auto& s : t.services) {
         if (!only.empty() && s->name() != only) continue;
-        if (auto it = _models.find(s->name()); it != _models.end() && it->second == s) {
+        if (auto it = t.models.find(s->name()); it != t.models.end() && it->second == s) {
             ifs.push_back(it->second->stats());
         } else {
             const dp::if_counters& c = s->counters();
@@ -416,8 +630,7 @@ json if_manager::stats(const std::string& only) const {
 }
 
 void if_manager::add_if_counters(dp::counter_snapshot& s) const {
-    std::lock_guard<std::recursive_mutex> g(_ops_mu);
-    for (const auto& f : _services) s.add(f->counters());
+    for (const auto& f : snapshot().services) s.add(f->counters());
 }
 
 void if_manager::tick() {
@@ -445,25 +658,37 @@ json if_manager::dispatch(const json& r) {
     const json* v = field(r, "v");
     if (!v) bad("missing field 'v' (schema version; this daemon speaks 1)");
     if (!v->is_number_integer() || v->get<int64_t>() != schema_version)
-        throw control_error("unsupported_version", "schema version " + v->dump() + " is not supported (this daemon speaks 1)");
+        throw control_error("unsupported_version",
+                            "schema version " + excerpt(serialise(*v)) + " is not supported (this daemon speaks 1)");
     const std::string op = get_string(r, "op");
+    static constexpr const char* name_only[] = {"name"};
+    const auto takes = [&](std::initializer_list<std::span<const char* const>> allowed) { check_fields(r, op, allowed); };
+    if (op == "health" || op == "list" || op == "shutdown") takes({});
     if (op == "health") return health();
     if (op == "list") return list();
-    if (op == "stats") return stats(field(r, "name") ? get_string(r, "name") : "");
+    if (op == "stats") {
+        takes({name_only});
+        return stats(field(r, "name") ? get_string(r, "name") : "");
+    }
     if (op == "describe") {
+        takes({name_only});
         std::lock_guard<std::recursive_mutex> g(_ops_mu);
-        return find(get_string(r, "name"))->describe();
+        return describe(*find(get_string(r, "name")));
     }
     if (op == "shutdown") {
         request_shutdown();
         return {{"stopping", true}};
     }
+    if (op != "add_model" && op != "remove_model" && op != "set")
+        throw control_error("unknown_op", "unknown operation " + in_quotes(op) +
+                                              " (known: health, list, describe, stats, add_model, remove_model, set, shutdown)");
     if (_shutdown.load()) throw control_error("shutting_down", "the daemon is stopping");
     if (op == "add_model") return add_model(r, true);
-    if (op == "remove_model") return remove_model(get_string(r, "name"));
-    if (op == "set") return set(r);
-    throw control_error("unknown_op", "unknown operation '" + op +
-                                          "' (known: health, list, describe, stats, add_model, remove_model, set, shutdown)");
+    if (op == "remove_model") {
+        takes({name_only});
+        return remove_model(get_string(r, "name"));
+    }
+    return set(r);
 }
 
 json if_manager::handle(const json& request) {
@@ -476,17 +701,25 @@ json if_manager::handle(const json& request) {
     }
 }
 
+std::string if_manager::error_text(const std::string& code, const std::string& message) {
+    return serialise(reply_error(code, message), unserialisable_reply);
+}
+
 std::string if_manager::handle_message(std::string_view message) {
-    if (message.size() > max_message_bytes)
-        return reply_error("bad_request", "message of " + std::to_string(message.size()) + " bytes exceeds the 1 MiB limit").dump();
-    json request;
     try {
-        request = json::parse(message);
-    } catch (const std::exception& e) {
-        return reply_error("bad_request", std::string("not JSON: ") + e.what()).dump();
+        if (message.size() > max_request_bytes)
+            return error_text("bad_request", "message of " + std::to_string(message.size()) + " bytes exceeds the limit of " +
+                                                 std::to_string(max_request_bytes) + " bytes");
+        json request;
+        try {
+            request = bounded_parse(message);
+        } catch (const json_refused& e) {
+            return error_text("bad_request", e.what());
+        }
+        return serialise(handle(request), unserialisable_reply);
+    } catch (...) {
+        return std::string(unserialisable_reply);
     }
-    // dump() with replacement: a model name from the request may hold invalid UTF-8.
-    return handle(request).dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 uint32_t if_manager::serve() {

@@ -22,6 +22,7 @@
 
 #include "dataplane/engine.h"
 #include "dataplane/if_service.h"
+#include "ifmanager/bounded_json.h"
 #include "ifmanager/model_if.h"
 #include "ifmanager/repository.h"
 #include "libml/libml.h"
@@ -39,7 +40,17 @@ struct manager_info {
     std::string version = "0.1.0";
     std::string backend;  // device caps name
     std::string policy;   // scheduler policy name
+    // Memory the models may take together (weights, host copies, arenas; 0: no limit) and the
+    // largest model file add_model reads (docs/control.md, "Memory budget").
+    uint64_t memory_budget_bytes = 0;
+    uint64_t max_model_file_bytes = uint64_t(1) << 30;
 };
+
+// Limits on a request (docs/control.md, "Limits"). Nesting is bounded by max_json_depth
+// (ifmanager/bounded_json.h).
+inline constexpr size_t max_request_bytes = size_t(1) << 20;
+inline constexpr size_t max_string_bytes = 4096;  // any string field (a path fits)
+inline constexpr size_t max_array_items = 64;     // any array field (rt_sources)
 
 class if_manager {
 public:
@@ -49,8 +60,11 @@ public:
 
     // One control request (a parsed JSON value) -> one reply object. Never throws.
     nlohmann::json handle(const nlohmann::json& request);
-    // The same for raw message bytes: parse errors become bad_request replies.
+    // The same for raw message bytes: oversized, too deeply nested or malformed text becomes a
+    // bad_request reply. Never throws; the reply is always one JSON object with "ok".
     std::string handle_message(std::string_view message);
+    // The error reply for a request the transport refused before it was parsed.
+    static std::string error_text(const std::string& code, const std::string& message);
 
     // Operations, for start-up and tests. Throw control_error.
     nlohmann::json add_model(const nlohmann::json& fields, bool persist);
@@ -61,6 +75,9 @@ public:
 
     nlohmann::json stats(const std::string& only = "") const;
     nlohmann::json health() const;
+    // Memory the loaded models hold now: each model's weights and host copy once, plus every
+    // IF's instances.
+    uint64_t memory_used() const;
     // Adds every IF's data-plane counters (requests served, responses sent...) to `s`.
     void add_if_counters(dp::counter_snapshot& s) const;
 
@@ -90,6 +107,15 @@ public:
 private:
     nlohmann::json dispatch(const nlohmann::json& request);
     nlohmann::json set(const nlohmann::json& fields);
+    // Refuses `need` more bytes when they do not fit the budget beside what is in use;
+    // `what` says what they are for ("model 'cam' needs 3.1 GiB: ...").
+    void admit(uint64_t need, const std::string& what) const;
+    // The repository entry's config: every setting of the IF, compact and bounded.
+    nlohmann::json persisted_config(const model_if& mif) const;
+    // The IF's describe object with its memory (weights, host copy, instances).
+    nlohmann::json describe(const model_if& mif) const;
+    // health's "memory": budget, used, free, file limit.
+    nlohmann::json memory_json() const;
     nlohmann::json list() const;
     std::shared_ptr<model_if> find(const std::string& name) const;
     void publish_bindings();
@@ -104,12 +130,23 @@ private:
     manager_info _info;
     std::chrono::steady_clock::time_point _start = std::chrono::steady_clock::now();
 
-    // Control side (one operation at a time).
+    // Control side (one operation at a time). Operations hold _ops_mu for their whole
+    // length (an add_model loads and warms a model for seconds); they change the two tables
+    // below under _tables_mu as well, briefly, so that readers on other threads (metrics
+    // scrapes, the serving loop's counters) take only _tables_mu and are never held up by
+    // an operation in progress.
     mutable std::recursive_mutex _ops_mu;
+    mutable std::mutex _tables_mu;
     std::vector<std::shared_ptr<dp::if_service>> _services;   // built-in + model IFs
     std::map<std::string, std::shared_ptr<model_if>> _models;  // by IF name
-    std::map<std::string, nlohmann::json> _model_fields;       // add_model fields, for persistence
-    std::map<uint64_t, std::weak_ptr<ml::model>> _loaded;      // by file content hash: weights shared
+    struct tables {
+        std::vector<std::shared_ptr<dp::if_service>> services;
+        std::map<std::string, std::shared_ptr<model_if>> models;
+    };
+    // Copies of both tables, for readers outside operations.
+    tables snapshot() const;
+    // Loaded models by file (content hash, size): a second IF of the same file shares weights.
+    std::map<std::pair<uint64_t, uint64_t>, std::weak_ptr<ml::model>> _loaded;
 
     // The serving list handed to the serving thread.
     mutable std::mutex _list_mu;

@@ -1,9 +1,11 @@
 #include "ifmanager/metrics.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
-
-#include <httplib.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -333,11 +335,160 @@ std::pair<std::string, uint16_t> parse_listen_address(const std::string& text) {
     return {host, static_cast<uint16_t>(port)};
 }
 
-struct metrics_server::impl {
-    httplib::Server server;
-    std::thread thread;
-    std::atomic<bool> finished{false};
+// The HTTP side: one thread polls the listening socket and every connection, so a client that
+// connects and sends nothing, or trickles its request a byte at a time, holds at most one of
+// max_connections slots and never a thread. A request must arrive whole within
+// request_timeout of the connection, its answer be taken within response_timeout; each
+// connection carries one request (Connection: close). When every slot is taken, a new
+// connection replaces the oldest, so a scrape always gets in however many idle connections
+// were opened before it.
+namespace {
+
+constexpr size_t max_connections = 32;
+constexpr size_t max_request_head = 8192;
+constexpr auto request_timeout = std::chrono::seconds(2);
+constexpr auto response_timeout = std::chrono::seconds(10);
+
+using steady = std::chrono::steady_clock;
+
+struct connection {
+    int fd = -1;
+    uint64_t order = 0;        // accept order: the smallest is the oldest
+    steady::time_point deadline;
+    std::string in, out;       // request head so far; response (once known)
+    size_t sent = 0;
+    bool answering = false;
 };
+
+std::string http_response(int status, const char* reason, const std::string& content_type, const std::string& body,
+                          bool head_only, const char* extra_header = "") {
+    std::string r = "HTTP/1.1 " + std::to_string(status) + " " + reason + "\r\nContent-Type: " + content_type +
+                    "\r\nContent-Length: " + std::to_string(body.size()) + "\r\nConnection: close\r\n" + extra_header + "\r\n";
+    if (!head_only) r += body;
+    return r;
+}
+
+}  // namespace
+
+struct metrics_server::impl {
+    int listener = -1;
+    int wake[2] = {-1, -1};  // written by the destructor: the poll loop returns at once
+    std::atomic<bool> stop{false};
+    std::function<std::string()> body;
+    std::vector<connection> connections;
+    uint64_t accepted = 0;
+    std::thread thread;
+
+    ~impl() {
+        for (int fd : {listener, wake[0], wake[1]})
+            if (fd >= 0) ::close(fd);
+    }
+
+    void run();
+    void accept_all(steady::time_point now);
+    void read_request(connection& c, steady::time_point now);
+    std::string answer(const std::string& head) const;
+};
+
+void metrics_server::impl::run() {
+    std::vector<pollfd> fds;
+    for (;;) {
+        const auto now = steady::now();
+        // Expired connections go first: a slow client is cut off at its deadline.
+        std::erase_if(connections, [&](const connection& c) {
+            if (c.deadline > now) return false;
+            ::close(c.fd);
+            return true;
+        });
+        auto next = now + std::chrono::seconds(1);
+        fds.assign({{wake[0], POLLIN, 0}, {listener, POLLIN, 0}});
+        for (const auto& c : connections) {
+            fds.push_back({c.fd, short(c.answering ? POLLOUT : POLLIN), 0});
+            next = std::min(next, c.deadline);
+        }
+        const int wait_ms = int(std::chrono::duration_cast<std::chrono::milliseconds>(next - now).count()) + 1;
+        if (::poll(fds.data(), fds.size(), wait_ms) < 0 && errno != EINTR) return;
+        if (fds[0].revents || stop.load()) return;
+        const auto after = steady::now();
+        // Connections first (their pollfds are in order), then new ones.
+        for (size_t i = 0; i < connections.size(); ++i) {
+            connection& c = connections[i];
+            const short ev = fds[i + 2].revents;
+            if (!ev) continue;
+            if (!c.answering) read_request(c, after);
+            if (c.answering && c.fd >= 0 && (ev & (POLLOUT | POLLERR | POLLHUP))) {
+                const ssize_t n = ::send(c.fd, c.out.data() + c.sent, c.out.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+                if (n > 0) c.sent += size_t(n);
+                if ((n < 0 && errno != EAGAIN && errno != EINTR) || c.sent == c.out.size()) {
+                    ::close(c.fd);
+                    c.fd = -1;
+                }
+            }
+        }
+        std::erase_if(connections, [](const connection& c) { return c.fd < 0; });
+        if (fds[1].revents & POLLIN) accept_all(after);
+    }
+}
+
+void metrics_server::impl::accept_all(steady::time_point now) {
+    for (int n = 0; n < 64; ++n) {
+        const int fd = ::accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) return;  // EAGAIN: none left; anything else: try again at the next poll
+        if (connections.size() >= max_connections) {
+            auto oldest = std::min_element(connections.begin(), connections.end(),
+                                           [](const connection& a, const connection& b) { return a.order < b.order; });
+            ::close(oldest->fd);
+            connections.erase(oldest);
+        }
+        connection c;
+        c.fd = fd;
+        c.order = accepted++;
+        c.deadline = now + request_timeout;
+        connections.push_back(std::move(c));
+    }
+}
+
+void metrics_server::impl::read_request(connection& c, steady::time_point now) {
+    char buf[4096];
+    const ssize_t n = ::recv(c.fd, buf, sizeof buf, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        ::close(c.fd);
+        c.fd = -1;
+        return;
+    }
+    if (n < 0) return;
+    c.in.append(buf, size_t(n));
+    const size_t end = c.in.find("\r\n\r\n");
+    if (end == std::string::npos && c.in.size() < max_request_head) return;
+    c.out = end == std::string::npos
+                ? http_response(431, "Request Header Fields Too Large", "text/plain", "request head too large\n", false)
+                : answer(c.in.substr(0, end));
+    c.in.clear();
+    c.answering = true;
+    c.deadline = now + response_timeout;
+}
+
+// The answer to one request head: GET (or HEAD) /metrics, 404 for other paths, 405 for other
+// methods, 400 for anything that is not an HTTP/1.x request line.
+std::string metrics_server::impl::answer(const std::string& head) const {
+    const std::string line = head.substr(0, head.find("\r\n"));
+    const size_t sp1 = line.find(' '), sp2 = line.rfind(' ');
+    if (sp1 == std::string::npos || sp2 == sp1 || line.compare(sp2 + 1, 7, "HTTP/1.") != 0)
+        return http_response(400, "Bad Request", "text/plain", "not an HTTP/1.x request\n", false);
+    const std::string method = line.substr(0, sp1);
+    std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    target = target.substr(0, target.find('?'));
+    const bool head_only = method == "HEAD";
+    if (target != "/metrics") return http_response(404, "Not Found", "text/plain", "only /metrics is served here\n", head_only);
+    if (method != "GET" && !head_only)
+        return http_response(405, "Method Not Allowed", "text/plain", "GET /metrics\n", false, "Allow: GET, HEAD\r\n");
+    try {
+        return http_response(200, "OK", content_type, body(), head_only);
+    } catch (const std::exception& e) {
+        return http_response(500, "Internal Server Error", "text/plain", std::string("metrics unavailable: ") + e.what() + "\n",
+                             head_only);
+    }
+}
 
 metrics_server::metrics_server(const std::string& host, uint16_t port,
                                std::function<std::string()> body)
@@ -349,51 +500,49 @@ metrics_server::metrics_server(const std::string& host, uint16_t port,
     if (!is_loopback(bind_host))
         throw std::invalid_argument("metrics: refusing to serve on '" + host +
                                     "': only loopback addresses (127.0.0.1, ::1) are allowed");
+    _impl->body = std::move(body);
 
-    auto& server = _impl->server;
-    // Scrapes come one at a time from one Prometheus; httplib's default pool is 8+ threads.
-    server.new_task_queue = [] { return new httplib::ThreadPool(2); };
-    server.set_payload_max_length(64 * 1024);
-    // httplib's default sets SO_REUSEPORT, which would let a second daemon configured with the
-    // same port bind it too and silently take half the scrapes. SO_REUSEADDR alone still
-    // allows a restart while old connections sit in TIME_WAIT.
-    server.set_socket_options([](socket_t sock) {
-        const int yes = 1;
-        ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    });
-    server.Get("/metrics", [body = std::move(body)](const httplib::Request&, httplib::Response& res) {
-        try {
-            res.set_content(body(), content_type);
-        } catch (const std::exception& e) {
-            res.status = 500;
-            res.set_content(std::string("metrics unavailable: ") + e.what() + "\n", "text/plain");
-        }
-    });
-
-    errno = 0;
-    int bound = -1;
-    if (port == 0) bound = server.bind_to_any_port(bind_host);
-    else if (server.bind_to_port(bind_host, port)) bound = port;
-    if (bound <= 0) {
-        const int err = errno;
-        throw std::runtime_error("metrics: cannot listen on " + host + ":" + std::to_string(port) +
-                                 (err ? std::string(": ") + std::strerror(err) : std::string()));
+    sockaddr_storage addr{};
+    socklen_t addr_len = 0;
+    if (in_addr v4{}; ::inet_pton(AF_INET, bind_host.c_str(), &v4) == 1) {
+        auto* a = reinterpret_cast<sockaddr_in*>(&addr);
+        a->sin_family = AF_INET;
+        a->sin_port = htons(port);
+        a->sin_addr = v4;
+        addr_len = sizeof *a;
+    } else {
+        auto* a = reinterpret_cast<sockaddr_in6*>(&addr);
+        a->sin6_family = AF_INET6;
+        a->sin6_port = htons(port);
+        ::inet_pton(AF_INET6, bind_host.c_str(), &a->sin6_addr);
+        addr_len = sizeof *a;
     }
-    _port = static_cast<uint16_t>(bound);
-
-    _impl->thread = std::thread([this] {
-        _impl->server.listen_after_bind();
-        _impl->finished = true;
-    });
-    // httplib's stop() does nothing until the accept loop has started, so the destructor could
-    // otherwise miss a server that is just starting and wait on its thread for ever.
-    while (!_impl->server.is_running() && !_impl->finished)
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    const auto fail = [&](const char* what) {
+        throw std::runtime_error("metrics: cannot listen on " + host + ":" + std::to_string(port) + ": " + what + ": " +
+                                 std::strerror(errno));
+    };
+    _impl->listener = ::socket(addr.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (_impl->listener < 0) fail("socket");
+    // SO_REUSEADDR (a restart while old connections sit in TIME_WAIT), never SO_REUSEPORT,
+    // which would let a second daemon configured with the same port take half the scrapes.
+    const int yes = 1;
+    ::setsockopt(_impl->listener, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    if (::bind(_impl->listener, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0) fail("bind");
+    if (::listen(_impl->listener, 64) != 0) fail("listen");
+    if (::getsockname(_impl->listener, reinterpret_cast<sockaddr*>(&addr), &addr_len) != 0) fail("getsockname");
+    _port = ntohs(addr.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&addr)->sin_port
+                                            : reinterpret_cast<sockaddr_in6*>(&addr)->sin6_port);
+    if (::pipe2(_impl->wake, O_CLOEXEC | O_NONBLOCK) != 0) fail("pipe");
+    _impl->thread = std::thread([impl = _impl.get()] { impl->run(); });
 }
 
 metrics_server::~metrics_server() {
-    _impl->server.stop();
+    _impl->stop.store(true);
+    const char wake = 1;
+    // Wakes the poll at once; were the write to fail, the loop sees `stop` within a second.
+    [[maybe_unused]] const ssize_t woken = ::write(_impl->wake[1], &wake, 1);
     if (_impl->thread.joinable()) _impl->thread.join();
+    for (const auto& c : _impl->connections) ::close(c.fd);
 }
 
 }  // namespace reefline::metrics

@@ -23,9 +23,12 @@ std::string prometheus_text(const nlohmann::json& stats);
 // The content type of prometheus_text()'s output.
 inline constexpr const char* content_type = "text/plain; version=0.0.4";
 
-// An HTTP server answering GET /metrics with body() on its own thread (404 for any other
-// path). Loopback only: metrics reveal model names and traffic, and the daemon has no
-// authentication for them, so binding a routable address is refused rather than configurable.
+// An HTTP/1.1 server answering GET /metrics with body() (404 for any other path), on one
+// thread that polls every connection: idle or slow clients cannot starve a scrape. At most 32
+// connections are held (a new one replaces the oldest), a request must arrive within 2 s of
+// its connection and its answer be taken within 10 s, one request per connection. Loopback
+// only: metrics reveal model names and traffic, and the daemon has no authentication for
+// them, so binding a routable address is refused rather than configurable.
 class metrics_server {
 public:
     // Binds at once (port 0: an ephemeral port, see port()). Throws std::invalid_argument if

@@ -93,27 +93,22 @@ struct model_if::lane {
 };
 
 model_if::model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& scheduler,
-                   const model_if_config& config, std::shared_ptr<ml::model> shared)
+                   const model_if_config& config, std::shared_ptr<ml::model> model)
     : _plane(plane), _runtime(runtime), _scheduler(scheduler), _config(config) {
     check_settings(_config.settings);
     if (_config.top_k < 1 || _config.top_k > 100) throw std::invalid_argument("top_k must be 1..100");
     for (int c = 0; c < 3; ++c)
         if (!(std::fabs(_config.std[c]) > 0)) throw std::invalid_argument("std must be non-zero");
     _tsc_hz = rte_get_tsc_hz();
-    _model = shared ? std::move(shared) : _runtime.load_model(_config.onnx);
+    _model = model ? std::move(model) : _runtime.load_model(_config.onnx);
+    // The input check on the graph, before anything is planned.
+    const image_input_shape in = image_input(_model->imported());
+    _c = in.c;
+    _h = in.h;
+    _w = in.w;
     for (int i = 0; i < 2; ++i)
         _lanes[i] = std::make_unique<lane>(i == 0 ? gpu::task_class::rt : gpu::task_class::be, _config.settings.batching);
-    // The input check on a batch-1 plan, before planning larger sizes.
     lane& own = *_lanes[_config.settings.cls == gpu::task_class::rt ? 0 : 1];
-    plan_sizes(own, 1);
-    const auto ins = own.instances.at(1)->inputs();
-    if (ins.size() != 1 || ins[0].type != ml::dtype::f32 || ins[0].shape.size() != 4 || ins[0].shape[1] > 3 ||
-        ins[0].shape[1] < 1 || ins[0].shape[2] > 65535 || ins[0].shape[3] > 65535)
-        throw std::invalid_argument("model '" + _config.name + "': expected one f32 [N, C<=3, H, W] image input, got " +
-                                    (ins.empty() ? std::string("none") : ml::shape_str(ins[0].shape)));
-    _c = uint16_t(ins[0].shape[1]);
-    _h = uint16_t(ins[0].shape[2]);
-    _w = uint16_t(ins[0].shape[3]);
     plan_sizes(own, _config.settings.batching.max_batch);
     if (!_config.settings.rt_sources_be.empty()) plan_sizes(*_lanes[0], _config.settings.batching.max_batch);
     const std::string ring_name = "mif_" + std::to_string(_config.slot) + "_" + std::to_string(_config.udp_port);
@@ -134,12 +129,72 @@ model_if::~model_if() {
     rte_ring_free(_ring);
 }
 
-void model_if::plan_sizes(lane& l, uint32_t max_batch) {
+image_input_shape model_if::image_input(const ml::graph& g) {
+    const auto expected = [&](const std::string& got) {
+        return std::invalid_argument("expected one f32 [N, C<=3, H, W] image input, got " + got);
+    };
+    if (g.inputs.size() != 1)
+        throw expected(std::to_string(g.inputs.size()) + " inputs");
+    const ml::value& v = g.values.at(size_t(g.inputs[0]));
+    if (v.type != ml::dtype::f32 || v.shape.size() != 4)
+        throw expected("input '" + v.name + "' " + ml::dtype_name(v.type) + " " + ml::shape_str(v.shape));
+    // A dimension out of range would make an IF that can never answer (no request can carry
+    // a 0-pixel image) or one whose requests the wire format cannot describe.
+    static constexpr const char* dim_names[4] = {"N", "C", "H", "W"};
+    static constexpr int64_t dim_max[4] = {1 << 16, 3, 65535, 65535};
+    for (size_t d = 0; d < 4; ++d)
+        if (v.shape[d] < 1 || v.shape[d] > dim_max[d])
+            throw std::invalid_argument("input '" + v.name + "' " + ml::shape_str(v.shape) + ": dimension " +
+                                        std::to_string(d) + " (" + dim_names[d] + ") is " + std::to_string(v.shape[d]) +
+                                        "; an image input needs it in 1.." + std::to_string(dim_max[d]));
+    return {v.name, uint16_t(v.shape[1]), uint16_t(v.shape[2]), uint16_t(v.shape[3])};
+}
+
+std::vector<int64_t> model_if::batch_sizes(uint32_t max_batch) {
     // Powers of two up to max_batch, and max_batch itself: a batch pads to the next size.
-    std::vector<uint32_t> sizes;
+    std::vector<int64_t> sizes;
     for (uint32_t b = 1; b < max_batch; b *= 2) sizes.push_back(b);
-    sizes.push_back(max_batch);
-    for (uint32_t b : sizes) {
+    sizes.push_back(std::max<uint32_t>(max_batch, 1));
+    return sizes;
+}
+
+std::vector<int64_t> model_if::initial_instances(const model_settings& s) {
+    std::vector<int64_t> sizes = batch_sizes(s.batching.max_batch);
+    // The constructor plans the IF's own lane, and the RT lane too when RT sources are named.
+    if (s.cls == gpu::task_class::be && !s.rt_sources_be.empty()) {
+        const size_t n = sizes.size();
+        for (size_t i = 0; i < n; ++i) sizes.push_back(sizes[i]);
+    }
+    return sizes;
+}
+
+bool model_if::lane_planned_by(const model_settings& s, int i) const {
+    const bool used = (i == 0) == (s.cls == gpu::task_class::rt) || (i == 0 && !s.rt_sources_be.empty());
+    return used || !_lanes[i]->instances.empty();
+}
+
+std::vector<int64_t> model_if::instances_to_plan(const model_settings& s) const {
+    std::lock_guard<std::mutex> g(_mu);
+    std::vector<int64_t> sizes;
+    for (int i = 0; i < 2; ++i) {
+        if (!lane_planned_by(s, i)) continue;
+        for (const int64_t b : batch_sizes(s.batching.max_batch))
+            if (!_lanes[i]->instances.count(uint32_t(b))) sizes.push_back(b);
+    }
+    return sizes;
+}
+
+int64_t model_if::memory_bytes() const {
+    std::lock_guard<std::mutex> g(_mu);
+    int64_t total = 0;
+    for (const auto& l : _lanes)
+        for (const auto& [b, in] : l->instances) total += in->memory_bytes();
+    return total;
+}
+
+void model_if::plan_sizes(lane& l, uint32_t max_batch) {
+    for (const int64_t size : batch_sizes(max_batch)) {
+        const uint32_t b = uint32_t(size);
         if (l.instances.count(b)) continue;
         auto in = _runtime.link_model(_model, l.cls == gpu::task_class::rt ? -1 : 0);
         if (in->batch() != b) _runtime.configure_batch(*in, b);
@@ -173,8 +228,7 @@ void model_if::update(const model_settings& s) {
     std::lock_guard<std::mutex> g(_mu);
     for (int i = 0; i < 2; ++i) {
         lane& l = *_lanes[i];
-        const bool used = (i == 0) == (s.cls == gpu::task_class::rt) || (i == 0 && !s.rt_sources_be.empty());
-        if (used || !l.instances.empty()) plan_sizes(l, s.batching.max_batch);
+        if (lane_planned_by(s, i)) plan_sizes(l, s.batching.max_batch);
         l.controller.configure(s.batching);
         l.target.store(l.controller.target(), std::memory_order_relaxed);
     }
@@ -461,6 +515,11 @@ nlohmann::json model_if::describe() const {
         for (const auto& [b, _] : own.instances) sizes.push_back(b);
         j["planned_batch_sizes"] = sizes;
     }
+    nlohmann::json instances = nlohmann::json::array();
+    for (int i = 0; i < 2; ++i)
+        for (const auto& [b, in] : _lanes[i]->instances)
+            instances.push_back({{"lane", i == 0 ? "rt" : "be"}, {"batch", b}, {"bytes", in->memory_bytes()}});
+    j["instances"] = instances;
     return j;
 }
 

@@ -62,13 +62,20 @@ struct model_if_config {
 inline constexpr std::array<double, 16> latency_buckets_s = {
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60};
 
+// The geometry of a model's image input.
+struct image_input_shape {
+    std::string name;
+    uint16_t c = 0, h = 0, w = 0;
+};
+
 class model_if final : public dp::if_service {
 public:
-    // Loads the model (or shares `shared`'s weights), plans the batch sizes the controller may
-    // pick, warms them up and checks it takes one f32 [N, C<=3, H, W] image input. Throws
-    // std::invalid_argument (bad settings or model) or the loader's error.
+    // Serves `model` (loaded from config.onnx when null; a model shared with other IFs keeps
+    // its weights once), checks it takes one f32 [N, C<=3, H, W] image input, plans the batch
+    // sizes the controller may pick and warms them up. Throws std::invalid_argument (bad
+    // settings or model) or the loader's error.
     model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& scheduler,
-             const model_if_config& config, std::shared_ptr<ml::model> shared = nullptr);
+             const model_if_config& config, std::shared_ptr<ml::model> model = nullptr);
     // Waits for batches in flight, frees what is queued.
     ~model_if() override;
 
@@ -90,6 +97,20 @@ public:
     void update(const model_settings& s);
 
     const std::shared_ptr<ml::model>& model() const { return _model; }
+
+    // The image input of an imported graph: one f32 [N, C, H, W] input with N >= 1, C in 1..3
+    // and H, W in 1..65535. Throws std::invalid_argument naming the input and the dimension.
+    static image_input_shape image_input(const ml::graph& g);
+    // The batch sizes a lane plans for `max_batch`: the powers of two below it, and it.
+    static std::vector<int64_t> batch_sizes(uint32_t max_batch);
+    // The instances (one batch size per entry) a new IF with these settings plans.
+    static std::vector<int64_t> initial_instances(const model_settings& s);
+    // The instances update(s) would add to those planned now.
+    std::vector<int64_t> instances_to_plan(const model_settings& s) const;
+    // Gather segments per image the data plane can hand over (its fragments per request).
+    static constexpr int64_t segments_per_image = wire::max_fragments;
+    // Memory the IF's instances hold now (arenas, inputs, gather lists; not the weights).
+    int64_t memory_bytes() const;
     uint16_t height() const { return _h; }
     uint16_t width() const { return _w; }
     uint16_t channels() const { return _c; }
@@ -104,6 +125,8 @@ private:
     void complete(lane& l);
     void shed_late(lane& l, uint64_t now);
     void plan_sizes(lane& l, uint32_t max_batch);
+    // Whether update(s) plans lane i (the RT lane is 0).
+    bool lane_planned_by(const model_settings& s, int i) const;
     void answer_error(const dp::request& r, wire::status status, const std::string& message);
     void send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec);
     void record_latency(double seconds);

@@ -21,15 +21,16 @@
 #include <thread>
 #include <cstdio>
 #include <iostream>
-#include <iterator>
-#include <sstream>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "dataplane/crc32_if.h"
 #include "ifmanager/control.h"
+#include "ifmanager/byte_size.h"
 #include "ifmanager/curve_keys.h"
+#include "ifmanager/daemon_config.h"
 #include "ifmanager/manager.h"
 #include "ifmanager/metrics.h"
 #include "ifmanager/model_if.h"
@@ -149,49 +150,11 @@ std::unique_ptr<reefline::gpu::device> make_gpu_backend([[maybe_unused]] int ord
 #endif
 }
 
-// --config FILE: TOML (CLI11's reader), or JSON when the file's first character is '{': a
-// flat object of option names (long form without the dashes) to a string, number, bool or
-// array (repeated options such as "model"). JSON errors name the file's problem.
-class toml_or_json_config : public CLI::ConfigTOML {
-public:
-    std::vector<CLI::ConfigItem> from_config(std::istream& in) const override {
-        const std::string text{std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-        const auto first = text.find_first_not_of(" \t\r\n");
-        if (first == std::string::npos || text[first] != '{') {
-            std::istringstream toml(text);
-            return CLI::ConfigTOML::from_config(toml);
-        }
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(text);
-        } catch (const nlohmann::json::parse_error& e) {
-            throw CLI::ConfigError(std::string("--config: not valid JSON: ") + e.what());
-        }
-        const auto scalar = [](const std::string& key, const nlohmann::json& v) {
-            if (v.is_string()) return v.get<std::string>();
-            if (v.is_boolean()) return std::string(v.get<bool>() ? "true" : "false");
-            if (v.is_number()) return v.dump();
-            throw CLI::ConfigError("--config: \"" + key + "\": expected a string, number, bool or array of them");
-        };
-        std::vector<CLI::ConfigItem> items;
-        for (const auto& [key, v] : j.items()) {
-            CLI::ConfigItem item;
-            item.name = key;
-            if (v.is_array())
-                for (const auto& e : v) item.inputs.push_back(scalar(key, e));
-            else
-                item.inputs.push_back(scalar(key, v));
-            items.push_back(std::move(item));
-        }
-        return items;
-    }
-};
-
 }  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"reefline: network inference appliance"};
-    app.config_formatter(std::make_shared<toml_or_json_config>());
+    app.config_formatter(std::make_shared<reefline::ifm::toml_or_json_config>());
     app.set_config("--config", "",
                    "configuration file, TOML (option = value, e.g. repo = \"/var/lib/reefline\") or JSON ({\"repo\": "
                    "\"/var/lib/reefline\", \"model\": [...]}); flags override it");
@@ -241,6 +204,11 @@ int main(int argc, char** argv) {
     app.add_option("--duration", duration, "stop after this many seconds (0: until SIGINT/SIGTERM or shutdown)");
     app.add_option("--stats-interval", stats_interval, "print counters every N seconds (0: never)");
     app.add_flag("--busy-poll", busy_poll, "never sleep when idle (lowest latency; burns the main lcore)");
+    std::string memory_budget_text, max_model_file_text = "1G";
+    app.add_option("--memory-budget", memory_budget_text,
+                   "memory the models may take together (weights, their host copies, arenas), e.g. 2G or 512M; a model "
+                   "that does not fit is refused (default: 3/4 of MemAvailable at start)");
+    app.add_option("--max-model-file", max_model_file_text, "largest ONNX file the daemon reads, e.g. 1G")->capture_default_str();
     // A misspelt option in the configuration file is an error, as it is on the command line.
     app.allow_config_extras(CLI::config_extras_mode::error);
     try {
@@ -263,6 +231,7 @@ int main(int argc, char** argv) {
     }
     std::vector<builtin_spec> specs;
     std::vector<nlohmann::json> model_fields;
+    uint64_t memory_budget = 0, max_model_file = 0;
     reefline::gpu::policy policy;
     try {
         for (const auto& b : builtins) specs.push_back(parse_builtin(b));
@@ -275,6 +244,15 @@ int main(int argc, char** argv) {
         if (gpu_math_name != "fp32" && gpu_math_name != "f16" && gpu_math_name != "bf16")
             throw CLI::ValidationError("--gpu-math", "'" + gpu_math_name + "': expected fp32, f16 or bf16");
         if (metrics != "off") reefline::metrics::parse_listen_address(metrics);
+        for (auto [text, value, flag] : {std::tuple{&memory_budget_text, &memory_budget, "--memory-budget"},
+                                         std::tuple{&max_model_file_text, &max_model_file, "--max-model-file"}})
+            if (!text->empty()) {
+                try {
+                    *value = reefline::ifm::parse_byte_size(*text);
+                } catch (const std::invalid_argument& e) {
+                    throw CLI::ValidationError(flag, e.what());
+                }
+            }
     } catch (const std::exception& e) {
         std::cerr << "reefline: " << e.what() << "\n";
         return 2;
@@ -382,9 +360,22 @@ int main(int argc, char** argv) {
             sopt.pol = policy;
             scheduler = std::make_unique<reefline::gpu::scheduler>(*device, sopt);
             if (offline.empty()) repo = std::make_unique<reefline::ifm::model_repository>(repo_dir);
-            manager = std::make_unique<reefline::ifm::if_manager>(
-                *plane, *runtime, *scheduler, repo.get(),
-                reefline::ifm::manager_info{"0.1.0", device->caps().name, reefline::gpu::policy_name(policy)});
+            if (memory_budget == 0) {
+                // Measured after the data plane took its memory. A quarter stays out of the
+                // budget: what it does not count (an import's protobuf copy of the file, kernel
+                // scratch, the control plane, other processes) and MemAvailable's estimate
+                // being optimistic (it counts page cache that may not be reclaimable at once).
+                const uint64_t available = reefline::ifm::mem_available_bytes();
+                if (available == 0) throw std::runtime_error("cannot read MemAvailable from /proc/meminfo: give --memory-budget");
+                memory_budget = available / 4 * 3;
+                std::fprintf(stderr, "reefline: memory budget %s (3/4 of MemAvailable %s; --memory-budget to change)\n",
+                             reefline::ifm::format_byte_size(double(memory_budget)).c_str(),
+                             reefline::ifm::format_byte_size(double(available)).c_str());
+            }
+            reefline::ifm::manager_info info{"0.1.0", device->caps().name, reefline::gpu::policy_name(policy)};
+            info.memory_budget_bytes = memory_budget;
+            if (max_model_file) info.max_model_file_bytes = max_model_file;
+            manager = std::make_unique<reefline::ifm::if_manager>(*plane, *runtime, *scheduler, repo.get(), info);
             uint16_t slot = 0;
             for (const auto& b : specs)
                 manager->add_service(std::make_shared<dp::crc32_if>(*plane, b.kind + ":" + std::to_string(b.port), b.port, slot++));

@@ -5,13 +5,15 @@
 #include <stdexcept>
 #include <system_error>
 
+#include "ifmanager/bounded_json.h"
+
 namespace reefline::ifm {
 
 namespace fs = std::filesystem;
 
 namespace {
 
-void write_atomically(const fs::path& path, const std::string& text) {
+void write_atomically(const fs::path& path, std::string_view text) {
     const fs::path tmp = path.string() + ".tmp";
     {
         std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
@@ -39,29 +41,26 @@ bool model_repository::contains(const std::string& name) const {
     return fs::exists(model_dir(name) / "config.json", ec);
 }
 
-fs::path model_repository::save(const std::string& name, const nlohmann::json& config, const fs::path& onnx) {
+fs::path model_repository::save(const std::string& name, const nlohmann::json& config, const fs::path& onnx,
+                                std::string_view bytes) {
     const fs::path dir = model_dir(name);
     std::error_code ec;
     fs::create_directories(dir, ec);
     if (ec) throw std::runtime_error("cannot create " + dir.string() + ": " + ec.message());
     const fs::path target = dir / "model.onnx";
-    if (!fs::exists(target, ec) || !fs::equivalent(onnx, target, ec)) {
-        const fs::path tmp = target.string() + ".tmp";
-        fs::copy_file(onnx, tmp, fs::copy_options::overwrite_existing, ec);
-        if (ec) throw std::runtime_error("cannot copy " + onnx.string() + " to " + tmp.string() + ": " + ec.message());
-        fs::rename(tmp, target, ec);
-        if (ec) throw std::runtime_error("cannot rename " + tmp.string() + ": " + ec.message());
-    }
-    nlohmann::json c = config;
-    c["onnx"] = target.string();
-    write_atomically(dir / "config.json", c.dump(2) + "\n");
+    // The bytes that were loaded, not the file again: it may have changed since.
+    if (!fs::exists(target, ec) || !fs::equivalent(onnx, target, ec)) write_atomically(target, bytes);
+    save_config(name, config);
     return target;
 }
 
 void model_repository::save_config(const std::string& name, const nlohmann::json& config) {
     nlohmann::json c = config;
     c["onnx"] = (model_dir(name) / "model.onnx").string();
-    write_atomically(model_dir(name) / "config.json", c.dump(2) + "\n");
+    const std::string text = serialise(c);
+    if (text.empty() || text.size() > max_config_bytes)
+        throw std::runtime_error("the config of '" + name + "' cannot be written (" + std::to_string(text.size()) + " bytes)");
+    write_atomically(model_dir(name) / "config.json", text + "\n");
 }
 
 void model_repository::remove(const std::string& name) {
@@ -75,12 +74,19 @@ repository_entry model_repository::entry(const std::string& name) const {
     repository_entry e;
     e.name = name;
     e.onnx = dir / "model.onnx";
-    std::ifstream in(dir / "config.json");
-    if (!in) throw std::runtime_error("no repository entry " + (dir / "config.json").string());
+    const fs::path config = dir / "config.json";
+    std::ifstream in(config, std::ios::binary);
+    if (!in) throw std::runtime_error("no repository entry " + config.string());
+    // Read at most one byte beyond the limit: a huge file is refused, not loaded.
+    std::string text(max_config_bytes + 1, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    text.resize(size_t(in.gcount()));
+    if (text.size() > max_config_bytes)
+        throw std::runtime_error(config.string() + ": larger than " + std::to_string(max_config_bytes) + " bytes");
     try {
-        e.config = nlohmann::json::parse(in);
-    } catch (const std::exception& ex) {
-        throw std::runtime_error((dir / "config.json").string() + ": " + ex.what());
+        e.config = bounded_parse(text);
+    } catch (const json_refused& ex) {
+        throw std::runtime_error(config.string() + ": " + ex.what());
     }
     if (!e.config.is_object()) throw std::runtime_error((dir / "config.json").string() + ": not a JSON object");
     std::error_code ec;

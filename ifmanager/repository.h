@@ -7,6 +7,7 @@
 
 #include <filesystem>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -28,17 +29,22 @@ public:
     std::filesystem::path model_dir(const std::string& name) const { return _dir / name; }
     bool contains(const std::string& name) const;
 
-    // Stores `onnx` (copied unless it already is the entry's file) and `config`.
-    // Returns the entry's model.onnx path. Throws std::runtime_error naming the path.
+    // Stores the model file (`bytes`, the content of `onnx` as it was loaded, written unless
+    // `onnx` already is the entry's file) and `config` (compact JSON). Returns the entry's
+    // model.onnx path. Throws std::runtime_error naming the path.
     std::filesystem::path save(const std::string& name, const nlohmann::json& config,
-                               const std::filesystem::path& onnx);
+                               const std::filesystem::path& onnx, std::string_view bytes);
     // Rewrites only the config (after `set`).
     void save_config(const std::string& name, const nlohmann::json& config);
     void remove(const std::string& name);
     // Every entry with a readable config and model file; the others are reported in `problems`.
     std::vector<repository_entry> entries(std::vector<std::string>& problems) const;
-    // One entry. Throws std::runtime_error when it is missing or unreadable.
+    // One entry. Throws std::runtime_error when it is missing, unreadable, larger than
+    // max_config_bytes or not a JSON object nested at most max_json_depth deep.
     repository_entry entry(const std::string& name) const;
+
+    // A config holds one IF's settings: a few hundred bytes.
+    static constexpr size_t max_config_bytes = 64 * 1024;
 
 private:
     std::filesystem::path _dir;

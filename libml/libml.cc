@@ -4,8 +4,34 @@
 
 #include <chrono>
 #include <cstring>
+#include <set>
 
 namespace reefline::ml {
+
+namespace {
+
+// What configure_batch() allocates for a plan: the regions never smaller than 64 bytes.
+int64_t arena_allocation(const plan& p) { return std::max<int64_t>(p.arena_bytes(), 64); }
+int64_t inputs_allocation(const plan& p) { return std::max<int64_t>(p.input_bytes(), 64); }
+// What gather_for() allocates when a batch needs `needed` bytes of gather list: twice that, so
+// that batches of slightly more segments do not reallocate every time.
+size_t gather_list_allocation(size_t needed) { return std::max<size_t>(4096, 2 * needed); }
+
+// Bytes of the distinct constants of a graph and of the batch-independent form it came from
+// (specializations share most of their data).
+int64_t distinct_constant_bytes(const graph& g) {
+    std::set<const bytes_t*> seen;
+    int64_t total = 0;
+    auto add = [&](const graph& x) {
+        for (const value& v : x.values)
+            if (v.data && seen.insert(v.data.get()).second) total += int64_t(v.data->size());
+    };
+    add(g);
+    if (g.generic()) add(*g.generic());
+    return total;
+}
+
+}  // namespace
 
 model::~model() {
     if (_weights) _device->free(_weights);
@@ -46,6 +72,7 @@ std::shared_ptr<model> runtime::finish_load(gpu::device& dev, graph g, std::stri
     m->_name = std::move(name);
     m->_device = &dev;
     m->_layout = plan::layout_weights(g);
+    m->_host_bytes = distinct_constant_bytes(g);
     m->_generic = g.generic() ? g.generic() : std::make_shared<const graph>(g);
     m->_imported = std::move(g);
     if (m->_layout.bytes) {
@@ -83,14 +110,64 @@ std::unique_ptr<instance> runtime::link_model(const std::shared_ptr<model>& m, i
     return in;
 }
 
-void runtime::configure_batch(instance& in, int64_t batch) {
-    graph g = in._model->_imported;
+std::pair<plan, graph> runtime::plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch) const {
+    graph g = imported;
     if (g.batch > 0 && g.batch != batch) g.set_batch(batch);
     // Constants a specialization created that the model's weights lack are placed in the
     // instance's inputs region by the plan; the rest come from the shared weights.
-    auto p = std::make_unique<plan>(plan::build(g, in._model->_layout, _options));
-    const size_t arena = size_t(std::max<int64_t>(p->arena_bytes(), 64));
-    const size_t inputs = size_t(std::max<int64_t>(p->input_bytes(), 64));
+    plan p = plan::build(g, layout, _options);
+    return {std::move(p), std::move(g)};
+}
+
+int64_t runtime::gather_list_bytes(int64_t batch, int64_t segments_per_image) {
+    if (segments_per_image <= 0) return 0;
+    const size_t needed = size_t(batch * segments_per_image) * sizeof(kernels::gather_segment) +
+                          size_t(batch + 1) * sizeof(uint32_t);
+    return int64_t(gather_list_allocation(needed));
+}
+
+std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& imported, const plan::weight_layout& layout,
+                                                                 std::span<const int64_t> batches,
+                                                                 int64_t segments_per_image) const {
+    // link_model() configures the imported batch first; configure_batch() then replaces the
+    // arena and the inputs region only with larger ones: the larger of the two plans stays.
+    const int64_t first = imported.batch > 0 ? imported.batch : 1;
+    const plan first_plan = plan_for(imported, layout, first).first;
+    std::vector<std::pair<int64_t, int64_t>> out;
+    for (const int64_t b : batches) {
+        int64_t arena = arena_allocation(first_plan), inputs = inputs_allocation(first_plan);
+        if (b != first) {
+            const plan p = plan_for(imported, layout, b).first;
+            arena = std::max(arena, arena_allocation(p));
+            inputs = std::max(inputs, inputs_allocation(p));
+        }
+        out.emplace_back(b, arena + inputs + gather_list_bytes(b, segments_per_image));
+    }
+    return out;
+}
+
+memory_footprint runtime::footprint(const graph& imported, std::span<const int64_t> batches,
+                                    int64_t segments_per_image) const {
+    memory_footprint f;
+    const plan::weight_layout layout = plan::layout_weights(imported);
+    f.weight_bytes = layout.bytes;
+    f.host_bytes = distinct_constant_bytes(imported);
+    f.staging_bytes = layout.bytes;
+    f.instances = instance_bytes(imported, layout, batches, segments_per_image);
+    return f;
+}
+
+memory_footprint runtime::footprint(const model& m, std::span<const int64_t> batches, int64_t segments_per_image) const {
+    memory_footprint f;
+    if (!batches.empty()) f.instances = instance_bytes(m._imported, m._layout, batches, segments_per_image);
+    return f;
+}
+
+void runtime::configure_batch(instance& in, int64_t batch) {
+    auto [built, g] = plan_for(in._model->_imported, in._model->_layout, batch);
+    auto p = std::make_unique<plan>(std::move(built));
+    const size_t arena = size_t(arena_allocation(*p));
+    const size_t inputs = size_t(inputs_allocation(*p));
     if (arena > in._arena_size) {
         if (in._arena) _device.free(in._arena);
         in._arena = _device.alloc(arena);
@@ -174,7 +251,7 @@ kernels::gather_args runtime::gather_for(instance& in, const image_batch& images
     const size_t seg_bytes = images.segments.size_bytes(), first_bytes = images.first.size_bytes();
     if (seg_bytes + first_bytes > in._gather_list_size) {
         if (in._gather_list) _device.free(in._gather_list);
-        in._gather_list_size = std::max<size_t>(4096, 2 * (seg_bytes + first_bytes));
+        in._gather_list_size = gather_list_allocation(seg_bytes + first_bytes);
         in._gather_list = _device.alloc(in._gather_list_size, gpu::memory_kind::host_mapped);
         if (!in._gather_list) {
             in._gather_list_size = 0;

@@ -8,6 +8,7 @@
 //   rt.infer_batch(*a, inputs, outputs);          // run on the device, synchronously
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -29,12 +30,36 @@ struct tensor_desc {
     shape_t shape;  // for the configured batch size
 };
 
+// What a model and its instances take in memory, from the graph and its plans, computed
+// without allocating anything: the admission check of a memory budget runs before a model
+// is loaded or a batch size planned.
+struct memory_footprint {
+    int64_t weight_bytes = 0;   // device: the weights region, one per loaded model
+    int64_t host_bytes = 0;     // host: the constants a loaded model keeps (plans are built from them)
+    int64_t staging_bytes = 0;  // host, while loading only: the buffer the weights are uploaded from
+    // One entry per instance: its batch size and its bytes (arena, inputs region, gather list).
+    std::vector<std::pair<int64_t, int64_t>> instances;
+
+    int64_t instance_bytes() const {
+        int64_t total = 0;
+        for (const auto& [batch, bytes] : instances) total += bytes;
+        return total;
+    }
+    // What loading the model and then planning every instance needs at its peak: the staging
+    // buffer is freed once the weights are uploaded, before any instance exists.
+    int64_t peak_bytes() const { return weight_bytes + host_bytes + std::max(staging_bytes, instance_bytes()); }
+};
+
 // A loaded model: its batch-independent graph and its weights on the device.
 class model {
 public:
     const std::string& name() const { return _name; }
     const graph& generic() const { return *_generic; }
+    // The graph as imported (batch as in the file), which every instance is specialized from.
+    const graph& imported() const { return _imported; }
     int64_t weight_bytes() const { return _layout.bytes; }
+    // Host memory the model keeps: its constants (shared by its graphs and weight layout).
+    int64_t host_bytes() const { return _host_bytes; }
     const void* weights() const { return _weights; }
     int instances() const { return _instances; }
 
@@ -48,6 +73,7 @@ private:
     void* _weights = nullptr;  // device memory
     gpu::device* _device = nullptr;
     int _instances = 0;
+    int64_t _host_bytes = 0;
 
 public:
     ~model();
@@ -65,6 +91,8 @@ public:
     int64_t arena_bytes() const { return _plan ? _plan->arena_bytes() : 0; }
     gpu::task_words* task() const { return _task; }
     std::byte* input_memory() const { return static_cast<std::byte*>(_inputs); }
+    // Device and host-mapped memory the instance holds now: arena, inputs region, gather list.
+    int64_t memory_bytes() const { return int64_t(_arena_size + _inputs_size + _gather_list_size); }
 
 private:
     friend class runtime;
@@ -126,7 +154,26 @@ public:
 
     gpu::device& device() { return _device; }
 
+    // Footprints (see memory_footprint), with instances configured for `batches` whose image
+    // batches arrive in at most `segments_per_image` gather segments per image (0: the
+    // instances are not used with image_task). For an imported graph not loaded yet, and for
+    // a loaded model (weights already counted where it was loaded: instances only). Throws
+    // what plan::build throws for a graph the planner cannot run.
+    memory_footprint footprint(const graph& imported, std::span<const int64_t> batches,
+                               int64_t segments_per_image) const;
+    memory_footprint footprint(const model& m, std::span<const int64_t> batches,
+                               int64_t segments_per_image) const;
+    // The gather list image_task() allocates at most for a batch of `batch` images of up to
+    // `segments_per_image` segments each (it grows to twice what a batch needs).
+    static int64_t gather_list_bytes(int64_t batch, int64_t segments_per_image);
+
 private:
+    // The plan configure_batch() builds for `batch`, and its specialized graph.
+    std::pair<plan, graph> plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch) const;
+    // (batch, bytes) of an instance configured for each of `batches`.
+    std::vector<std::pair<int64_t, int64_t>> instance_bytes(const graph& imported, const plan::weight_layout& layout,
+                                                            std::span<const int64_t> batches,
+                                                            int64_t segments_per_image) const;
     void run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
              std::vector<double>* launch_ms, const kernels::gather_args* gather = nullptr);
     kernels::gather_args gather_for(instance& in, const image_batch& images);

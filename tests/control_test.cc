@@ -14,8 +14,10 @@
 #include <fstream>
 #include <thread>
 
+#include "ifmanager/byte_size.h"
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
+#include "tests/chain_model.h"
 #include "tests/ring_port.h"
 #include "tests/tiny_zoo.h"
 #include "tools/reefctl/client.h"
@@ -31,6 +33,13 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 namespace {
+
+// x -> Relu -> Sigmoid -> GlobalAveragePool -> Flatten, written to `path`; returns it.
+std::string write_activation_model(const fs::path& path, const std::vector<int64_t>& input_shape) {
+    std::ofstream(path, std::ios::binary)
+        << reefline::testing::chain_model(input_shape, {"Relu", "Sigmoid", "GlobalAveragePool", "Flatten"});
+    return path.string();
+}
 
 class control_test : public ::testing::Test {
 protected:
@@ -56,8 +65,7 @@ protected:
 
     void start_daemon() {
         _repo = std::make_unique<ifm::model_repository>(_dir / "repo");
-        _manager = std::make_unique<ifm::if_manager>(*_plane, *_runtime, *_scheduler, _repo.get(),
-                                                     ifm::manager_info{"0.1.0", "cpu", "reef"});
+        _manager = std::make_unique<ifm::if_manager>(*_plane, *_runtime, *_scheduler, _repo.get(), _info);
         _load_problems = _manager->load_repository();
         _control = std::make_unique<ifm::control_server>(*_manager, ifm::control_options{_endpoint, ""});
         _stop = false;
@@ -167,6 +175,7 @@ protected:
     std::unique_ptr<ifm::if_manager> _manager;
     std::unique_ptr<ifm::control_server> _control;
     std::vector<std::string> _load_problems;
+    ifm::manager_info _info{"0.1.0", "cpu", "reef"};
     std::thread _serving;
     std::atomic<bool> _stop{false};
     void* _ctx = nullptr;
@@ -327,6 +336,34 @@ TEST_F(control_test, adding_and_removing_a_model_does_not_disturb_another_if) {
     EXPECT_EQ(st["result"]["ifs"][0]["shed_total"], 0);
 }
 
+// stats (what a metrics scrape and the serving loop's counters read) does not wait for an
+// operation in progress: add_model holds the operation lock while it loads and warms a model.
+TEST_F(control_test, stats_are_answered_while_a_model_is_being_added) {
+    std::atomic<bool> adding{true};
+    json added;
+    const auto t0 = std::chrono::steady_clock::now();
+    std::thread op([&] {
+        added = add("slow", 9100, _model, {{"max_batch", 128}});
+        adding = false;
+    });
+    double worst_ms = 0;
+    int calls = 0;
+    while (adding.load()) {
+        const auto s0 = std::chrono::steady_clock::now();
+        const json st = _manager->stats();
+        dp::counter_snapshot counters{};
+        _manager->add_if_counters(counters);
+        worst_ms = std::max(worst_ms, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - s0).count());
+        ++calls;
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    op.join();
+    const double add_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(added["ok"].get<bool>()) << added.dump();
+    ASSERT_GT(add_ms, 300) << "the add was too quick to tell";
+    EXPECT_LT(worst_ms, 100) << calls << " stats calls during a " << add_ms << " ms add_model";
+}
+
 TEST_F(control_test, shutdown_is_acknowledged_and_a_second_daemon_is_refused) {
     EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{_endpoint, ""}), std::runtime_error);
     EXPECT_THROW(ifm::control_server(*_manager, ifm::control_options{"tcp://0.0.0.0:5999", ""}), std::runtime_error);
@@ -370,6 +407,348 @@ TEST_F(control_test, curve_serves_listed_clients_only) {
     refused(nullptr);
     // The daemon keeps serving the listed client after refusing the others.
     EXPECT_EQ(rc::call(local, {{"op", "list"}}, 10000, &listed)["models"].size(), 0u);
+}
+
+
+// --- Hostile messages: each class below once killed the daemon or bloated its repository ------
+
+// A reply must parse as one JSON object with a boolean "ok"; returns it.
+json parsed_reply(const std::string& r) {
+    json j = json::parse(r, nullptr, false);
+    EXPECT_FALSE(j.is_discarded()) << "reply is not JSON: " << r.substr(0, 200);
+    EXPECT_TRUE(j.is_object() && j.contains("ok") && j["ok"].is_boolean()) << r.substr(0, 200);
+    return j;
+}
+
+TEST_F(control_test, invalid_utf8_gets_an_error_reply_not_an_abort) {
+    // The parser's error message quotes the bad bytes; serialising it used to throw.
+    const std::vector<std::string> bodies = {"\xff\xfe\xfd", "{\"v\":1,\"op\":\"\xff\"}",
+                                             "{\"v\":1,\"op\":\"describe\",\"name\":\"\xc3\x28\"}",
+                                             "{\"v\":1,\"op\":\"list\",\"\xed\xa0\x80\":1}", "\"\xf0\x28\x8c\x28\""};
+    for (const auto& body : bodies) expect_error(parsed_reply(call_raw(body)), "bad_request");
+    EXPECT_TRUE(call({{"v", 1}, {"op", "health"}})["ok"].get<bool>());
+}
+
+TEST_F(control_test, deeply_nested_json_is_refused_before_anything_walks_it) {
+    // 200 000 levels in 400 kB: every recursive walk (dump, copy, compare) overflowed the stack.
+    const std::string deep = std::string(200000, '[') + std::string(200000, ']');
+    const std::string deep_object = [] {
+        std::string s;
+        for (int i = 0; i < 100000; ++i) s += "{\"a\":";
+        return s + "1" + std::string(100000, '}');
+    }();
+    const std::vector<std::string> bodies = {"{\"v\":" + deep + ",\"op\":\"list\"}", "{\"v\":1,\"op\":\"list\",\"x\":" + deep + "}",
+                                             "{\"v\":1,\"op\":\"set\",\"name\":\"a\",\"slo_ms\":" + deep + "}", deep,
+                                             deep_object, "{\"v\":1,\"op\":\"list\",\"s\":\"[[[[[[[[[[[[[[[[[[[[[[\"}"};
+    for (size_t i = 0; i + 1 < bodies.size(); ++i) {
+        const std::string m = expect_error(parsed_reply(call_raw(bodies[i])), "bad_request");
+        EXPECT_NE(m.find("nested more than"), std::string::npos) << m;
+    }
+    // Brackets inside a string are not nesting: refused for the unknown field, not the depth.
+    const std::string m = expect_error(parsed_reply(call_raw(bodies.back())), "bad_request");
+    EXPECT_NE(m.find("unknown field 's'"), std::string::npos) << m;
+    // The limit itself is accepted as JSON (then refused by the schema).
+    const std::string at_limit = "{\"v\":1,\"op\":\"list\",\"x\":" + std::string(ifm::max_json_depth - 1, '[') +
+                                 std::string(ifm::max_json_depth - 1, ']') + "}";
+    EXPECT_EQ(expect_error(parsed_reply(call_raw(at_limit)), "bad_request").find("nested"), std::string::npos);
+    EXPECT_TRUE(call({{"v", 1}, {"op", "health"}})["ok"].get<bool>());
+}
+
+TEST_F(control_test, unknown_fields_are_refused_by_every_operation_and_the_repository_stays_small) {
+    ASSERT_TRUE(add("cam", 9100, _model)["ok"].get<bool>());
+    const std::vector<json> requests = {
+        {{"op", "health"}},       {{"op", "list"}},          {{"op", "describe"}, {"name", "cam"}},
+        {{"op", "stats"}},        {{"op", "set"}, {"name", "cam"}, {"slo_ms", 30}},
+        {{"op", "remove_model"}, {"name", "cam"}},
+        {{"op", "add_model"}, {"name", "b"}, {"port", 9101}, {"onnx", _model}},
+        {{"op", "shutdown"}}};
+    for (json r : requests) {
+        r["v"] = 1;
+        r["colour"] = "blue";
+        const std::string m = expect_error(call(r), "bad_request");
+        EXPECT_NE(m.find("unknown field 'colour'"), std::string::npos) << r.dump() << ": " << m;
+    }
+    EXPECT_FALSE(_manager->shutdown_requested());
+    // Nothing above applied: cam still has its SLO, b was not added.
+    const json d = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}});
+    EXPECT_EQ(d["result"]["slo_ms"], 100) << d.dump();
+    EXPECT_EQ(call({{"v", 1}, {"op", "list"}})["result"]["models"].size(), 1u);
+    // set refuses what only add_model takes with its own reason.
+    EXPECT_NE(expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"top_k", 3}}), "bad_request")
+                  .find("cannot be changed by set"),
+              std::string::npos);
+
+    // A 20 kB field once became a config.json of 200 MB after a few sets: now refused, and
+    // what is stored is the IF's settings, compact.
+    json junk = json::array();
+    for (int i = 0; i < 40; ++i) junk.push_back(std::string(500, 'x'));
+    expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"notes", junk}}), "bad_request");
+    const std::string not_ip = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"rt_sources", junk}}), "bad_request");
+    EXPECT_NE(not_ip.find("is not an IPv4 address"), std::string::npos) << not_ip;
+    EXPECT_LT(not_ip.size(), 200u) << "an error message quotes at most an excerpt of what the client sent";
+    json many_sources = json::array();
+    for (int i = 0; i < 65; ++i) many_sources.push_back("10.0.0." + std::to_string(i));
+    const std::string over = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"rt_sources", many_sources}}), "bad_request");
+    EXPECT_NE(over.find("65 entries; the limit is 64"), std::string::npos) << over;
+    const std::string long_path = expect_error(add("c", 9102, "/" + std::string(5000, 'p')), "bad_request");
+    EXPECT_NE(long_path.find("5001 bytes long; the limit is 4096"), std::string::npos) << long_path;
+    const std::string long_key = expect_error(call({{"v", 1}, {"op", "list"}, {std::string(100000, 'k'), 1}}), "bad_request");
+    EXPECT_LT(long_key.size(), 300u) << "an error message quotes at most an excerpt of what the client sent";
+    for (int i = 0; i < 10; ++i)
+        ASSERT_TRUE(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"slo_ms", 20 + i}, {"rt_sources", {"10.0.0.1"}}})["ok"].get<bool>());
+    const fs::path config = _dir / "repo" / "cam" / "config.json";
+    EXPECT_LT(fs::file_size(config), 1024u);
+    std::ifstream in(config);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_EQ(text.find("\n "), std::string::npos) << "persisted indented: " << text;
+    const json stored = json::parse(text);
+    EXPECT_EQ(stored["slo_ms"], 29);
+    EXPECT_EQ(stored["rt_sources"], json({"10.0.0.1"}));
+    for (const auto& [key, v] : stored.items())
+        EXPECT_TRUE(key == "name" || key == "port" || key == "onnx" || key == "class" || key == "slo_ms" ||
+                    key == "batching" || key == "min_batch" || key == "max_batch" || key == "fixed_batch" ||
+                    key == "priority" || key == "shed" || key == "rt_sources" || key == "top_k" || key == "mean" ||
+                    key == "std")
+            << key;
+    // A config made huge or deep by hand is refused at start-up, naming the file.
+    stop_daemon();
+    std::ofstream(config) << "{\"name\":\"cam\",\"x\":\"" << std::string(100 * 1024, 'y') << "\"}";
+    start_daemon();
+    ASSERT_EQ(_load_problems.size(), 1u);
+    EXPECT_NE(_load_problems[0].find("larger than"), std::string::npos) << _load_problems[0];
+    stop_daemon();
+    std::ofstream(config) << "{\"name\":\"cam\",\"port\":9100,\"colour\":\"blue\"}";
+    start_daemon();
+    ASSERT_EQ(_load_problems.size(), 1u);
+    EXPECT_NE(_load_problems[0].find("unknown field 'colour'"), std::string::npos) << _load_problems[0];
+}
+
+TEST_F(control_test, oversized_messages_are_answered_with_their_size_and_the_limit) {
+    for (const size_t size : {ifm::max_request_bytes + 1, size_t(3) << 20, ifm::transport_max_message_bytes - 1}) {
+        const std::string m = expect_error(parsed_reply(call_raw(std::string(size, '{'))), "bad_request");
+        EXPECT_NE(m.find(std::to_string(size) + " bytes"), std::string::npos) << m;
+        EXPECT_NE(m.find(std::to_string(ifm::max_request_bytes)), std::string::npos) << m;
+    }
+    // Beyond the transport's own limit libzmq drops the connection without handing the message
+    // over; the daemon goes on answering others.
+    void* s = zmq_socket(_ctx, ZMQ_REQ);
+    int zero = 0, timeout = 2000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    ASSERT_EQ(zmq_connect(s, _endpoint.c_str()), 0);
+    const std::string huge(ifm::transport_max_message_bytes + 1, ' ');
+    zmq_send(s, huge.data(), huge.size(), 0);
+    char buf[16];
+    EXPECT_LT(zmq_recv(s, buf, sizeof buf, 0), 0);
+    zmq_close(s);
+    EXPECT_TRUE(call({{"v", 1}, {"op", "health"}})["ok"].get<bool>());
+}
+
+// A DEALER socket sees every reply the daemon sends (a REQ socket would hide a second one):
+// each input below gets exactly one, and it parses.
+TEST_F(control_test, every_odd_input_gets_exactly_one_reply) {
+    void* s = zmq_socket(_ctx, ZMQ_DEALER);
+    int zero = 0, timeout = 20000;
+    zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &timeout, sizeof timeout);
+    ASSERT_EQ(zmq_connect(s, _endpoint.c_str()), 0);
+    std::string binary;
+    for (int i = 0; i < 512; ++i) binary.push_back(char(i * 37));
+    const std::vector<std::vector<std::string>> inputs = {
+        {""},
+        {binary},
+        {std::string(1, '\0')},
+        {"{\"v\":1,\"op\":\"list\"}", "second part"},
+        {"{\"v\":1,\"op\":\"list\"}", "", std::string(2u << 20, 'x')},
+        {std::string(2u << 20, 'x'), "{}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":1e400,\"onnx\":\"x\"}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":18446744073709551616,\"onnx\":\"x\"}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":-9223372036854775809,\"onnx\":\"x\"}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":\"x\",\"top_k\":1e308}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":\"x\",\"mean\":[1e308,-1e308,5e-324]}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":\"x\",\"slo_ms\":1e-320}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":[1],\"port\":{},\"onnx\":true}"},
+        {"{\"v\":1,\"op\":\"add_model\",\"name\":\"n\",\"port\":9100,\"onnx\":{\"a\":1}}"},
+        {"{\"v\":1,\"op\":\"set\",\"name\":\"n\",\"shed\":\"yes\",\"rt_sources\":[1,null,[]]}"},
+        {"{\"v\":1,\"op\":\"stats\",\"name\":17}"},
+        {"{\"v\":1.0,\"op\":\"list\"}"},
+        {"{\"v\":-1e400,\"op\":\"list\"}"},
+        {"{\"v\":1,\"op\":null}"},
+        {"{\"v\":1,\"op\":\"list\",\"v\":2}"},
+        {"{\"v\":1,\"op\":\"list\"} trailing"},
+        {"null"},
+        {"\"a string\""},
+        {"[{\"v\":1,\"op\":\"list\"}]"},
+        {"{\"v\":1,\"op\":\"health\"}"},
+    };
+    for (const auto& parts : inputs) {
+        ASSERT_GE(zmq_send(s, "", 0, ZMQ_SNDMORE), 0);  // the envelope delimiter REP expects
+        for (size_t i = 0; i < parts.size(); ++i)
+            ASSERT_GE(zmq_send(s, parts[i].data(), parts[i].size(), i + 1 < parts.size() ? ZMQ_SNDMORE : 0), 0);
+    }
+    std::vector<json> replies;
+    for (size_t i = 0; i < inputs.size(); ++i) {
+        std::vector<std::string> frames;
+        for (bool more = true; more;) {
+            zmq_msg_t m;
+            zmq_msg_init(&m);
+            if (zmq_msg_recv(&m, s, 0) < 0) {
+                zmq_msg_close(&m);
+                FAIL() << "no reply to input " << i << " of " << inputs.size();
+            }
+            frames.emplace_back(static_cast<const char*>(zmq_msg_data(&m)), zmq_msg_size(&m));
+            more = zmq_msg_more(&m);
+            zmq_msg_close(&m);
+        }
+        ASSERT_EQ(frames.size(), 2u) << "reply " << i << ": delimiter + one part";
+        EXPECT_TRUE(frames[0].empty());
+        replies.push_back(parsed_reply(frames[1]));
+    }
+    // Nothing more arrives.
+    int short_wait = 300;
+    zmq_setsockopt(s, ZMQ_RCVTIMEO, &short_wait, sizeof short_wait);
+    char buf[16];
+    EXPECT_LT(zmq_recv(s, buf, sizeof buf, 0), 0) << "an extra reply";
+    zmq_close(s);
+    for (size_t i = 0; i + 1 < replies.size(); ++i) EXPECT_FALSE(replies[i]["ok"].get<bool>()) << i << ": " << replies[i].dump();
+    EXPECT_NE(replies[3]["error"]["message"].get<std::string>().find("2 parts"), std::string::npos);
+    EXPECT_TRUE(replies.back()["ok"].get<bool>());
+    EXPECT_EQ(replies.back()["result"]["models"], 0);
+}
+
+
+// --- Models: a memory budget, file limits, image inputs ---------------------------------------
+
+TEST_F(control_test, a_model_that_does_not_fit_the_memory_budget_is_refused_before_it_is_loaded) {
+    stop_daemon();
+    _info.memory_budget_bytes = 24 << 20;
+    start_daemon();
+    // 12 bytes a pixel at batch 1: 3 MiB a tensor, ~31x that over batch sizes 1..16.
+    const std::string big = write_activation_model(_dir / "activations.onnx", {1, 3, 512, 512});
+    const auto before = call({{"v", 1}, {"op", "health"}})["result"]["memory"];
+    EXPECT_EQ(before["budget_bytes"], 24 << 20) << before.dump();
+    EXPECT_EQ(before["used_bytes"], 0);
+    EXPECT_EQ(before["free_bytes"], 24 << 20);
+    const std::string m = expect_error(add("big", 9100, big, {{"max_batch", 16}}), "bad_model");
+    for (const char* part : {"model 'big'", "needs ", "arenas ", "batch sizes 1, 2, 4, 8, 16", "while loading the file ",
+                             "and the upload buffer ", "budget 24.0 MiB",
+                             "0 B in use", "--memory-budget"})
+        EXPECT_NE(m.find(part), std::string::npos) << part << " in: " << m;
+    // The same file planned for batch 1 fits; its figures are reported and counted.
+    const json r = add("big", 9100, big, {{"max_batch", 1}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    const json mem = r["result"]["memory"];
+    EXPECT_GT(mem["instance_bytes"].get<int64_t>(), 6 << 20) << mem.dump();
+    EXPECT_EQ(mem["shared_weights"], false);
+    const json used = call({{"v", 1}, {"op", "health"}})["result"]["memory"];
+    EXPECT_EQ(used["used_bytes"], mem["total_bytes"]) << used.dump();
+    EXPECT_EQ(used["free_bytes"].get<int64_t>(), (24 << 20) - mem["total_bytes"].get<int64_t>());
+    // Growing it past the budget is refused too, and leaves it as it was.
+    const std::string grow = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "big"}, {"max_batch", 16}}), "bad_model");
+    EXPECT_NE(grow.find("more for arenas of batch sizes 2, 4, 8, 16"), std::string::npos) << grow;
+    const json d = call({{"v", 1}, {"op", "describe"}, {"name", "big"}});
+    EXPECT_EQ(d["result"]["max_batch"], 1);
+    EXPECT_EQ(d["result"]["memory"]["instance_bytes"], mem["instance_bytes"]);
+    // Removing it gives the memory back.
+    ASSERT_TRUE(call({{"v", 1}, {"op", "remove_model"}, {"name", "big"}})["ok"].get<bool>());
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["memory"]["used_bytes"], 0);
+}
+
+// The admission figure comes from the planner: for every batch size it is what the instance
+// then holds (arena and inputs exactly; the gather list at the data plane's worst case), and a
+// second IF of the same file counts its weights once.
+TEST_F(control_test, the_footprint_is_what_the_instances_then_hold_and_shared_weights_count_once) {
+    const std::string file = write_activation_model(_dir / "activations.onnx", {1, 3, 64, 48});
+    const std::vector<int64_t> sizes = {1, 2, 4, 5};
+    const ml::memory_footprint f = _runtime->footprint(ml::import_onnx(file), sizes, ifm::model_if::segments_per_image);
+    ASSERT_EQ(f.instances.size(), sizes.size());
+    const json r = add("act", 9100, file, {{"max_batch", 5}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    const json& held = r["result"]["instances"];
+    ASSERT_EQ(held.size(), sizes.size()) << held.dump();
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        EXPECT_EQ(held[i]["batch"], sizes[i]);
+        // Nothing ran yet: the gather list is not allocated, the rest is exactly the estimate.
+        EXPECT_EQ(held[i]["bytes"].get<int64_t>(),
+                  f.instances[i].second - ml::runtime::gather_list_bytes(sizes[i], ifm::model_if::segments_per_image))
+            << "batch " << sizes[i];
+    }
+
+    const json a = add("a", 9101, _model, {{"max_batch", 2}});
+    ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+    const int64_t weights = a["result"]["memory"]["weight_bytes"].get<int64_t>();
+    const int64_t host = a["result"]["memory"]["host_bytes"].get<int64_t>();
+    EXPECT_GT(weights, 0);
+    EXPECT_GE(host, weights / 2);
+    const int64_t used1 = call({{"v", 1}, {"op", "health"}})["result"]["memory"]["used_bytes"].get<int64_t>();
+    const json b = add("b", 9102, _model, {{"max_batch", 2}});
+    ASSERT_TRUE(b["ok"].get<bool>()) << b.dump();
+    EXPECT_EQ(b["result"]["memory"]["shared_weights"], true);
+    EXPECT_EQ(call({{"v", 1}, {"op", "describe"}, {"name", "a"}})["result"]["memory"]["shared_weights"], true);
+    const int64_t used2 = call({{"v", 1}, {"op", "health"}})["result"]["memory"]["used_bytes"].get<int64_t>();
+    EXPECT_EQ(used2 - used1, b["result"]["memory"]["instance_bytes"].get<int64_t>());
+}
+
+TEST_F(control_test, a_model_file_is_measured_before_it_is_read) {
+    stop_daemon();
+    _info.max_model_file_bytes = 64 << 20;
+    _info.memory_budget_bytes = 1ull << 30;
+    start_daemon();
+    // 64 GiB of holes: reading or hashing it first would take minutes and the memory with it.
+    const fs::path sparse = _dir / "huge.onnx";
+    std::ofstream(sparse).put('x');
+    fs::resize_file(sparse, 64ull << 30);
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::string m = expect_error(add("huge", 9100, sparse.string()), "bad_model");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(2));
+    EXPECT_NE(m.find("is 64.0 GiB; the largest model file this daemon reads is 64.0 MiB (--max-model-file)"),
+              std::string::npos) << m;
+    // Within the file limit but larger than the budget's free memory: refused before reading.
+    fs::resize_file(sparse, 48 << 20);
+    stop_daemon();
+    _info.memory_budget_bytes = 32 << 20;
+    start_daemon();
+    const std::string b = expect_error(add("huge", 9100, sparse.string()), "bad_model");
+    EXPECT_NE(b.find("reading " + sparse.string() + " needs 48.0 MiB; budget 32.0 MiB"), std::string::npos) << b;
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
+}
+
+TEST_F(control_test, an_image_input_with_a_zero_or_absurd_dimension_is_refused_naming_it) {
+    const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
+        {{1, 3, 0, 32}, "input 'x' [1x3x0x32]: dimension 2 (H) is 0; an image input needs it in 1..65535"},
+        {{1, 3, 32, 70000}, "dimension 3 (W) is 70000; an image input needs it in 1..65535"},
+        {{1, 5, 32, 32}, "dimension 1 (C) is 5; an image input needs it in 1..3"},
+        {{0, 3, 32, 32}, "dimension 0 (N) is 0"},
+        {{1, 3, 32}, "expected one f32 [N, C<=3, H, W] image input, got input 'x' f32 [1x3x32]"},
+    };
+    for (size_t i = 0; i < cases.size(); ++i) {
+        const std::string file = write_activation_model(_dir / ("dims" + std::to_string(i) + ".onnx"), cases[i].first);
+        const json r = add("d" + std::to_string(i), uint16_t(9100 + i), file);
+        if (r["ok"].get<bool>()) {
+            ADD_FAILURE() << "accepted " << ml::shape_str(cases[i].first);
+            continue;
+        }
+        EXPECT_EQ(r["error"]["code"], "bad_model") << r.dump();
+        const std::string m = r["error"]["message"];
+        EXPECT_NE(m.find(cases[i].second), std::string::npos) << m;
+        EXPECT_NE(m.find("model 'd" + std::to_string(i) + "'"), std::string::npos) << m;
+    }
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
+}
+
+TEST(byte_size, parses_what_operators_write_and_refuses_the_rest) {
+    EXPECT_EQ(ifm::parse_byte_size("2G"), 2ull << 30);
+    EXPECT_EQ(ifm::parse_byte_size("512M"), 512ull << 20);
+    EXPECT_EQ(ifm::parse_byte_size("1.5GiB"), 3ull << 29);
+    EXPECT_EQ(ifm::parse_byte_size("64k"), 64ull << 10);
+    EXPECT_EQ(ifm::parse_byte_size("3 TB"), 3ull << 40);
+    EXPECT_EQ(ifm::parse_byte_size("4096"), 4096u);
+    for (const char* bad : {"", "G", "2X", "-1G", "0", "0.1", "nan", "inf", "0x10M", "1e30G", "2 G B", "2GiBs"})
+        EXPECT_THROW(ifm::parse_byte_size(bad), std::invalid_argument) << bad;
+    EXPECT_EQ(ifm::format_byte_size(3.1 * (1ull << 30)), "3.1 GiB");
+    EXPECT_EQ(ifm::format_byte_size(98 << 20), "98.0 MiB");
+    EXPECT_EQ(ifm::format_byte_size(512), "512 B");
+    EXPECT_GT(ifm::mem_available_bytes(), 0u);
 }
 
 }  // namespace

@@ -4,8 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <httplib.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <thread>
 #include <map>
 #include <optional>
 #include <regex>
@@ -312,6 +320,125 @@ TEST(metrics_server, BusyPortIsAnError) {
     metrics_server first("127.0.0.1", 0, [] { return std::string(); });
     EXPECT_THROW(metrics_server("127.0.0.1", first.port(), [] { return std::string(); }),
                  std::runtime_error);
+}
+
+// A raw loopback TCP client: connect, send, read until the server closes.
+int connect_to(uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) {
+        ::close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+// Reads until EOF or `timeout`; what arrived.
+std::string read_all(int fd, std::chrono::milliseconds timeout) {
+    std::string out;
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - std::chrono::steady_clock::now());
+        if (left.count() <= 0) break;
+        pollfd p{fd, POLLIN, 0};
+        if (::poll(&p, 1, int(left.count())) <= 0) break;
+        char buf[65536];
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) break;
+        out.append(buf, size_t(n));
+    }
+    return out;
+}
+
+size_t entries_in(const char* dir) {
+    size_t n = 0;
+    for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator(dir)) ++n;
+    return n;
+}
+
+// Many more idle and slowloris connections than the server holds: every scrape is still
+// answered within a second, with one server thread and a bounded number of sockets.
+TEST(metrics_server, IdleAndSlowConnectionsCannotStarveAScrape) {
+    const std::string expected = prometheus_text(sample_stats());
+    const size_t threads_before = entries_in("/proc/self/task"), fds_before = entries_in("/proc/self/fd");
+    metrics_server server("127.0.0.1", 0, [&] { return expected; });
+    EXPECT_EQ(entries_in("/proc/self/task"), threads_before + 1) << "one server thread";
+    std::vector<int> idle, slow;
+    for (int i = 0; i < 64; ++i) idle.push_back(connect_to(server.port()));
+    for (int i = 0; i < 64; ++i) {
+        slow.push_back(connect_to(server.port()));
+        ::send(slow.back(), "GET /metrics HTTP/1.1\r\nX-Slow: ", 31, MSG_NOSIGNAL);
+    }
+    for (int fd : idle) ASSERT_GE(fd, 0);
+    for (int fd : slow) ASSERT_GE(fd, 0);
+    std::atomic<bool> done{false};
+    std::thread trickle([&] {
+        while (!done.load()) {
+            for (int fd : slow) ::send(fd, "a", 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    for (int scrape = 0; scrape < 5; ++scrape) {
+        const auto t0 = std::chrono::steady_clock::now();
+        httplib::Client client("127.0.0.1", server.port());
+        client.set_connection_timeout(1);
+        client.set_read_timeout(1);
+        const auto res = client.Get("/metrics");
+        const auto took = std::chrono::steady_clock::now() - t0;
+        ASSERT_TRUE(res) << "scrape " << scrape << ": " << httplib::to_string(res.error());
+        EXPECT_EQ(res->status, 200);
+        EXPECT_EQ(res->body, expected);
+        EXPECT_LT(took, std::chrono::seconds(1)) << "scrape " << scrape;
+        // Sockets: the 128 client ends, and at most 32 held by the server (+ listener, pipe).
+        EXPECT_LE(entries_in("/proc/self/fd"), fds_before + idle.size() + slow.size() + 32 + 3);
+        EXPECT_EQ(entries_in("/proc/self/task"), threads_before + 2) << "the server's thread and the trickler";
+    }
+    done = true;
+    trickle.join();
+    // A connection that sends nothing, or trickles its request, is closed at its deadline.
+    const int quiet = connect_to(server.port());
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(read_all(quiet, std::chrono::seconds(5)), "");
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(4));
+    ::close(quiet);
+    for (int fd : idle) ::close(fd);
+    for (int fd : slow) ::close(fd);
+}
+
+TEST(metrics_server, AnswersEachRequestOnceAndRefusesOversizedHeads) {
+    metrics_server server("127.0.0.1", 0, [] { return std::string("up 1\n"); });
+    int fd = connect_to(server.port());
+    const std::string two = "GET /metrics?x=1 HTTP/1.1\r\nHost: a\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n";
+    ::send(fd, two.data(), two.size(), MSG_NOSIGNAL);
+    const std::string r = read_all(fd, std::chrono::seconds(3));
+    ::close(fd);
+    EXPECT_EQ(r.rfind("HTTP/1.1 200 OK\r\n", 0), 0u) << r;
+    EXPECT_NE(r.find("Content-Length: 5\r\n"), std::string::npos) << r;
+    EXPECT_NE(r.find("Connection: close\r\n"), std::string::npos) << r;
+    EXPECT_EQ(r.find("HTTP/1.1", 5), std::string::npos) << "one answer per connection: " << r;
+    EXPECT_EQ(r.substr(r.size() - 5), "up 1\n");
+
+    fd = connect_to(server.port());
+    const std::string big = "GET /metrics HTTP/1.1\r\nX: " + std::string(10000, 'a');
+    ::send(fd, big.data(), big.size(), MSG_NOSIGNAL);
+    EXPECT_EQ(read_all(fd, std::chrono::seconds(3)).rfind("HTTP/1.1 431 ", 0), 0u);
+    ::close(fd);
+    for (const auto& [request, status] : {std::pair{"HEAD /metrics HTTP/1.1\r\n\r\n", "200"},
+                                          std::pair{"DELETE /metrics HTTP/1.1\r\n\r\n", "405"},
+                                          std::pair{"hello\r\n\r\n", "400"}, std::pair{"GET / HTTP/1.0\r\n\r\n", "404"}}) {
+        fd = connect_to(server.port());
+        ::send(fd, request, std::strlen(request), MSG_NOSIGNAL);
+        const std::string a = read_all(fd, std::chrono::seconds(3));
+        ::close(fd);
+        EXPECT_EQ(a.rfind(std::string("HTTP/1.1 ") + status, 0), 0u) << request << " -> " << a;
+        if (std::string(request).rfind("HEAD", 0) == 0) {
+            EXPECT_EQ(a.find("up 1"), std::string::npos) << a;
+        }
+    }
 }
 
 TEST(metrics_address, Parse) {

@@ -413,7 +413,7 @@ TEST_F(reefctl_cli, BadRepliesAreReported) {
     });
     auto r = run("list");
     EXPECT_EQ(r.status, 3);
-    EXPECT_NE(r.err.find("is not JSON"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("is not valid JSON"), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("<html>hello</html>"), std::string::npos) << r.err;
     r = run("stats");
     EXPECT_EQ(r.status, 3);
@@ -424,6 +424,60 @@ TEST_F(reefctl_cli, BadRepliesAreReported) {
     r = run("describe cam");
     EXPECT_EQ(r.status, 3);
     EXPECT_NE(r.err.find("not a JSON object"), std::string::npos) << r.err;
+}
+
+// A hostile or broken daemon: wrong types, absurd numbers, terminal escapes, huge or deep
+// replies. reefctl prints what it can, never crashes, and exits as documented.
+TEST_F(reefctl_cli, HostileRepliesAreClearErrors) {
+    const std::string esc = "\x1b[2J\x1b]0;owned\x07";
+    const std::string deep = std::string(100000, '[') + std::string(100000, ']');
+    scripted_daemon daemon(endpoint, [&](const json& req) -> std::optional<std::string> {
+        const std::string op = req.value("op", "");
+        if (op == "list")
+            return ok_reply({{"models", json::array({{{"name", esc + "cam"}, {"udp_port", "x"}, {"class", {1, 2}},
+                                                       {"requests_total", 1e300}, {"batch_size", -5}}})}});
+        if (op == "stats")
+            return ok_reply({{"uptime_s", "soon"},
+                             {"ifs", json::array({{{"name", "cam"}, {"requests_total", -1e300}, {"errors_total", 1e300},
+                                                   {"shed_total", 18446744073709551615ull}, {"latency_ms", 7}}})},
+                             {"dataplane", {{"drops", {{esc, 1e300}, {"b", -3}, {"c", "many"}}}}},
+                             {"port", "eth0"}});
+        if (op == "health")
+            return ok_reply({{"status", 5}, {"memory", {{"budget_bytes", "lots"}, {"used_bytes", -1}}}});
+        if (op == "describe") return "{\"v\":1,\"ok\":true,\"result\":{\"x\":" + deep + "}}";
+        if (op == "remove_model") return error_reply("bad" + esc, std::string(1 << 20, 'm'));
+        return std::string("{\"v\":1,\"ok\":true,\"result\":{\"n\":1e999}}");
+    });
+    auto r = run("list");
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos) << "an escape sequence reached the terminal";
+    EXPECT_NE(r.out.find("?[2J"), std::string::npos) << r.out;
+    r = run("stats");
+    EXPECT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out.find('\x1b'), std::string::npos);
+    r = run("watch --count 2 --interval 0.05");
+    EXPECT_EQ(r.status, 0) << r.err;
+    r = run("health");
+    EXPECT_EQ(r.status, 1) << "status is not \"ok\"";
+    r = run("describe cam");
+    EXPECT_EQ(r.status, 3);
+    EXPECT_NE(r.err.find("nested more than"), std::string::npos) << r.err.substr(0, 300);
+    EXPECT_LT(r.err.size(), 600u);
+    r = run("remove-model cam");
+    EXPECT_EQ(r.status, 1);
+    EXPECT_LT(r.err.size(), max_message_bytes + 200) << "a huge message is cut";
+    EXPECT_EQ(r.err.find('\x1b'), std::string::npos);
+    r = run("shutdown");
+    EXPECT_EQ(r.status, 3) << "a number JSON cannot hold is not a reply";
+    EXPECT_NE(r.err.find("not valid JSON"), std::string::npos) << r.err;
+}
+
+TEST_F(reefctl_cli, AnOversizedReplyIsDroppedNotAllocated) {
+    const std::string huge = ok_reply({{"x", std::string(17u << 20, 'x')}});
+    scripted_daemon daemon(endpoint, [&](const json&) -> std::optional<std::string> { return huge; });
+    const auto r = run("--timeout-ms 1500 health");
+    EXPECT_EQ(r.status, 3) << r.err;
+    EXPECT_NE(r.err.find("no reply"), std::string::npos) << r.err;
 }
 
 TEST_F(reefctl_cli, NoDaemonIsAClearErrorAndQuick) {
@@ -690,6 +744,16 @@ TEST(reefctl_client, ReplyEnvelope) {
     EXPECT_EQ(code_of(R"({"v":1,"ok":"yes"})"), local_code::bad_reply);
     EXPECT_EQ(code_of(R"({"v":1,"ok":true,"result":[1]})"), local_code::bad_reply);
     EXPECT_EQ(code_of(""), local_code::bad_reply);
+    EXPECT_EQ(code_of("{\"v\":1,\"ok\":true,\"result\":" + std::string(5000, '[') + std::string(5000, ']') + "}"),
+              local_code::bad_reply);
+    EXPECT_EQ(code_of("{\"v\":1,\"ok\":true,\"result\":{\"s\":\"\xff\"}}"), local_code::bad_reply);
+    try {
+        parse_reply("e", "{\"v\":1,\"ok\":false,\"error\":{\"code\":\"x\\u001b\",\"message\":\"" + std::string(10000, 'm') + "\"}}");
+        ADD_FAILURE() << "no exception";
+    } catch (const control_error& e) {
+        EXPECT_EQ(e.code(), "x?");
+        EXPECT_LE(std::string(e.what()).size(), max_message_bytes + 3);
+    }
     EXPECT_EQ(ipc_path("ipc:///run/x.sock"), "/run/x.sock");
     EXPECT_EQ(ipc_path("ipc://@abstract"), "");
     EXPECT_EQ(ipc_path("tcp://127.0.0.1:5555"), "");
@@ -705,6 +769,17 @@ TEST(reefctl_render, ToleratesMissingFields) {
         EXPECT_NO_THROW((void)render_health(j)) << j.dump();
         EXPECT_NO_THROW((void)render_watch("e", j, j, 1.0, 1.0)) << j.dump();
     }
+    const json memory = {{"budget_bytes", 2147483648.0}, {"used_bytes", 1288490188.8}, {"free_bytes", 858993459.2},
+                         {"max_model_file_bytes", 1073741824}};
+    EXPECT_NE(render_health({{"status", "ok"}, {"memory", memory}}).find("budget 2.0 GiB, used 1.2 GiB, free 819.2 MiB"),
+              std::string::npos)
+        << render_health({{"memory", memory}});
+    const json footprint = {{"total_bytes", 3 << 20}, {"weight_bytes", 1 << 20}, {"host_bytes", 1 << 20},
+                            {"instance_bytes", 1 << 20}, {"shared_weights", true}};
+    EXPECT_NE(render_describe({{"memory", footprint}}).find("3.0 MiB: weights 1.0 MiB (+ 1.0 MiB host copy), instances 1.0 MiB; "
+                                                            "weights shared with another IF"),
+              std::string::npos)
+        << render_describe({{"memory", footprint}});
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ifmanager/bounded_json.h"
+
 namespace reefline::reefctl {
 
 namespace {
@@ -24,16 +26,20 @@ zmq::context_t& context() {
     return ctx;
 }
 
-// Replies are small JSON objects; the bound only keeps a misdirected endpoint (some other
-// service speaking ZMTP) from making us allocate without limit.
-constexpr int64_t max_reply_bytes = 64ll << 20;
+// Replies are small JSON objects (a stats reply of every IF is tens of kB); the bound keeps a
+// misdirected or hostile endpoint from making us allocate without limit.
+constexpr int64_t max_reply_bytes = 16ll << 20;
+
+// At most this much of a reply is quoted in an error message.
+constexpr size_t quoted_reply_bytes = 200;
 
 std::string hint(const std::string& endpoint) {
     return "is reefline running (reefline --control " + endpoint + ")?";
 }
 
+// Local failures; their messages may quote what an endpoint sent.
 [[noreturn]] void fail(const char* code, const std::string& message) {
-    throw control_error(code, message, false);
+    throw control_error(code, printable(message), false);
 }
 
 // The checks that tell "no daemon" from "daemon not answering" before anything is sent: for
@@ -61,6 +67,16 @@ void check_ipc_endpoint(const std::string& endpoint) {
 
 }  // namespace
 
+std::string printable(std::string_view text) {
+    std::string out;
+    out.reserve(text.size());
+    for (const char c : text) {
+        const auto u = static_cast<unsigned char>(c);
+        out += u < 0x20 && c != '\n' && c != '\t' ? '?' : u == 0x7f ? '?' : c;
+    }
+    return out;
+}
+
 std::string ipc_path(const std::string& endpoint) {
     constexpr std::string_view scheme = "ipc://";
     if (endpoint.compare(0, scheme.size(), scheme) != 0) return {};
@@ -79,45 +95,40 @@ std::string default_endpoint() {
 }
 
 nlohmann::json parse_reply(const std::string& endpoint, const std::string& text) {
+    using ifm::excerpt;
     nlohmann::json reply;
     try {
-        reply = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error&) {
-        const std::string shown = text.size() > 80 ? text.substr(0, 80) + "..." : text;
-        fail(local_code::bad_reply,
-             "the reply from " + endpoint + " is not JSON: '" + shown + "'");
+        reply = ifm::bounded_parse(text);
+    } catch (const ifm::json_refused& e) {
+        fail(local_code::bad_reply, "the reply from " + endpoint + " is " + e.what() + ": '" +
+                                        printable(excerpt(text, quoted_reply_bytes)) + "'");
     }
+    const auto shown = [&](const nlohmann::json& v) { return printable(excerpt(ifm::serialise(v), quoted_reply_bytes)); };
     if (!reply.is_object())
-        fail(local_code::bad_reply,
-             "the reply from " + endpoint + " is not a JSON object: " + reply.dump());
+        fail(local_code::bad_reply, "the reply from " + endpoint + " is not a JSON object: " + shown(reply));
     // A reply without "v" is accepted (nothing else could be meant), one with another version
     // is not: its fields may mean something else.
     if (auto v = reply.find("v"); v != reply.end() && *v != schema_version)
-        fail(local_code::bad_reply, "the reply from " + endpoint + " has schema version " +
-                                        v->dump() + "; reefctl speaks version " +
-                                        std::to_string(schema_version));
+        fail(local_code::bad_reply, "the reply from " + endpoint + " has schema version " + shown(*v) +
+                                        "; reefctl speaks version " + std::to_string(schema_version));
     const auto ok = reply.find("ok");
     if (ok == reply.end() || !ok->is_boolean())
-        fail(local_code::bad_reply,
-             "the reply from " + endpoint + " has no boolean \"ok\": " + reply.dump());
+        fail(local_code::bad_reply, "the reply from " + endpoint + " has no boolean \"ok\": " + shown(reply));
     if (ok->get<bool>()) {
         const auto result = reply.find("result");
         if (result == reply.end() || result->is_null()) return nlohmann::json::object();
         if (!result->is_object())
             fail(local_code::bad_reply,
-                 "the reply from " + endpoint + " has a \"result\" that is not an object: " +
-                     result->dump());
+                 "the reply from " + endpoint + " has a \"result\" that is not an object: " + shown(*result));
         return *result;
     }
     const auto error = reply.find("error");
-    if (error == reply.end() || !error->is_object() || !error->contains("code") ||
-        !(*error)["code"].is_string())
-        fail(local_code::bad_reply,
-             "the reply from " + endpoint + " reports an error without a code: " + reply.dump());
+    if (error == reply.end() || !error->is_object() || !error->contains("code") || !(*error)["code"].is_string())
+        fail(local_code::bad_reply, "the reply from " + endpoint + " reports an error without a code: " + shown(reply));
     const auto message = error->find("message");
-    throw control_error((*error)["code"].get<std::string>(),
+    throw control_error(printable(excerpt((*error)["code"].get<std::string>(), 64)),
                         message != error->end() && message->is_string()
-                            ? message->get<std::string>()
+                            ? printable(excerpt(message->get<std::string>(), max_message_bytes))
                             : std::string("(no message)"),
                         true);
 }
@@ -129,7 +140,9 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
 
     nlohmann::json req = request;
     if (req.is_object() && !req.contains("v")) req["v"] = schema_version;
-    const std::string text = req.dump();
+    // A path or name that is not UTF-8 cannot travel in JSON: its bad bytes become U+FFFD and
+    // the daemon names the file it could not find.
+    const std::string text = ifm::serialise(req);
 
     using clock = std::chrono::steady_clock;
     const auto deadline = clock::now() + std::chrono::milliseconds(timeout_ms);

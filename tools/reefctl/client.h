@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace reefline::reefctl {
 
@@ -57,7 +58,18 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
                     const curve_client_keys* curve = nullptr);
 
 // Interprets one raw reply message; exposed so that the envelope rules can be tested alone.
+// Whatever `reply` holds, returns the result object or throws control_error: bad_reply for
+// anything that is not a version-1 envelope (not JSON, nested deeper than max_json_depth, a
+// wrong type where the envelope needs one). Messages quote at most an excerpt of the reply,
+// with control characters made visible.
 nlohmann::json parse_reply(const std::string& endpoint, const std::string& reply);
+
+// The longest error message from the daemon that reefctl prints in full.
+inline constexpr size_t max_message_bytes = 2000;
+
+// `text` with control characters (but newline and tab) replaced by '?': what a daemon sends
+// cannot move the cursor or recolour the operator's terminal.
+std::string printable(std::string_view text);
 
 // The endpoint to use when none is given on the command line: $REEFLINE_CONTROL if set and
 // non-empty, else the daemon's built-in default; when that socket file is absent but the

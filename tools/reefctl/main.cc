@@ -25,6 +25,7 @@
 #include <sstream>
 #include <thread>
 
+#include "ifmanager/bounded_json.h"
 #include "ifmanager/curve_keys.h"
 #include "tools/reefctl/client.h"
 #include "tools/reefctl/render.h"
@@ -225,7 +226,7 @@ std::string resolve_onnx(const std::string& path) {
 }
 
 void print_result(const globals& g, const json& result, const std::string& human) {
-    if (g.json_output) std::cout << result.dump(2) << "\n";
+    if (g.json_output) std::cout << result.dump(2, ' ', false, json::error_handler_t::replace) << "\n";
     else std::cout << human;
     std::cout.flush();
 }
@@ -251,7 +252,7 @@ int run_watch(const globals& g, const std::string& name, double interval_s, unsi
         try {
             const json current = g.call(request);
             const auto now = std::chrono::steady_clock::now();
-            if (g.json_output) text = current.dump() + "\n";
+            if (g.json_output) text = reefline::ifm::serialise(current) + "\n";
             else
                 text = render_watch(g.endpoint, current, previous,
                                     std::chrono::duration<double>(now - previous_at).count(),

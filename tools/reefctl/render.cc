@@ -7,6 +7,10 @@
 #include <optional>
 #include <set>
 
+#include "ifmanager/bounded_json.h"
+#include "ifmanager/byte_size.h"
+#include "tools/reefctl/client.h"
+
 namespace reefline::reefctl {
 
 namespace {
@@ -26,10 +30,11 @@ std::optional<double> number(const json& object, const char* key) {
     return v.get<double>();
 }
 
-// Scalars as an operator would type them; arrays of scalars joined with ", ".
+// Scalars as an operator would type them; arrays of scalars joined with ", ". Whatever the
+// daemon sent, never throws and prints no control characters.
 std::string plain(const json& v) {
     if (v.is_null()) return "-";
-    if (v.is_string()) return v.get<std::string>();
+    if (v.is_string()) return printable(v.get<std::string>());
     if (v.is_boolean()) return v.get<bool>() ? "yes" : "no";
     if (v.is_number_integer() || v.is_number_unsigned()) return v.dump();
     if (v.is_number_float()) {
@@ -44,12 +49,12 @@ std::string plain(const json& v) {
     }
     if (v.is_array()) {
         bool scalars = std::all_of(v.begin(), v.end(), [](const json& e) { return e.is_primitive(); });
-        if (!scalars) return v.dump();
+        if (!scalars) return printable(ifm::serialise(v));
         std::string s;
         for (const auto& e : v) s += (s.empty() ? "" : ", ") + plain(e);
         return s.empty() ? "(none)" : s;
     }
-    return v.dump();
+    return printable(ifm::serialise(v));
 }
 
 std::string ms(const json& object, const char* key) {
@@ -57,10 +62,16 @@ std::string ms(const json& object, const char* key) {
     return v ? fixed(*v, 2) : "-";
 }
 
-uint64_t count(const json& object, const char* key) {
-    const auto v = number(object, key);
-    return v && *v > 0 ? static_cast<uint64_t>(*v) : 0;
+// A counter as an unsigned number: negative or missing is 0, beyond 2^64 is 2^64 - 1.
+uint64_t counter(const json& v) {
+    if (v.is_number_unsigned()) return v.get<uint64_t>();
+    if (!v.is_number()) return 0;
+    const double d = v.get<double>();
+    if (!(d > 0)) return 0;
+    return d >= 0x1p64 ? UINT64_MAX : static_cast<uint64_t>(d);
 }
+
+uint64_t count(const json& object, const char* key) { return counter(member(object, key)); }
 
 std::string tensor(const json& t) {
     if (!t.is_object()) return plain(t);
@@ -75,11 +86,45 @@ std::string tensor(const json& t) {
     return s;
 }
 
-std::string bytes(double b) {
-    static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-    int u = 0;
-    while (b >= 1024 && u < 4) b /= 1024, ++u;
-    return u == 0 ? fixed(b, 0) + " B" : fixed(b, 1) + " " + units[u];
+std::string bytes(double b) { return ifm::format_byte_size(b); }
+
+// health's "memory": budget, used, free and the model file limit.
+std::string memory_line(const json& m) {
+    if (!m.is_object()) return plain(m);
+    auto amount = [&](const char* key) {
+        const auto v = number(m, key);
+        return v ? bytes(*v) : std::string("-");
+    };
+    std::string s = member(m, "budget_bytes").is_null() ? "no budget, used " + amount("used_bytes")
+                                                        : "budget " + amount("budget_bytes") + ", used " +
+                                                              amount("used_bytes") + ", free " + amount("free_bytes");
+    if (number(m, "max_model_file_bytes")) s += "; model files up to " + amount("max_model_file_bytes");
+    return s;
+}
+
+// describe's "memory": what the IF holds, weights once however many IFs share them.
+std::string footprint_line(const json& m) {
+    if (!m.is_object()) return plain(m);
+    auto amount = [&](const char* key) {
+        const auto v = number(m, key);
+        return v ? bytes(*v) : std::string("-");
+    };
+    std::string s = amount("total_bytes") + ": weights " + amount("weight_bytes") + " (+ " + amount("host_bytes") +
+                    " host copy), instances " + amount("instance_bytes");
+    if (const json& shared = member(m, "shared_weights"); shared.is_boolean() && shared.get<bool>())
+        s += "; weights shared with another IF";
+    return s;
+}
+
+// describe's "instances": "be 1: 1.2 MiB, be 2: 2.3 MiB, ...".
+std::string instances_line(const json& list) {
+    if (!list.is_array()) return plain(list);
+    std::string s;
+    for (const auto& i : list) {
+        const auto b = number(i, "bytes");
+        s += (s.empty() ? "" : ", ") + cell(i, "lane") + " " + cell(i, "batch") + ": " + (b ? bytes(*b) : "-");
+    }
+    return s.empty() ? "(none)" : s;
 }
 
 // "key  value" lines in the given order first, then whatever else the daemon sent, so that
@@ -95,13 +140,19 @@ std::string key_values(const json& result, const std::vector<std::string>& order
             for (const auto& t : v) text += (text.empty() ? "" : "; ") + tensor(t);
         } else if ((key == "weight_bytes" || key == "arena_bytes") && v.is_number())
             text = bytes(v.get<double>()) + " (" + plain(v) + ")";
+        else if (key == "memory" && v.is_object() && v.contains("budget_bytes"))
+            text = memory_line(v);
+        else if (key == "memory")
+            text = footprint_line(v);
+        else if (key == "instances")
+            text = instances_line(v);
         else if (key == "port" && v.is_object()) {
             text = "id " + cell(v, "id") + ", driver " + cell(v, "driver");
             if (const json& up = member(v, "link_up"); up.is_boolean())
                 text += up.get<bool>() ? ", link up" : ", link down";
         } else
             text = plain(v);
-        lines.emplace_back(key, text);
+        lines.emplace_back(printable(key), text);
         seen.insert(key);
     };
     for (const auto& key : order)
@@ -186,12 +237,12 @@ std::string render_describe(const json& result) {
     return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "batching",
                                "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
                                "shed", "rt_sources", "top_k", "mean", "std", "input", "outputs",
-                               "kernels", "weight_bytes", "arena_bytes", "requests_total",
-                               "responses_total"});
+                               "kernels", "weight_bytes", "arena_bytes", "memory", "instances",
+                               "requests_total", "responses_total"});
 }
 
 std::string render_health(const json& result) {
-    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "models", "port"});
+    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "models", "memory", "port"});
 }
 
 std::string render_stats(const json& result) {
@@ -239,7 +290,7 @@ std::string render_stats(const json& result) {
         if (const json& d = member(dp, "drops"); d.is_object())
             for (const auto& [reason, n] : d.items())
                 if (n.is_number() && n.get<double>() > 0)
-                    drops += (drops.empty() ? "" : ", ") + reason + " " + plain(n);
+                    drops += (drops.empty() ? "" : ", ") + printable(reason) + " " + plain(n);
         out += "drops: " + (drops.empty() ? std::string("none") : drops) + "\n";
     }
     if (const json& s = member(result, "scheduler"); s.is_object()) {
@@ -288,8 +339,9 @@ std::string render_watch(const std::string& endpoint, const json& current, const
                 before = it->second;
         const json& lat = member(i, "latency_ms");
         // Requests an IF took but did not answer with a result.
-        const uint64_t drops = count(i, "shed_total") + count(i, "errors_total") +
-                               count(i, "send_failures_total");
+        uint64_t drops = 0;
+        for (const char* key : {"shed_total", "errors_total", "send_failures_total"})
+            drops += std::min(count(i, key), UINT64_MAX - drops);
         t.add_row({cell(i, "name"), cell(i, "class"), rate(i, before, "requests_total"),
                    rate(i, before, "responses_total"), ms(lat, "p50"), ms(lat, "p99"),
                    cell(i, "batch_size"), cell(i, "queue_depth"), std::to_string(drops)});
@@ -302,8 +354,7 @@ std::string render_watch(const std::string& endpoint, const json& current, const
     if (const json& dp = member(current, "dataplane"); dp.is_object()) {
         uint64_t drops = 0;
         if (const json& d = member(dp, "drops"); d.is_object())
-            for (const auto& [reason, n] : d.items())
-                if (n.is_number() && n.get<double>() > 0) drops += n.get<uint64_t>();
+            for (const auto& [reason, n] : d.items()) drops += std::min(counter(n), UINT64_MAX - drops);
         out += "\ndata plane: rx " + rate(dp, &member(previous, "dataplane"), "rx_packets") +
                " packets/s, tx " + rate(dp, &member(previous, "dataplane"), "tx_packets") +
                " packets/s, drops " + std::to_string(drops) + "\n";
