@@ -693,6 +693,7 @@ private:
                 u.src_port = ntohs(from[i].sin_port);
                 u.dst_port = if_port;  // the socket's port stands for the IF's port
                 u.vlan_tci_be = 0;
+                u.vlan_tagged = false;
                 const dp::if_binding* b = nullptr;
                 if (why == dp::drop_reason::none) {
                     b = dp::if_table::lookup(map, u.dst_port);

@@ -17,17 +17,38 @@ uint16_t load_be16(const uint8_t* p) {
     std::memcpy(&v, p, 2);
     return v;
 }
+
+// The IPv4 and UDP address rules of parse_udp (addresses network order, port host order).
+drop_reason address_problem(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src_port,
+                            uint32_t subnet_broadcast_be) {
+    const uint32_t src = rte_be_to_cpu_32(src_ip_be);
+    // 0.0.0.0, 224/4 (multicast) and 240/4 (class E, which holds 255.255.255.255).
+    if (src == 0 || src >= 0xe0000000u || src_port == 0 ||
+        (subnet_broadcast_be && src_ip_be == subnet_broadcast_be))
+        return drop_reason::bad_source;
+    const uint32_t dst = rte_be_to_cpu_32(dst_ip_be);
+    if (dst == 0xffffffffu || (dst >> 28) == 0xe ||
+        (subnet_broadcast_be && dst_ip_be == subnet_broadcast_be))
+        return drop_reason::bad_destination;
+    return drop_reason::none;
+}
+
 }  // namespace
 
 drop_reason parse_udp(const uint8_t* frame, uint32_t len, cksum_state ip_cksum,
-                      cksum_state l4_cksum, udp_view& out) {
+                      cksum_state l4_cksum, udp_view& out, uint32_t subnet_broadcast_be) {
     if (len < RTE_ETHER_HDR_LEN) return drop_reason::truncated;
+    // The group bit of the source's first octet (multicast, broadcast): invalid as a source
+    // on Ethernet, and a reply to it would go to many hosts.
+    if (frame[6] & 1) return drop_reason::bad_source;
     uint32_t l2 = RTE_ETHER_HDR_LEN;
     uint16_t ethertype = load_be16(frame + 12);
     out.vlan_tci_be = 0;
+    out.vlan_tagged = false;
     if (ethertype == RTE_BE16(RTE_ETHER_TYPE_VLAN)) {
         if (len < l2 + 4) return drop_reason::truncated;
         out.vlan_tci_be = load_be16(frame + 14);
+        out.vlan_tagged = true;
         ethertype = load_be16(frame + 16);
         l2 += 4;
     }
@@ -54,6 +75,10 @@ drop_reason parse_udp(const uint8_t* frame, uint32_t len, cksum_state ip_cksum,
     const uint32_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
     if (udp_len != ip_total - ihl) return drop_reason::bad_length;
     if (l4_cksum == cksum_state::bad) return drop_reason::bad_checksum;
+    if (const drop_reason a = address_problem(ip->src_addr, ip->dst_addr,
+                                              rte_be_to_cpu_16(udp->src_port), subnet_broadcast_be);
+        a != drop_reason::none)
+        return a;
 
     out.eth = frame;
     out.payload = reinterpret_cast<const uint8_t*>(udp + 1);
@@ -74,7 +99,7 @@ bool is_arp_request_for(const uint8_t* frame, uint32_t len, uint32_t ip_be) {
     return arp.arp_hardware == RTE_BE16(RTE_ARP_HRD_ETHER) &&
            arp.arp_protocol == RTE_BE16(RTE_ETHER_TYPE_IPV4) && arp.arp_hlen == 6 &&
            arp.arp_plen == 4 && arp.arp_opcode == RTE_BE16(RTE_ARP_OP_REQUEST) &&
-           arp.arp_data.arp_tip == ip_be;
+           arp.arp_data.arp_tip == ip_be && !(arp.arp_data.arp_sha.addr_bytes[0] & 1);
 }
 
 drop_reason to_drop_reason(wire::header_error e) {

@@ -16,9 +16,24 @@
 
 namespace reefline::dp {
 
+// Which incomplete requests go first when they hold too many mbufs.
+enum class eviction_order : uint8_t {
+    largest_first,  // the request holding the most mbufs (to within a factor of two)
+    oldest_first,   // the request whose first fragment came first
+};
+const char* to_string(eviction_order o);
+
 struct reassembly_config {
     uint32_t entries = 1024;         // concurrent requests under reassembly (and in IF queues)
     uint64_t age_limit_us = 100000;  // a request must complete within this since its first fragment
+    // Watermarks on the mbufs that incomplete requests hold, as Linux bounds IP reassembly
+    // (ipfrag_high_thresh, ipfrag_low_thresh): when they hold more than `held_high`, incomplete
+    // requests are evicted (drop memory_pressure) until they hold at most `held_low`, so that
+    // partial requests cannot drain the rx pool. 0: the data plane derives both from its rx
+    // pool (derive_held_limits); a reassembler built on its own has no limit then.
+    uint32_t held_high = 0;
+    uint32_t held_low = 0;
+    eviction_order eviction = eviction_order::largest_first;
     int socket_id = 0;
 };
 
@@ -49,6 +64,12 @@ public:
     void flush();
 
     uint32_t pending() const { return _pending; }
+    // What incomplete requests hold now: mbufs, and the bytes of their frames.
+    uint32_t held_mbufs() const { return _held_mbufs; }
+    uint64_t held_bytes() const { return _held_bytes; }
+    uint32_t held_high() const { return _held_high; }
+    uint32_t held_low() const { return _held_low; }
+    eviction_order eviction() const { return _eviction; }
     rte_mempool* entry_pool() const { return _entries; }
 
 private:
@@ -56,6 +77,21 @@ private:
     void unlink(request* r);
     void drop_request(request* r, drop_reason why);  // removes from table, frees, counts
     request* file_one(const fragment& f, request* r, uint64_t now_tsc, bool& malformed);
+    // Evicts incomplete requests until they hold at most _held_low mbufs.
+    void shed();
+    // Size classes for largest_first: class k holds the requests with 2^(k-1) .. 2^k - 1
+    // fragments, oldest arrival in the class first. A request changes class only when its
+    // fragment count reaches a power of two (11 times at most), so keeping them costs the
+    // hot path one test per fragment, and finding the largest is a bit scan.
+    void enter_size_class(request* r, uint8_t size_class);
+    void leave_size_class(request* r);
+    static constexpr unsigned size_classes = 12;  // 0 (none) and 1 .. 11 (1024 fragments)
+    struct size_list {
+        request* first = nullptr;
+        request* last = nullptr;
+    };
+    size_list _by_size[size_classes];
+    uint32_t _size_classes_used = 0;  // bit k: _by_size[k] is not empty
 
     // A direct-mapped cache in front of _table, indexed by the key's hash: a fragment of a
     // request that is under reassembly finds it here without the rte_hash lookup. Filled
@@ -74,6 +110,11 @@ private:
     request* _oldest = nullptr;
     request* _newest = nullptr;
     uint32_t _pending = 0;
+    uint32_t _held_mbufs = 0;
+    uint64_t _held_bytes = 0;
+    uint32_t _held_high;  // UINT32_MAX: no limit
+    uint32_t _held_low;
+    eviction_order _eviction;
 };
 
 }  // namespace reefline::dp

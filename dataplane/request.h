@@ -51,6 +51,10 @@ struct alignas(64) request {
     uint64_t dims_be;
     request* older;    // age list (oldest first), while in the table
     request* newer;
+    request* size_prev;  // the reassembler's size-class list (largest_first eviction)
+    request* size_next;
+    uint8_t size_class;  // 0: in no size-class list
+    uint32_t held_bytes;  // frame bytes of the mbufs filed so far
     rte_mempool* pool;  // where release() returns the entry
     uint64_t bitmap[wire::max_fragments / 64];
     rte_mbuf* mbufs[wire::max_fragments];
