@@ -5,7 +5,6 @@
 #include <rte_hash_crc.h>
 #include <rte_prefetch.h>
 
-#include <bit>
 #include <cstddef>
 #include <cstring>
 #include <stdexcept>
@@ -98,17 +97,18 @@ void reassembler::enter_size_class(request* r, uint8_t size_class) {
     r->size_class = size_class;
     r->size_prev = l.last;
     r->size_next = nullptr;
+    r->in_size_class = true;
     (l.last ? l.last->size_next : l.first) = r;
     l.last = r;
-    _size_classes_used |= 1u << size_class;
+    _size_classes_used |= uint64_t(1) << size_class;
 }
 
 void reassembler::leave_size_class(request* r) {
     size_list& l = _by_size[r->size_class];
     (r->size_prev ? r->size_prev->size_next : l.first) = r->size_next;
     (r->size_next ? r->size_next->size_prev : l.last) = r->size_prev;
-    if (!l.first) _size_classes_used &= ~(1u << r->size_class);
-    r->size_class = 0;
+    if (!l.first) _size_classes_used &= ~(uint64_t(1) << r->size_class);
+    r->in_size_class = false;
 }
 
 void reassembler::unlink(request* r) {
@@ -117,7 +117,7 @@ void reassembler::unlink(request* r) {
     (r->older ? r->older->newer : _oldest) = r->newer;
     (r->newer ? r->newer->older : _newest) = r->older;
     r->older = r->newer = nullptr;
-    if (r->size_class) leave_size_class(r);
+    if (r->in_size_class) leave_size_class(r);
     _held_mbufs -= r->received;
     _held_bytes -= r->held_bytes;
     --_pending;
@@ -157,7 +157,7 @@ request* reassembler::create(const fragment& f, uint64_t now_tsc, hash_sig_t sig
     r->frag_count = rte_be_to_cpu_16(h.frag_count_be);
     r->received = 0;
     r->held_bytes = 0;
-    r->size_class = 0;
+    r->in_size_class = false;
     r->format = h.format;
     for (int i = 0; i < 4; ++i) r->dims[i] = rte_be_to_cpu_16(h.dims_be[i]);
     r->if_slot = f.if_slot;
@@ -212,9 +212,10 @@ request* reassembler::file_one(const fragment& f, request* r, uint64_t now_tsc,
     _held_bytes += f.mbuf->data_len;
     const uint16_t received = ++r->received;
     if (received != r->frag_count) {
-        if (_eviction == eviction_order::largest_first && (received & (received - 1)) == 0) {
-            if (r->size_class) leave_size_class(r);
-            enter_size_class(r, uint8_t(std::bit_width(received)));
+        if (_eviction == eviction_order::largest_first &&
+            (received % size_class_width == 0 || received == 1)) {
+            if (r->in_size_class) leave_size_class(r);
+            enter_size_class(r, uint8_t(received / size_class_width));
         }
         return nullptr;
     }
@@ -326,7 +327,7 @@ void reassembler::shed() {
     while (_held_mbufs > _held_low) {
         request* victim = _oldest;
         if (_eviction == eviction_order::largest_first && _size_classes_used)
-            victim = _by_size[std::bit_width(_size_classes_used) - 1].first;
+            victim = _by_size[63 - __builtin_clzll(_size_classes_used)].first;
         if (!victim) return;
         _counters.requests_evicted.add();
         drop_request(victim, drop_reason::memory_pressure);

@@ -18,7 +18,7 @@ namespace reefline::dp {
 
 // Which incomplete requests go first when they hold too many mbufs.
 enum class eviction_order : uint8_t {
-    largest_first,  // the request holding the most mbufs (to within a factor of two)
+    largest_first,  // the request holding the most mbufs (to within size_class_width)
     oldest_first,   // the request whose first fragment came first
 };
 const char* to_string(eviction_order o);
@@ -79,19 +79,21 @@ private:
     request* file_one(const fragment& f, request* r, uint64_t now_tsc, bool& malformed);
     // Evicts incomplete requests until they hold at most _held_low mbufs.
     void shed();
-    // Size classes for largest_first: class k holds the requests with 2^(k-1) .. 2^k - 1
-    // fragments, oldest arrival in the class first. A request changes class only when its
-    // fragment count reaches a power of two (11 times at most), so keeping them costs the
-    // hot path one test per fragment, and finding the largest is a bit scan.
+    // Size classes for largest_first: class k holds the requests with k * size_class_width ..
+    // (k + 1) * size_class_width - 1 fragments, the first to reach that size first. A request
+    // changes class once per size_class_width fragments, so keeping the classes costs the hot
+    // path one test per fragment and a relink per 16, and finding the largest is a bit scan.
     void enter_size_class(request* r, uint8_t size_class);
     void leave_size_class(request* r);
-    static constexpr unsigned size_classes = 12;  // 0 (none) and 1 .. 11 (1024 fragments)
+    static constexpr unsigned size_class_width = 16;
+    static constexpr unsigned size_classes = wire::max_fragments / size_class_width;  // 64
+    static_assert(size_classes <= 64, "one bit per class in _size_classes_used");
     struct size_list {
         request* first = nullptr;
         request* last = nullptr;
     };
     size_list _by_size[size_classes];
-    uint32_t _size_classes_used = 0;  // bit k: _by_size[k] is not empty
+    uint64_t _size_classes_used = 0;  // bit k: _by_size[k] is not empty
 
     // A direct-mapped cache in front of _table, indexed by the key's hash: a fragment of a
     // request that is under reassembly finds it here without the rte_hash lookup. Filled

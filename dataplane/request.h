@@ -53,7 +53,8 @@ struct alignas(64) request {
     request* newer;
     request* size_prev;  // the reassembler's size-class list (largest_first eviction)
     request* size_next;
-    uint8_t size_class;  // 0: in no size-class list
+    uint8_t size_class;  // which size-class list, when in_size_class
+    bool in_size_class;
     uint32_t held_bytes;  // frame bytes of the mbufs filed so far
     rte_mempool* pool;  // where release() returns the entry
     uint64_t bitmap[wire::max_fragments / 64];
