@@ -22,7 +22,8 @@ namespace reefline::dp {
     X(bad_checksum, "the NIC reported a bad IPv4 or UDP checksum")                            \
     X(bad_source, "a source that must not be answered: IPv4 0.0.0.0, broadcast, multicast "    \
                   "or class E, UDP port 0, or a multicast/broadcast Ethernet address")        \
-    X(bad_destination, "IPv4 broadcast (limited or the subnet's) or multicast destination")    \
+    X(bad_destination, "IPv4 destination 0.0.0.0, broadcast (limited or the subnet's), "      \
+                       "multicast or class E: a reply cannot come from it")                  \
     X(unknown_port, "no IF listens on the UDP destination port")                              \
     X(bad_header, "reefline magic, version, kind, format, status or reserved field wrong")    \
     X(zero_length, "total length 0 or an empty fragment")                                     \

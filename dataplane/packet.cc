@@ -26,9 +26,10 @@ drop_reason address_problem(uint32_t src_ip_be, uint32_t dst_ip_be, uint16_t src
     if (src == 0 || src >= 0xe0000000u || src_port == 0 ||
         (subnet_broadcast_be && src_ip_be == subnet_broadcast_be))
         return drop_reason::bad_source;
+    // A reply comes from the request's destination, so that must be a unicast address too:
+    // not 0.0.0.0, 224/4 or 240/4 (255.255.255.255 included).
     const uint32_t dst = rte_be_to_cpu_32(dst_ip_be);
-    if (dst == 0xffffffffu || (dst >> 28) == 0xe ||
-        (subnet_broadcast_be && dst_ip_be == subnet_broadcast_be))
+    if (dst == 0 || dst >= 0xe0000000u || (subnet_broadcast_be && dst_ip_be == subnet_broadcast_be))
         return drop_reason::bad_destination;
     return drop_reason::none;
 }

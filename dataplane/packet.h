@@ -41,7 +41,8 @@ enum class cksum_state : uint8_t { unknown, good, bad };
 // answered (RFC 1122 3.2.1.3, 3.2.2, 4.1.3.6) are dropped here, so no reply can be reflected
 // to a third party or multiplied: a multicast or broadcast Ethernet source, an IPv4 source of
 // 0.0.0.0, 255.255.255.255, 224/4 or 240/4 (bad_source), UDP source port 0 (bad_source), an
-// IPv4 destination of 255.255.255.255 or 224/4 (bad_destination). `subnet_broadcast_be`, the
+// IPv4 destination of 0.0.0.0, 224/4 or 240/4 with 255.255.255.255 (bad_destination): the reply
+// would come from it. `subnet_broadcast_be`, the
 // directed broadcast address of the appliance's subnet when known (0: unknown), is refused as
 // a source and as a destination too.
 drop_reason parse_udp(const uint8_t* frame, uint32_t frame_length, cksum_state ip_cksum,

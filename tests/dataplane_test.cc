@@ -656,19 +656,7 @@ TEST_F(dataplane_test, if_table_replaced_while_traffic_flows) {
 }
 
 std::vector<uint8_t> arp_request(uint32_t target_ip) {
-    std::vector<uint8_t> f(42, 0);
-    const uint8_t bcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-    const uint8_t sha[6] = {0x02, 0, 0, 0, 0, 0x01};
-    std::memcpy(f.data(), bcast, 6);
-    std::memcpy(f.data() + 6, sha, 6);
-    f[12] = 0x08; f[13] = 0x06;
-    const uint8_t fixed[8] = {0, 1, 0x08, 0x00, 6, 4, 0, 1};  // Ethernet, IPv4, request
-    std::memcpy(f.data() + 14, fixed, 8);
-    std::memcpy(f.data() + 22, sha, 6);
-    const uint32_t sip = htonl(0xc6120001), tip = htonl(target_ip);
-    std::memcpy(f.data() + 28, &sip, 4);
-    std::memcpy(f.data() + 38, &tip, 4);
-    return f;
+    return gen::build_arp_request(addresses().src_mac, 0xc6120001, target_ip);
 }
 
 TEST_F(dataplane_test, answers_arp_for_its_address_only) {
@@ -733,6 +721,9 @@ std::vector<reflection_case> reflection_cases() {
     with("destination 255.255.255.255", dr::bad_destination, [](auto& a) { a.dst_ip = 0xffffffff; });
     with("destination 224.0.0.251", dr::bad_destination, [](auto& a) { a.dst_ip = 0xe00000fb; });
     with("destination 239.1.2.3", dr::bad_destination, [](auto& a) { a.dst_ip = 0xef010203; });
+    // Found by fuzz_dataplane: a reply came from 255.18.255.255.
+    with("destination 255.18.255.255 (class E)", dr::bad_destination, [](auto& a) { a.dst_ip = 0xff12ffff; });
+    with("destination 0.0.0.0", dr::bad_destination, [](auto& a) { a.dst_ip = 0; });
     return cases;
 }
 

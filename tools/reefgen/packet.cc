@@ -76,6 +76,23 @@ std::vector<uint8_t> build_frame(const frame_addresses& a, uint16_t ip_id,
     return f;
 }
 
+std::vector<uint8_t> build_arp_request(const mac_address& src_mac, uint32_t src_ip, uint32_t target_ip) {
+    std::vector<uint8_t> f(eth_header_size + 28, 0);
+    std::memset(f.data(), 0xff, 6);
+    std::memcpy(f.data() + 6, src_mac.bytes, 6);
+    store_be16(f.data() + 12, 0x0806);
+    uint8_t* arp = f.data() + eth_header_size;
+    store_be16(arp, 1);  // Ethernet
+    store_be16(arp + 2, ethertype_ipv4);
+    arp[4] = 6;
+    arp[5] = 4;
+    store_be16(arp + 6, 1);  // request
+    std::memcpy(arp + 8, src_mac.bytes, 6);
+    store_be32(arp + 14, src_ip);
+    store_be32(arp + 24, target_ip);  // target hardware address left zero
+    return f;
+}
+
 void refresh_checksums(std::vector<uint8_t>& frame) {
     uint8_t* ip = frame.data() + ipv4_offset;
     store_be16(ip + 10, 0);

@@ -54,6 +54,10 @@ void append_udp_payload(std::vector<uint8_t>& out, const wire::fields& header,
 std::vector<uint8_t> build_frame(const frame_addresses& addresses, uint16_t ip_id,
                                  std::span<const uint8_t> udp_payload);
 
+// An Ethernet ARP request (IPv4 over Ethernet, to the broadcast address) from `src_mac` /
+// `src_ip` asking for `target_ip` (host order).
+std::vector<uint8_t> build_arp_request(const mac_address& src_mac, uint32_t src_ip, uint32_t target_ip);
+
 // Recomputes the IPv4 header checksum and the UDP checksum of a frame that build_frame()
 // made, from whatever its header fields now say. Used after deliberately editing a field so
 // that only the intended defect remains.
