@@ -119,7 +119,6 @@ void reassembler::unlink(request* r) {
     r->older = r->newer = nullptr;
     if (r->in_size_class) leave_size_class(r);
     _held_mbufs -= r->received;
-    _held_bytes -= r->held_bytes;
     --_pending;
 }
 
@@ -156,7 +155,7 @@ request* reassembler::create(const fragment& f, uint64_t now_tsc, hash_sig_t sig
     r->total_length = rte_be_to_cpu_32(h.total_length_be);
     r->frag_count = rte_be_to_cpu_16(h.frag_count_be);
     r->received = 0;
-    r->held_bytes = 0;
+    _mbuf_bytes = uint32_t(sizeof(rte_mbuf)) + f.mbuf->buf_len;
     r->in_size_class = false;
     r->format = h.format;
     for (int i = 0; i < 4; ++i) r->dims[i] = rte_be_to_cpu_16(h.dims_be[i]);
@@ -207,9 +206,7 @@ request* reassembler::file_one(const fragment& f, request* r, uint64_t now_tsc,
     r->mbufs[index] = f.mbuf;
     r->segments[index] = {f.view.data, f.view.length, rte_be_to_cpu_32(h.payload_offset_be)};
     r->last_tsc = now_tsc;
-    r->held_bytes += f.mbuf->data_len;
     ++_held_mbufs;
-    _held_bytes += f.mbuf->data_len;
     const uint16_t received = ++r->received;
     if (received != r->frag_count) {
         if (_eviction == eviction_order::largest_first &&

@@ -64,9 +64,10 @@ public:
     void flush();
 
     uint32_t pending() const { return _pending; }
-    // What incomplete requests hold now: mbufs, and the bytes of their frames.
+    // What incomplete requests hold now: mbufs, and the memory those take (an mbuf's header
+    // and buffer, whatever the frame's length: what Linux counts as truesize).
     uint32_t held_mbufs() const { return _held_mbufs; }
-    uint64_t held_bytes() const { return _held_bytes; }
+    uint64_t held_bytes() const { return uint64_t(_held_mbufs) * _mbuf_bytes; }
     uint32_t held_high() const { return _held_high; }
     uint32_t held_low() const { return _held_low; }
     eviction_order eviction() const { return _eviction; }
@@ -113,7 +114,7 @@ private:
     request* _newest = nullptr;
     uint32_t _pending = 0;
     uint32_t _held_mbufs = 0;
-    uint64_t _held_bytes = 0;
+    uint32_t _mbuf_bytes = 0;  // header + buffer of the mbufs filed (one pool per port)
     uint32_t _held_high;  // UINT32_MAX: no limit
     uint32_t _held_low;
     eviction_order _eviction;

@@ -55,7 +55,6 @@ struct alignas(64) request {
     request* size_next;
     uint8_t size_class;  // which size-class list, when in_size_class
     bool in_size_class;
-    uint32_t held_bytes;  // frame bytes of the mbufs filed so far
     rte_mempool* pool;  // where release() returns the entry
     uint64_t bitmap[wire::max_fragments / 64];
     rte_mbuf* mbufs[wire::max_fragments];

@@ -1,4 +1,4 @@
-// The input language of fuzz_dataplane, shared with the seed writer (dataplane_seeds.cc).
+// The input language of fuzz_dataplane, shared with the seed writer (write_seeds.cc).
 //
 // An input is a sequence of records:
 //   0xff  T_hi T_lo             the clock advances by T * 10 us (ageing), then rx is polled

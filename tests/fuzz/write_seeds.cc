@@ -1,8 +1,11 @@
-// Writes the seed corpus of fuzz_dataplane (tests/fuzz/corpus/dataplane/) with reefgen's packet
-// builder: requests whole and in fragments, shuffled and duplicated, tagged, for both IFs,
-// ARP, partial requests that age out or exceed the watermarks, a full table, sources that
-// must not be answered, NIC checksum flags and chained mbufs.
-//   build-fuzz/tests/fuzz/dataplane_seeds tests/fuzz/corpus/dataplane
+// Writes the seed corpora of fuzz_dataplane and fuzz_reefgen_response with reefgen's packet
+// builder (regression inputs found by fuzzing sit beside them and are not rewritten):
+//  - corpus/dataplane/: requests whole and in fragments, shuffled and duplicated, tagged, for
+//    both IFs, ARP, partial requests that age out or exceed the watermarks, a full table,
+//    sources that must not be answered, NIC checksum flags and chained mbufs;
+//  - corpus/reefgen_response/: crc32, top-k and error responses, whole and in fragments, as
+//    frames and as datagrams, with a duplicate and a fragment that disagrees.
+//   build-fuzz/tests/fuzz/write_seeds tests/fuzz/corpus
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -63,18 +66,82 @@ struct seed {
     }
 };
 
+// A response's fragments of at most `per` result bytes, as fuzz_reefgen_response records: an
+// Ethernet frame (flags 0) or, with `datagram`, the UDP payload alone (flags 1). `only`: just
+// these fragment indices, in this order.
+void add_response(seed& s, uint64_t id, wire::kind kind, wire::format format, wire::status status,
+                  std::span<const uint8_t> result, uint32_t per, bool datagram,
+                  const std::vector<uint32_t>& only = {}) {
+    gen::frame_addresses a = camera();
+    std::swap(a.src_ip, a.dst_ip);
+    std::swap(a.src_port, a.dst_port);
+    std::swap(a.src_mac, a.dst_mac);
+    const uint32_t count = std::max<uint32_t>(1, uint32_t((result.size() + per - 1) / per));
+    std::vector<uint32_t> order = only;
+    for (uint32_t i = 0; only.empty() && i < count; ++i) order.push_back(i);
+    for (const uint32_t i : order) {
+        wire::fields h;
+        h.kind = uint8_t(kind);
+        h.format = uint8_t(format);
+        h.status = uint8_t(status);
+        h.request_id = id;
+        h.frag_index = uint16_t(i);
+        h.frag_count = uint16_t(count);
+        h.payload_offset = i * per;
+        h.total_length = uint32_t(result.size());
+        if (format == wire::format::result_topk) h.dims[0] = uint16_t(result.size() / 8);
+        std::vector<uint8_t> udp;
+        gen::append_udp_payload(udp, h, result.subspan(i * per, std::min<size_t>(per, result.size() - i * per)));
+        if (datagram) s.add(udp, 1);
+        else s.add(gen::build_frame(a, 1, udp), 0);
+    }
+}
+
+void write_response_seeds(const std::string& dir, const auto& write) {
+    const uint8_t crc[8] = {0, 0, 0, 48, 0xde, 0xad, 0xbe, 0xef};
+    std::vector<uint8_t> topk;
+    for (uint32_t k = 0; k < 5; ++k) {
+        const float score = 1.0f / float(k + 1);
+        uint32_t bits;
+        std::memcpy(&bits, &score, 4);
+        for (const uint32_t v : {k * 100, bits})
+            for (int b = 3; b >= 0; --b) topk.push_back(uint8_t(v >> (8 * b)));
+    }
+    const std::string message = "bad_request: payload is not 224x224x3";
+    const std::span<const uint8_t> text(reinterpret_cast<const uint8_t*>(message.data()), message.size());
+    for (const bool datagram : {false, true}) {
+        const std::string as = datagram ? "_datagram" : "_frame";
+        seed s;
+        add_response(s, 1, wire::kind::response, wire::format::result_crc32, wire::status::ok, crc, 1024, datagram);
+        write(dir, "crc32" + as, s);
+        s = {};
+        add_response(s, 2, wire::kind::response, wire::format::result_topk, wire::status::ok, topk, 16, datagram);
+        write(dir, "topk_fragments" + as, s);
+        s = {};
+        add_response(s, 3, wire::kind::error, wire::format::raw, wire::status::bad_request, text, 1024, datagram);
+        write(dir, "error" + as, s);
+    }
+    seed s;  // fragments reordered and repeated, and one that disagrees with the first
+    add_response(s, 4, wire::kind::response, wire::format::result_topk, wire::status::ok, topk, 8, false, {3, 1, 1});
+    add_response(s, 4, wire::kind::response, wire::format::result_crc32, wire::status::ok, crc, 8, false);
+    add_response(s, 4, wire::kind::response, wire::format::result_topk, wire::status::ok, topk, 8, false, {0, 4, 2, 3});
+    write(dir, "duplicates_and_disagreement", s);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc != 2) {
-        std::fprintf(stderr, "usage: %s DIR\n", argv[0]);
+        std::fprintf(stderr, "usage: %s CORPUS_DIR (the directory of dataplane/ and reefgen_response/)\n", argv[0]);
         return 2;
     }
-    const std::string dir = argv[1];
-    auto write = [&](const std::string& name, const seed& s) {
+    const auto write_in = [](const std::string& dir, const std::string& name, const seed& s) {
         std::ofstream(dir + "/" + name, std::ios::binary).write(reinterpret_cast<const char*>(s.bytes.data()),
                                                                  std::streamsize(s.bytes.size()));
     };
+    write_response_seeds(std::string(argv[1]) + "/reefgen_response", write_in);
+    const std::string dir = std::string(argv[1]) + "/dataplane";
+    auto write = [&](const std::string& name, const seed& s) { write_in(dir, name, s); };
     {
         seed s;
         s.add(request(1, 32, 32)[0], fz::end_of_burst);
