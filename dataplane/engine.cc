@@ -92,12 +92,15 @@ bool dataplane::answer_arp(rx_queue& s, rte_mbuf* m) {
     if (!_local_ip_be ||
         !is_arp_request_for(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len, _local_ip_be))
         return false;
+    // A request that cannot be answered (tx pool dry, tx ring full) is left to the caller,
+    // which counts it as a drop: every received packet is a drop or an answer.
     rte_mbuf* reply = build_arp_reply(_port->tx_pool(), rte_pktmbuf_mtod(m, const uint8_t*), _local_mac);
-    if (reply && send(&reply, 1) == 1) {
-        s.counters.arp_replies.add();
-    } else if (reply) {
+    if (!reply) return false;
+    if (send(&reply, 1) != 1) {
         rte_pktmbuf_free(reply);
+        return false;
     }
+    s.counters.arp_replies.add();
     rte_pktmbuf_free(m);
     return true;
 }

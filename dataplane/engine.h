@@ -93,7 +93,8 @@ public:
     const rx_counters& queue_counters(uint16_t q) const { return _queues[q]->counters; }
     const reassembler& queue_reassembler(uint16_t q) const { return *_queues[q]->reasm; }
 
-    // Answers an ARP request for our address; false when `m` is no such request.
+    // Answers an ARP request for our address and frees it; false (m untouched) when `m` is no
+    // such request or the reply could not be queued.
     bool answer_arp(rx_queue& q, rte_mbuf* m);
 
 private:
