@@ -59,7 +59,9 @@ reassembler::reassembler(const std::string& name, const reassembly_config& confi
     : _counters(counters),
       _age_limit_tsc(config.age_limit_us * rte_get_tsc_hz() / 1000000),
       _held_high(config.held_high ? config.held_high : UINT32_MAX),
-      _held_low(config.held_high ? std::min(config.held_low, config.held_high) : UINT32_MAX),
+      _held_low(!config.held_high ? UINT32_MAX
+                : config.held_low ? std::min(config.held_low, config.held_high)
+                                  : config.held_high / 4 * 3),
       _eviction(config.eviction) {
     const std::string hash_name = "rh_" + name;
     rte_hash_parameters params{};

@@ -29,8 +29,9 @@ struct reassembly_config {
     // Watermarks on the mbufs that incomplete requests hold, as Linux bounds IP reassembly
     // (ipfrag_high_thresh, ipfrag_low_thresh): when they hold more than `held_high`, incomplete
     // requests are evicted (drop memory_pressure) until they hold at most `held_low`, so that
-    // partial requests cannot drain the rx pool. 0: the data plane derives both from its rx
-    // pool (derive_held_limits); a reassembler built on its own has no limit then.
+    // partial requests cannot drain the rx pool. held_high 0: the data plane derives both
+    // from its rx pool (derive_held_limits); a reassembler built on its own has no limit then.
+    // held_low 0: 3/4 of held_high.
     uint32_t held_high = 0;
     uint32_t held_low = 0;
     eviction_order eviction = eviction_order::largest_first;

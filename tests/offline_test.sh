@@ -70,6 +70,16 @@ read -r complete ok < <(sed -n 's/^requests=[0-9]* complete=\([0-9]*\) responses
 [ "$(field "$tmp/partial.out.json" port_rx_nombuf)" = 0 ] || { echo "FAIL partial: the rx pool ran dry"; exit 1; }
 [ "$(field "$tmp/partial.out.json" drop_memory_pressure)" -gt 0 ] || { echo "FAIL partial: no eviction under memory pressure"; exit 1; }
 
+# Watermarks that cannot work are usage errors, before EAL starts.
+for bad in "--reassembly-low 8000" "--reassembly-high 20000" "--mbufs 1023" "--ip 198.18.0.2/33"; do
+  rc=0
+  # shellcheck disable=SC2086
+  "$reefline" --offline "$tmp/clean.req.pcap" --responses "$tmp/bad.pcap" --builtin crc32:9000 $bad \
+    > /dev/null 2> "$tmp/bad.err" || rc=$?
+  [ "$rc" = 2 ] || { cat "$tmp/bad.err"; echo "FAIL: '$bad' exited $rc, expected 2"; exit 1; }
+  echo "usage error for $bad: $(head -n 1 "$tmp/bad.err")"
+done
+
 # A second daemon on a file prefix that a running one holds says so, and how to avoid it.
 prefix="reefline_offline_test_$$"
 # EAL leaves the prefix's runtime directory behind (where depends on the user).
