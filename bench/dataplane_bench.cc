@@ -13,6 +13,9 @@
 //
 // Prints a table and, as its last line: mpps_per_core=X socket_mpps=Y ratio=Z
 // Exit status 1 when a correctness check fails (wrong completion count, drops, leaks).
+//
+// --flood instead measures what the reassembly watermarks leave to legitimate traffic under a
+// flood of partial requests that never complete, for each eviction order (see run_flood).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/udp.h>
@@ -84,12 +87,14 @@ struct options {
     bool no_huge = false;    // force EAL's --no-huge (valgrind, or to compare)
     uint64_t age_limit_us = dp::reassembly_config{}.age_limit_us;
     bool gso = false;        // socket sender: UDP_SEGMENT, to offer the receiver more load
+    bool flood = false;      // the flood comparison of eviction orders instead
+    uint32_t flood_requests = 1000;  // --flood: legitimate requests per scenario
 };
 
 [[noreturn]] void usage(const char* prog, int status) {
     std::fprintf(status ? stderr : stdout,
                  "usage: %s [--seconds S] [--inflight N] [--quick] [--breakdown] [--nic-cksum]"
-                 " [--no-socket] [--gso] [--no-huge] [--age-ms MS]\n"
+                 " [--no-socket] [--gso] [--no-huge] [--age-ms MS] [--flood [--flood-requests N]]\n"
                  "  --seconds S   measurement time per path (default 1.0)\n"
                  "  --inflight N  concurrent requests under reassembly (default 64)\n"
                  "  --quick       0.5 s per path, 0.1 s warm-up\n"
@@ -99,7 +104,9 @@ struct options {
                  "  --gso         socket sender uses UDP GSO (the receiver still gets one datagram\n"
                  "                per fragment); offers the receiver more than sendmmsg alone\n"
                  "  --no-huge     EAL without hugepages even when some are free\n"
-                 "  --age-ms MS   reassembly age limit (default 100; raise it under valgrind)\n",
+                 "  --age-ms MS   reassembly age limit (default 100; raise it under valgrind)\n"
+                 "  --flood       instead: legitimate requests among partial ones that never complete,\n"
+                 "                per eviction order (largest, oldest); --flood-requests N per case\n",
                  prog);
     std::exit(status);
 }
@@ -123,6 +130,8 @@ options parse_options(int argc, char** argv) {
             else if (a == "--no-huge") o.no_huge = true;
             else if (a == "--gso") o.gso = true;
             else if (a == "--age-ms") o.age_limit_us = uint64_t(std::stod(value()) * 1000);
+            else if (a == "--flood") o.flood = true;
+            else if (a == "--flood-requests") o.flood_requests = uint32_t(std::stoul(value()));
             else if (a == "--help" || a == "-h") usage(argv[0], 0);
             else usage(argv[0], 2);
         } catch (const std::logic_error&) {
@@ -133,7 +142,7 @@ options parse_options(int argc, char** argv) {
         o.warmup = 0.1;
         if (!seconds_given) o.seconds = 0.5;
     }
-    if (o.seconds <= 0 || o.inflight == 0 || o.inflight > 512) usage(argv[0], 2);
+    if (o.seconds <= 0 || o.inflight == 0 || o.inflight > 512 || o.flood_requests == 0) usage(argv[0], 2);
     return o;
 }
 
@@ -693,6 +702,7 @@ private:
                 u.src_port = ntohs(from[i].sin_port);
                 u.dst_port = if_port;  // the socket's port stands for the IF's port
                 u.vlan_tci_be = 0;
+                u.vlan_tagged = false;
                 const dp::if_binding* b = nullptr;
                 if (why == dp::drop_reason::none) {
                     b = dp::if_table::lookup(map, u.dst_port);
@@ -766,6 +776,182 @@ std::vector<std::string> eal_args(const options& o) {
     for (size_t i = 0; i + 1 < a.size(); ++i)
         if (a[i] == "--log-level") a[i + 1] = "lib.eal:error";
     return a;
+}
+
+// ---------------------------------------------------------------------------------------
+// Flood: legitimate requests among partial requests that never complete
+//
+// The daemon's defaults: a 16383-mbuf rx pool, a 1024-descriptor ring (those mbufs stay
+// with the NIC), one queue, watermarks from derive_held_limits, 1024 entries, 100 ms age
+// limit. Packets arrive at 10 Mpps of virtual time (so ageing frees nothing within a case):
+// each is the next fragment of one of 16 legitimate 147-fragment requests in flight (chosen
+// at random), or with probability `flood_share` of one of 16 attacker requests in flight,
+// each sent `partial` fragments of partial + 1 and then abandoned. A packet for which the
+// pool has no mbuf is lost, as rx_nombuf. The IF stand-in releases complete requests every
+// burst. Served: legitimate requests completed / legitimate requests whose every fragment
+// was offered.
+
+struct flood_case {
+    uint32_t partial;    // fragments the attacker sends of each request
+    double flood_share;  // of all packets
+};
+
+struct flood_result {
+    uint64_t offered = 0;  // legitimate requests fully offered
+    uint64_t served = 0;
+    uint64_t nombuf = 0;
+    uint64_t evicted = 0;  // requests evicted under memory pressure or a full table
+    uint64_t packets = 0;
+    double served_share() const { return offered ? double(served) / double(offered) : 0; }
+};
+
+flood_result run_flood(const flood_case& fc, dp::eviction_order order, uint32_t legit_requests,
+                       bench_if& bench_if_) {
+    static int seq = 0;
+    const std::string name = "bench_fl" + std::to_string(seq++);
+    const dp::port_config port;
+    dp::reassembly_config rc;
+    rc.eviction = order;
+    rc = dp::derive_held_limits(port, rc);
+    rte_mempool* pool = rte_pktmbuf_pool_create(name.c_str(), port.rx_mbufs, 256, 0, mbuf_room, SOCKET_ID_ANY);
+    if (!pool) throw std::runtime_error("mbuf pool: " + std::string(rte_strerror(rte_errno)));
+    std::vector<rte_mbuf*> nic_ring(port.rx_descriptors);
+    if (rte_pktmbuf_alloc_bulk(pool, nic_ring.data(), port.rx_descriptors) != 0)
+        throw std::runtime_error("mbuf pool too small for the ring");
+    flood_result res;
+    {
+        rx_lane lane(name, rc, bench_if_, 0);
+        // Frame templates; the request id (bytes 8..15 of the reefline header) is patched per
+        // request: the UDP checksum, which covers it, is not verified in software.
+        const std::vector<uint8_t> image = make_image();
+        gen::frame_addresses camera;
+        camera.src_mac = {{0x02, 0, 0, 0, 0, 0x01}};
+        camera.dst_mac = {{0x02, 0, 0, 0, 0, 0x02}};
+        camera.src_ip = src_ip;
+        camera.dst_ip = dst_ip;
+        camera.src_port = 40000;
+        camera.dst_port = if_port;
+        gen::frame_addresses attacker = camera;
+        attacker.src_ip = src_ip + 0x40;
+        attacker.src_port = 50000;
+        std::vector<std::vector<uint8_t>> legit_frames, flood_frames;
+        for (uint32_t f = 0; f < frags_per_request; ++f) {
+            std::vector<uint8_t> udp;
+            gen::append_udp_payload(udp, fragment_header(0, f), {image.data() + f * frag_payload, fragment_length(f)});
+            legit_frames.push_back(gen::build_frame(camera, 1, udp));
+        }
+        constexpr uint32_t flood_payload = 64;
+        for (uint32_t f = 0; f < fc.partial; ++f) {
+            wire::fields h;
+            h.kind = uint8_t(wire::kind::request);
+            h.format = uint8_t(wire::format::raw);
+            h.frag_index = uint16_t(f);
+            h.frag_count = uint16_t(fc.partial + 1);
+            h.payload_offset = f * flood_payload;
+            h.total_length = (fc.partial + 1) * flood_payload;
+            std::vector<uint8_t> udp;
+            gen::append_udp_payload(udp, h, {image.data(), flood_payload});
+            flood_frames.push_back(gen::build_frame(attacker, 1, udp));
+        }
+        constexpr uint32_t in_flight = 16;
+        struct stream {
+            uint64_t id;
+            uint32_t next = 0;
+            std::vector<uint16_t> order;  // legitimate: fragments in a shuffled order
+        };
+        gen::rng rng(7, uint64_t(fc.partial) << 8 | uint64_t(fc.flood_share * 100));
+        uint64_t next_legit_id = 1, next_flood_id = uint64_t(1) << 40;
+        auto shuffled = [&] {
+            std::vector<uint16_t> v(frags_per_request);
+            for (uint32_t i = 0; i < frags_per_request; ++i) v[i] = uint16_t(i);
+            for (uint32_t i = frags_per_request; i > 1; --i) std::swap(v[i - 1], v[rng.below(i)]);
+            return v;
+        };
+        std::vector<stream> legit(in_flight), flood(in_flight);
+        for (auto& s : legit) { s.id = next_legit_id++; s.order = shuffled(); }
+        for (auto& s : flood) s.id = next_flood_id++;
+        const uint64_t tsc_per_packet = std::max<uint64_t>(1, rte_get_tsc_hz() / 10000000);
+        uint64_t now = rte_get_tsc_hz();  // virtual time
+        auto patch_id = [](rte_mbuf* m, uint64_t id) {
+            const uint64_t be = wire::hton64(id);
+            std::memcpy(rte_pktmbuf_mtod(m, uint8_t*) + gen::wire_offset + offsetof(wire::header, request_id_be), &be, 8);
+        };
+        while (res.offered < legit_requests) {
+            rte_mbuf* burst[dp::rx_burst_size];
+            uint16_t n = 0;
+            for (uint32_t k = 0; k < dp::rx_burst_size; ++k) {
+                ++res.packets;
+                const bool is_flood = rng.chance(fc.flood_share);
+                stream& s = (is_flood ? flood : legit)[rng.below(in_flight)];
+                const std::vector<uint8_t>& frame =
+                    is_flood ? flood_frames[s.next] : legit_frames[s.order[s.next]];
+                const uint64_t id = s.id;
+                if (++s.next == (is_flood ? fc.partial : frags_per_request)) {
+                    if (!is_flood) ++res.offered;
+                    s.next = 0;
+                    s.id = is_flood ? next_flood_id++ : next_legit_id++;
+                }
+                rte_mbuf* m = rte_pktmbuf_alloc(pool);
+                if (!m) {
+                    ++res.nombuf;
+                    continue;
+                }
+                std::memcpy(rte_pktmbuf_append(m, uint16_t(frame.size())), frame.data(), frame.size());
+                patch_id(m, id);
+                burst[n++] = m;
+            }
+            now += tsc_per_packet * dp::rx_burst_size;
+            lane.reasm->expire(now);
+            lane.queue.process(lane.ifs.current(), burst, n, now, nullptr);
+            lane.ifs.quiescent(0);
+            void* objs[64];
+            while (unsigned k = rte_ring_sc_dequeue_burst(lane.ring, objs, 64, nullptr)) {
+                for (unsigned i = 0; i < k; ++i) {
+                    auto* r = static_cast<dp::request*>(objs[i]);
+                    if (r->key.request_id < (uint64_t(1) << 40)) ++res.served;
+                    dp::release(r);
+                }
+            }
+        }
+        res.evicted = lane.counters.requests_evicted.get();
+    }
+    rte_pktmbuf_free_bulk(nic_ring.data(), port.rx_descriptors);
+    if (rte_mempool_avail_count(pool) != pool->size) throw std::runtime_error("flood: mbufs leaked");
+    rte_mempool_free(pool);
+    return res;
+}
+
+int run_flood_comparison(const options& o) {
+    dp::eal_init("dataplane_bench", eal_args(o));
+    bench_if bench_if_("bench", 2);
+    const dp::reassembly_config limits = dp::derive_held_limits(dp::port_config{}, {});
+    std::printf("reefline dataplane_bench --flood: 16 legitimate 147-fragment requests in flight (fragments"
+                " shuffled) among 16 partial ones; rx pool 16383, ring 1024, watermarks %u/%u mbufs,"
+                " %u legitimate requests per case\n\n",
+                limits.held_high, limits.held_low, o.flood_requests);
+    std::printf("%-9s %-7s | %-8s %8s %8s %8s | %-8s %8s %8s %8s\n", "partial", "flood", "largest",
+                "served", "nombuf", "evicted", "oldest", "served", "nombuf", "evicted");
+    const flood_case cases[] = {{1023, 0.5}, {1023, 0.9}, {500, 0.9}, {146, 0.5}, {146, 0.9},
+                                {32, 0.5}, {32, 0.9}, {4, 0.9}};
+    double worst[2] = {1, 1}, sum[2] = {0, 0};
+    for (const flood_case& fc : cases) {
+        std::printf("%-9u %-7.0f |", fc.partial, fc.flood_share * 100);
+        int k = 0;
+        for (const auto order : {dp::eviction_order::largest_first, dp::eviction_order::oldest_first}) {
+            const flood_result r = run_flood(fc, order, o.flood_requests, bench_if_);
+            std::printf(" %-8s %7.1f%% %8llu %8llu |", "", 100 * r.served_share(),
+                        (unsigned long long)r.nombuf, (unsigned long long)r.evicted);
+            worst[k] = std::min(worst[k], r.served_share());
+            sum[k] += r.served_share();
+            ++k;
+        }
+        std::printf("\n");
+        std::fflush(stdout);
+    }
+    const double n = double(std::size(cases));
+    std::printf("largest_served_mean=%.3f largest_served_min=%.3f oldest_served_mean=%.3f oldest_served_min=%.3f\n",
+                sum[0] / n, worst[0], sum[1] / n, worst[1]);
+    return 0;
 }
 
 int run(const options& o) {
@@ -877,7 +1063,7 @@ int run(const options& o) {
 int main(int argc, char** argv) {
     const options o = parse_options(argc, argv);
     try {
-        const int rc = run(o);
+        const int rc = o.flood ? run_flood_comparison(o) : run(o);
         dp::eal_cleanup();
         return rc;
     } catch (const std::exception& e) {

@@ -5,10 +5,12 @@
 namespace reefline::dp {
 
 void counter_snapshot::add(const rx_counters& c) {
+    // Drops before rx_packets: the lcore counts packets in rx_packets before it drops any of
+    // them (struct counter), so reading in this order keeps drops_total() <= rx_packets.
+    for (size_t i = 0; i < drop_reason_count; ++i) drops[i] += c.drops[i].get();
 #define X(name) name += c.name.get();
     REEFLINE_RX_COUNTERS(X)
 #undef X
-    for (size_t i = 0; i < drop_reason_count; ++i) drops[i] += c.drops[i].get();
 }
 
 void counter_snapshot::add(const tx_counters& c) {

@@ -20,6 +20,10 @@ namespace reefline::dp {
     X(multi_segment, "frame spans several mbufs (jumbo frame larger than the mbuf room)")     \
     X(bad_length, "IPv4 total length and UDP length disagree")                                \
     X(bad_checksum, "the NIC reported a bad IPv4 or UDP checksum")                            \
+    X(bad_source, "a source that must not be answered: IPv4 0.0.0.0, broadcast, multicast "    \
+                  "or class E, UDP port 0, or a multicast/broadcast Ethernet address")        \
+    X(bad_destination, "IPv4 destination 0.0.0.0, broadcast (limited or the subnet's), "      \
+                       "multicast or class E: a reply cannot come from it")                  \
     X(unknown_port, "no IF listens on the UDP destination port")                              \
     X(bad_header, "reefline magic, version, kind, format, status or reserved field wrong")    \
     X(zero_length, "total length 0 or an empty fragment")                                     \
@@ -31,6 +35,8 @@ namespace reefline::dp {
     X(duplicate, "a fragment index that the request already has")                             \
     X(timeout, "held by a request that did not complete within the age limit")                \
     X(table_full, "held by the oldest request, evicted to make room for a new one")           \
+    X(memory_pressure, "held by an incomplete request evicted because incomplete requests "    \
+                       "held more mbufs than the high watermark")                             \
     X(no_entry, "no reassembly entry free and none to evict (all waiting on IF queues)")      \
     X(ring_full, "held by a complete request whose IF queue was full")
 
@@ -49,14 +55,24 @@ inline constexpr std::array<std::string_view, drop_reason_count> drop_reason_nam
 #undef X
 };
 
-// A counter with one writer (its lcore) and any number of readers: relaxed atomics
-// compile to plain loads and stores on x86 and keep readers free of torn values.
+// What each reason means, as docs/protocol.md's table says it.
+inline constexpr std::array<std::string_view, drop_reason_count> drop_reason_texts = {
+#define X(name, text) text,
+    REEFLINE_DROP_REASONS(X)
+#undef X
+};
+
+// A counter with one writer (its lcore) and any number of readers, free of torn values. The
+// writer's stores are releases and readers' loads acquires (plain moves on x86), so a reader
+// that sees an increment also sees every increment the writer made before it: the rx lcore
+// counts a burst in rx_packets before it counts any drop from it, and a snapshot reads the
+// drops first, so a snapshot never shows more drops than received packets.
 struct counter {
     std::atomic<uint64_t> _value{0};
     void add(uint64_t n = 1) {
-        _value.store(_value.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
+        _value.store(_value.load(std::memory_order_relaxed) + n, std::memory_order_release);
     }
-    uint64_t get() const { return _value.load(std::memory_order_relaxed); }
+    uint64_t get() const { return _value.load(std::memory_order_acquire); }
 };
 
 #define REEFLINE_RX_COUNTERS(X)                                                                \

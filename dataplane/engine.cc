@@ -33,14 +33,46 @@ cksum_state l4_state(uint64_t ol) {
 
 }  // namespace
 
+reassembly_config derive_held_limits(const port_config& port, reassembly_config config) {
+    const uint32_t queues = std::max<uint32_t>(port.rx_queues, 1);
+    const uint32_t share = port.rx_mbufs / queues;
+    // The rx pool's per-lcore cache (port.cc) can hold up to 1.5 times its size.
+    constexpr uint32_t mempool_cache_reserve = 384;
+    const uint32_t reserve = port.rx_descriptors + 2u * rx_burst_size + mempool_cache_reserve;
+    const std::string pool = "the rx pool of " + std::to_string(port.rx_mbufs) + " mbufs shared by " +
+                             std::to_string(queues) + " rx queue(s) of " +
+                             std::to_string(port.rx_descriptors) + " descriptors";
+    if (config.held_high == 0) {
+        constexpr uint32_t smallest = 2u * rx_burst_size;
+        if (share < reserve + 2 * smallest)
+            throw std::invalid_argument(pool + " leaves no room for reassembly: give more mbufs (--mbufs) or fewer rx queues");
+        config.held_high = (share - reserve) / 2;
+    } else if (config.held_high > share) {
+        throw std::invalid_argument("reassembly high watermark of " + std::to_string(config.held_high) +
+                                    " mbufs is more than each queue's share of " + pool);
+    }
+    if (config.held_low == 0) config.held_low = config.held_high / 4 * 3;
+    if (config.held_low >= config.held_high)
+        throw std::invalid_argument("reassembly low watermark (" + std::to_string(config.held_low) +
+                                    " mbufs) must be below the high watermark (" +
+                                    std::to_string(config.held_high) + ")");
+    return config;
+}
+
 dataplane::dataplane(const dataplane_config& config)
     : _port(std::make_unique<dp::port>(config.port)), _ifs(config.port.rx_queues) {
+    const reassembly_config reassembly = derive_held_limits(config.port, config.reassembly);
+    uint32_t subnet_broadcast_be = 0;
+    if (config.local_ip_be && config.local_prefix_length >= 1 && config.local_prefix_length <= 30)
+        subnet_broadcast_be =
+            config.local_ip_be | rte_cpu_to_be_32(~uint32_t(0) >> config.local_prefix_length);
     for (uint16_t q = 0; q < config.port.rx_queues; ++q) {
         auto s = std::make_unique<rx_queue>();
         s->queue_id = q;
         s->port_id = config.port.port_id;
+        s->subnet_broadcast_be = subnet_broadcast_be;
         s->reasm = std::make_unique<reassembler>(
-            std::to_string(config.port.port_id) + "_" + std::to_string(q), config.reassembly,
+            std::to_string(config.port.port_id) + "_" + std::to_string(q), reassembly,
             s->counters);
         _queues.push_back(std::move(s));
     }
@@ -60,12 +92,15 @@ bool dataplane::answer_arp(rx_queue& s, rte_mbuf* m) {
     if (!_local_ip_be ||
         !is_arp_request_for(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len, _local_ip_be))
         return false;
+    // A request that cannot be answered (tx pool dry, tx ring full) is left to the caller,
+    // which counts it as a drop: every received packet is a drop or an answer.
     rte_mbuf* reply = build_arp_reply(_port->tx_pool(), rte_pktmbuf_mtod(m, const uint8_t*), _local_mac);
-    if (reply && send(&reply, 1) == 1) {
-        s.counters.arp_replies.add();
-    } else if (reply) {
+    if (!reply) return false;
+    if (send(&reply, 1) != 1) {
         rte_pktmbuf_free(reply);
+        return false;
     }
+    s.counters.arp_replies.add();
     rte_pktmbuf_free(m);
     return true;
 }
@@ -82,11 +117,10 @@ dataplane::~dataplane() {
     _port.reset();
 }
 
-uint16_t dataplane::poll_rx(uint16_t q) {
+uint16_t dataplane::poll_rx(uint16_t q, uint64_t now) {
     rx_queue& s = *_queues[q];
     rte_mbuf* pkts[rx_burst_size];
     const uint16_t n = rte_eth_rx_burst(_port->id(), q, pkts, rx_burst_size);
-    const uint64_t now = rte_rdtsc();
     s.reasm->expire(now);
     if (n) s.process(_ifs.current(), pkts, n, now, this);
     _ifs.quiescent(q);
@@ -104,6 +138,9 @@ void rx_queue::process(const port_map* map, rte_mbuf** pkts, uint16_t n, uint64_
     };
     for (uint16_t i = 0; i < std::min(n, prefetch_ahead); ++i) prefetch_headers(pkts[i]);
 
+    // Counted before any of them is dropped: a counter snapshot must never show more drops
+    // than received packets (struct counter).
+    counters.rx_packets.add(n);
     udp_view udps[rx_burst_size];
     fragment frags[rx_burst_size];
     uint16_t nf = 0;
@@ -117,7 +154,7 @@ void rx_queue::process(const port_map* map, rte_mbuf** pkts, uint16_t n, uint64_
             why = drop_reason::multi_segment;
         } else {
             why = parse_udp(rte_pktmbuf_mtod(m, const uint8_t*), m->data_len, ip_state(m->ol_flags),
-                            l4_state(m->ol_flags), udps[nf]);
+                            l4_state(m->ol_flags), udps[nf], subnet_broadcast_be);
             const if_binding* b = nullptr;
             if (why == drop_reason::none) {
                 b = if_table::lookup(map, udps[nf].dst_port);
@@ -137,7 +174,6 @@ void rx_queue::process(const port_map* map, rte_mbuf** pkts, uint16_t n, uint64_
         counters.drop(why);
         rte_pktmbuf_free(m);
     }
-    counters.rx_packets.add(n);
     counters.rx_bytes.add(bytes);
     file(map, frags, nf, now);
 }

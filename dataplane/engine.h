@@ -5,6 +5,7 @@
 // consumer; poll_tx() by one lcore. On a single lcore all three run in one loop.
 #pragma once
 
+#include <rte_cycles.h>
 #include <rte_ring.h>
 
 #include <cstdint>
@@ -23,9 +24,21 @@ struct dataplane_config {
     reassembly_config reassembly;  // per rx queue
     uint32_t tx_ring_size = 4096;
     uint32_t local_ip_be = 0;  // answer ARP requests for this address (0: none)
+    // The subnet's prefix length when known (1..30): its directed broadcast address is then
+    // neither answered nor answered to. 0: unknown.
+    uint8_t local_prefix_length = 0;
 };
 
 inline constexpr uint16_t rx_burst_size = 32;
+
+// The reassembly watermarks for one rx queue (reassembly_config::held_high/held_low) that
+// `config` leaves at 0, derived from the rx pool so that partial requests can never drain it:
+// each queue's share of the pool, less what its NIC ring holds (rx_descriptors), two bursts in
+// the lcore's hands and the mempool's per-lcore cache, is split in half between incomplete
+// requests and complete ones waiting on IF rings; the low watermark is 3/4 of the high one.
+// Values given are checked (low < high, high within the queue's share). Throws
+// std::invalid_argument naming the problem.
+reassembly_config derive_held_limits(const port_config& port, reassembly_config config);
 
 class dataplane;
 
@@ -34,6 +47,7 @@ class dataplane;
 struct alignas(64) rx_queue {
     uint16_t queue_id = 0;
     uint16_t port_id = 0;
+    uint32_t subnet_broadcast_be = 0;  // refused as source and destination (0: unknown)
     rx_counters counters;
     std::unique_ptr<reassembler> reasm;
 
@@ -58,7 +72,10 @@ public:
 
     // Receives and files one burst on queue q, expires old requests, hands complete ones to
     // their IF's ring. Returns the number of packets received.
-    uint16_t poll_rx(uint16_t q);
+    uint16_t poll_rx(uint16_t q) { return poll_rx(q, rte_rdtsc()); }
+    // The same at a given time (TSC units): tests and fuzzers drive ageing with a clock of
+    // their own.
+    uint16_t poll_rx(uint16_t q, uint64_t now_tsc);
     // Frees every request still under reassembly on queue q (counted as timeouts).
     void flush(uint16_t q);
     // The lcore that polls q registers itself as an RCU reader of the IF table.
@@ -76,7 +93,8 @@ public:
     const rx_counters& queue_counters(uint16_t q) const { return _queues[q]->counters; }
     const reassembler& queue_reassembler(uint16_t q) const { return *_queues[q]->reasm; }
 
-    // Answers an ARP request for our address; false when `m` is no such request.
+    // Answers an ARP request for our address and frees it; false (m untouched) when `m` is no
+    // such request or the reply could not be queued.
     bool answer_arp(rx_queue& q, rte_mbuf* m);
 
 private:

@@ -17,21 +17,49 @@ uint16_t load_be16(const uint8_t* p) {
     std::memcpy(&v, p, 2);
     return v;
 }
+
+// 0.0.0.0, 224/4 (multicast) and 240/4 (class E, which holds 255.255.255.255), or the subnet's
+// broadcast address (when known: 0 is never a unicast address anyway).
+inline bool not_unicast(uint32_t ip_be, uint32_t subnet_broadcast_be) {
+    return (rte_be_to_cpu_32(ip_be) - 1u >= 0xe0000000u - 1u) | (ip_be == subnet_broadcast_be);
+}
+
+// The group bit of an Ethernet address's first octet: multicast, and broadcast.
+inline bool group_mac(const uint8_t* mac) { return mac[0] & 1; }
+
+// The address rules of parse_udp (IPv4 addresses network order, port host order). A reply
+// goes to the source and comes from the destination, so both must be unicast, at every layer.
+// One branch on the common path: the checks are combined before it.
+drop_reason address_problem(const uint8_t* eth_source, uint32_t src_ip_be, uint32_t dst_ip_be,
+                            uint16_t src_port, uint32_t subnet_broadcast_be) {
+    const bool bad_source = group_mac(eth_source) | not_unicast(src_ip_be, subnet_broadcast_be) |
+                            (src_port == 0);
+    const bool bad_destination = not_unicast(dst_ip_be, subnet_broadcast_be);
+    if (__builtin_expect(bad_source | bad_destination, 0))
+        return bad_source ? drop_reason::bad_source : drop_reason::bad_destination;
+    return drop_reason::none;
+}
+
 }  // namespace
 
 drop_reason parse_udp(const uint8_t* frame, uint32_t len, cksum_state ip_cksum,
-                      cksum_state l4_cksum, udp_view& out) {
+                      cksum_state l4_cksum, udp_view& out, uint32_t subnet_broadcast_be) {
     if (len < RTE_ETHER_HDR_LEN) return drop_reason::truncated;
     uint32_t l2 = RTE_ETHER_HDR_LEN;
     uint16_t ethertype = load_be16(frame + 12);
     out.vlan_tci_be = 0;
+    out.vlan_tagged = false;
     if (ethertype == RTE_BE16(RTE_ETHER_TYPE_VLAN)) {
         if (len < l2 + 4) return drop_reason::truncated;
         out.vlan_tci_be = load_be16(frame + 14);
+        out.vlan_tagged = true;
         ethertype = load_be16(frame + 16);
         l2 += 4;
     }
-    if (ethertype != RTE_BE16(RTE_ETHER_TYPE_IPV4)) return drop_reason::not_ipv4;
+    // A group source address is invalid on Ethernet whatever the frame carries (an ARP
+    // request from one is not answered either).
+    if (ethertype != RTE_BE16(RTE_ETHER_TYPE_IPV4))
+        return group_mac(frame + 6) ? drop_reason::bad_source : drop_reason::not_ipv4;
     if (len < l2 + sizeof(rte_ipv4_hdr)) return drop_reason::truncated;
 
     const auto* ip = reinterpret_cast<const rte_ipv4_hdr*>(frame + l2);
@@ -54,6 +82,10 @@ drop_reason parse_udp(const uint8_t* frame, uint32_t len, cksum_state ip_cksum,
     const uint32_t udp_len = rte_be_to_cpu_16(udp->dgram_len);
     if (udp_len != ip_total - ihl) return drop_reason::bad_length;
     if (l4_cksum == cksum_state::bad) return drop_reason::bad_checksum;
+    if (const drop_reason a = address_problem(frame + 6, ip->src_addr, ip->dst_addr,
+                                              rte_be_to_cpu_16(udp->src_port), subnet_broadcast_be);
+        a != drop_reason::none)
+        return a;
 
     out.eth = frame;
     out.payload = reinterpret_cast<const uint8_t*>(udp + 1);
@@ -74,7 +106,7 @@ bool is_arp_request_for(const uint8_t* frame, uint32_t len, uint32_t ip_be) {
     return arp.arp_hardware == RTE_BE16(RTE_ARP_HRD_ETHER) &&
            arp.arp_protocol == RTE_BE16(RTE_ETHER_TYPE_IPV4) && arp.arp_hlen == 6 &&
            arp.arp_plen == 4 && arp.arp_opcode == RTE_BE16(RTE_ARP_OP_REQUEST) &&
-           arp.arp_data.arp_tip == ip_be;
+           arp.arp_data.arp_tip == ip_be && !(arp.arp_data.arp_sha.addr_bytes[0] & 1);
 }
 
 drop_reason to_drop_reason(wire::header_error e) {

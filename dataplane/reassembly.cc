@@ -38,6 +38,10 @@ static_assert(sizeof(flow_key) == sizeof(key_words) && offsetof(flow_key, src_po
 
 }  // namespace
 
+const char* to_string(eviction_order o) {
+    return o == eviction_order::oldest_first ? "oldest" : "largest";
+}
+
 uint32_t release(request* r) {
     rte_mbuf* held[wire::max_fragments];
     uint32_t n = 0;
@@ -53,7 +57,12 @@ uint32_t release(request* r) {
 reassembler::reassembler(const std::string& name, const reassembly_config& config,
                          rx_counters& counters)
     : _counters(counters),
-      _age_limit_tsc(config.age_limit_us * rte_get_tsc_hz() / 1000000) {
+      _age_limit_tsc(config.age_limit_us * rte_get_tsc_hz() / 1000000),
+      _held_high(config.held_high ? config.held_high : UINT32_MAX),
+      _held_low(!config.held_high ? UINT32_MAX
+                : config.held_low ? std::min(config.held_low, config.held_high)
+                                  : config.held_high / 4 * 3),
+      _eviction(config.eviction) {
     const std::string hash_name = "rh_" + name;
     rte_hash_parameters params{};
     params.name = hash_name.c_str();
@@ -85,12 +94,33 @@ reassembler::~reassembler() {
     rte_mempool_free(_entries);
 }
 
+void reassembler::enter_size_class(request* r, uint8_t size_class) {
+    size_list& l = _by_size[size_class];
+    r->size_class = size_class;
+    r->size_prev = l.last;
+    r->size_next = nullptr;
+    r->in_size_class = true;
+    (l.last ? l.last->size_next : l.first) = r;
+    l.last = r;
+    _size_classes_used |= uint64_t(1) << size_class;
+}
+
+void reassembler::leave_size_class(request* r) {
+    size_list& l = _by_size[r->size_class];
+    (r->size_prev ? r->size_prev->size_next : l.first) = r->size_next;
+    (r->size_next ? r->size_next->size_prev : l.last) = r->size_prev;
+    if (!l.first) _size_classes_used &= ~(uint64_t(1) << r->size_class);
+    r->in_size_class = false;
+}
+
 void reassembler::unlink(request* r) {
     recent_slot& s = _recent[hash_of(words_of(r->key)) & (recent_size - 1)];
     if (s.r == r) s.r = nullptr;
     (r->older ? r->older->newer : _oldest) = r->newer;
     (r->newer ? r->newer->older : _newest) = r->older;
     r->older = r->newer = nullptr;
+    if (r->in_size_class) leave_size_class(r);
+    _held_mbufs -= r->received;
     --_pending;
 }
 
@@ -121,11 +151,14 @@ request* reassembler::create(const fragment& f, uint64_t now_tsc, hash_sig_t sig
     r->reply.requester_port_be = rte_cpu_to_be_16(u.src_port);
     r->reply.local_port_be = rte_cpu_to_be_16(u.dst_port);
     r->reply.vlan_tci_be = u.vlan_tci_be;
+    r->reply.vlan_tagged = u.vlan_tagged;
     r->reply.port_id = f.port_id;
     r->first_tsc = r->last_tsc = now_tsc;
     r->total_length = rte_be_to_cpu_32(h.total_length_be);
     r->frag_count = rte_be_to_cpu_16(h.frag_count_be);
     r->received = 0;
+    _mbuf_bytes = uint32_t(sizeof(rte_mbuf)) + f.mbuf->buf_len;
+    r->in_size_class = false;
     r->format = h.format;
     for (int i = 0; i < 4; ++i) r->dims[i] = rte_be_to_cpu_16(h.dims_be[i]);
     r->if_slot = f.if_slot;
@@ -175,7 +208,16 @@ request* reassembler::file_one(const fragment& f, request* r, uint64_t now_tsc,
     r->mbufs[index] = f.mbuf;
     r->segments[index] = {f.view.data, f.view.length, rte_be_to_cpu_32(h.payload_offset_be)};
     r->last_tsc = now_tsc;
-    if (++r->received != r->frag_count) return nullptr;
+    ++_held_mbufs;
+    const uint16_t received = ++r->received;
+    if (received != r->frag_count) {
+        if (_eviction == eviction_order::largest_first &&
+            (received % size_class_width == 0 || received == 1)) {
+            if (r->in_size_class) leave_size_class(r);
+            enter_size_class(r, uint8_t(received / size_class_width));
+        }
+        return nullptr;
+    }
 
     // Complete: the fragments, in index order, must tile [0, total_length) exactly.
     uint64_t expect = 0;
@@ -274,8 +316,21 @@ uint32_t reassembler::file_burst(const fragment* frags, uint32_t n, uint64_t now
                 if (!malformed) completed[done++] = c;
             }
         }
+        // Checked once per burst: the watermarks leave room for a burst above the high one.
+        if (_held_mbufs > _held_high) shed();
     }
     return done;
+}
+
+void reassembler::shed() {
+    while (_held_mbufs > _held_low) {
+        request* victim = _oldest;
+        if (_eviction == eviction_order::largest_first && _size_classes_used)
+            victim = _by_size[63 - __builtin_clzll(_size_classes_used)].first;
+        if (!victim) return;
+        _counters.requests_evicted.add();
+        drop_request(victim, drop_reason::memory_pressure);
+    }
 }
 
 void reassembler::expire(uint64_t now_tsc) {

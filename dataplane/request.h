@@ -51,6 +51,10 @@ struct alignas(64) request {
     uint64_t dims_be;
     request* older;    // age list (oldest first), while in the table
     request* newer;
+    request* size_prev;  // the reassembler's size-class list (largest_first eviction)
+    request* size_next;
+    uint8_t size_class;  // which size-class list, when in_size_class
+    bool in_size_class;
     rte_mempool* pool;  // where release() returns the entry
     uint64_t bitmap[wire::max_fragments / 64];
     rte_mbuf* mbufs[wire::max_fragments];

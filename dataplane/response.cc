@@ -19,7 +19,7 @@ uint16_t build_response(rte_mempool* pool, const reply_address& to, uint64_t req
     if (count > capacity || count > wire::max_fragments) return 0;
     if (rte_pktmbuf_alloc_bulk(pool, out, count) != 0) return 0;
 
-    const bool tagged = to.vlan_tci_be != 0;
+    const bool tagged = to.vlan_tagged;  // a priority tag (TCI 0) is echoed too
     const uint32_t l2 = RTE_ETHER_HDR_LEN + (tagged ? 4 : 0);
     for (uint32_t i = 0; i < count; ++i) {
         const uint32_t offset = i * per;

@@ -164,7 +164,8 @@ int main(int argc, char** argv) {
     std::vector<std::string> builtins, models;
     uint32_t max_batch = 8, compute_units = 0;
     uint16_t port_id = 0, rx_queues = 1;
-    uint32_t entries = 1024, mbufs = 16383;
+    uint32_t entries = 1024, mbufs = 16383, held_high = 0, held_low = 0;
+    std::string eviction_name = dp::to_string(dp::reassembly_config{}.eviction);
     uint64_t age_ms = 100;
     double duration = 0, stats_interval = 0;
     bool busy_poll = false;
@@ -200,7 +201,17 @@ int main(int argc, char** argv) {
     app.add_option("--mbufs", mbufs, "rx mbufs")->capture_default_str()->check(CLI::Range(1023u, 1u << 24));
     app.add_option("--age-ms", age_ms, "reassembly age limit in milliseconds")
         ->capture_default_str()->check(CLI::Range(1, 60000));
-    app.add_option("--ip", local_ip, "the appliance's IPv4 address on the port (answers ARP for it)");
+    app.add_option("--reassembly-high", held_high,
+                   "per rx queue: above this many mbufs held by incomplete requests, evict them (0: derived from --mbufs, "
+                   "--rx-queues and the rx ring)")
+        ->capture_default_str();
+    app.add_option("--reassembly-low", held_low, "per rx queue: evict down to this many mbufs (0: 3/4 of the high watermark)")
+        ->capture_default_str();
+    app.add_option("--reassembly-evict", eviction_name, "which incomplete requests go first: largest or oldest")
+        ->capture_default_str()->check(CLI::IsMember({"largest", "oldest"}));
+    app.add_option("--ip", local_ip,
+                   "the appliance's IPv4 address on the port, optionally with its prefix length (198.18.0.2/24): answers ARP "
+                   "for it, and refuses the subnet's broadcast address as source or destination");
     app.add_option("--duration", duration, "stop after this many seconds (0: until SIGINT/SIGTERM or shutdown)");
     app.add_option("--stats-interval", stats_interval, "print counters every N seconds (0: never)");
     app.add_flag("--busy-poll", busy_poll, "never sleep when idle (lowest latency; burns the main lcore)");
@@ -253,6 +264,13 @@ int main(int argc, char** argv) {
                     throw CLI::ValidationError(flag, e.what());
                 }
             }
+        dp::port_config port;  // the watermarks against the pool, before EAL starts
+        port.rx_queues = rx_queues;
+        port.rx_mbufs = mbufs;
+        dp::reassembly_config limits;
+        limits.held_high = held_high;
+        limits.held_low = held_low;
+        dp::derive_held_limits(port, limits);
     } catch (const std::exception& e) {
         std::cerr << "reefline: " << e.what() << "\n";
         return 2;
@@ -311,11 +329,23 @@ int main(int argc, char** argv) {
         config.reassembly.entries = entries;
         config.reassembly.age_limit_us = age_ms * 1000;
         config.reassembly.socket_id = int(rte_socket_id());
-        if (!local_ip.empty() && inet_pton(AF_INET, local_ip.c_str(), &config.local_ip_be) != 1) {
-            std::cerr << "reefline: --ip: '" << local_ip << "' is not an IPv4 address\n";
+        config.reassembly.held_high = held_high;
+        config.reassembly.held_low = held_low;
+        config.reassembly.eviction =
+            eviction_name == "oldest" ? dp::eviction_order::oldest_first : dp::eviction_order::largest_first;
+        const auto slash = local_ip.find('/');
+        const std::string ip_text = local_ip.substr(0, slash);
+        int prefix = 0;
+        if (slash != std::string::npos) {
+            const std::string p = local_ip.substr(slash + 1);
+            prefix = p.empty() || p.size() > 2 || p.find_first_not_of("0123456789") != std::string::npos ? -1 : std::stoi(p);
+        }
+        if (!local_ip.empty() && (inet_pton(AF_INET, ip_text.c_str(), &config.local_ip_be) != 1 || prefix < 0 || prefix > 32)) {
+            std::cerr << "reefline: --ip: '" << local_ip << "' is not an IPv4 address with an optional /PREFIX (0..32)\n";
             dp::eal_cleanup();
             return 2;
         }
+        config.local_prefix_length = uint8_t(prefix);
 
         // Owned in dependency order: destroyed from the bottom up.
         std::unique_ptr<dp::dataplane> plane;

@@ -11,6 +11,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <numeric>
 #include <thread>
@@ -85,13 +88,14 @@ struct response {
     uint32_t dst_ip = 0;
     uint16_t dst_port = 0;
     uint16_t vlan_tci = 0;
+    bool vlan_tagged = false;
 };
 
 class dataplane_test : public ::testing::Test {
 protected:
     void SetUp() override { start({}); }
 
-    void start(dp::reassembly_config rc, uint32_t if_ring = 1024) {
+    void start(dp::reassembly_config rc, uint32_t if_ring = 1024, uint8_t prefix_length = 0) {
         static std::atomic<int> seq{0};
         const std::string n = std::to_string(seq++);
         _rx = rte_ring_create(("trx" + n).c_str(), 4096, 0, RING_F_SP_ENQ | RING_F_SC_DEQ);
@@ -107,6 +111,7 @@ protected:
         c.port.tx_descriptors = 512;
         c.reassembly = rc;
         c.local_ip_be = htonl(0xc6120002);  // 198.18.0.2
+        c.local_prefix_length = prefix_length;
         _plane = std::make_unique<dp::dataplane>(c);
         _if = std::make_unique<dp::crc32_if>(*_plane, "crc32", if_port, 0, if_ring);
         _plane->ifs().publish({_if->binding()});
@@ -137,7 +142,7 @@ protected:
 
     void inject(const std::vector<uint8_t>& frame) {
         rte_mbuf* m = rte_pktmbuf_alloc(_plane->eth().rx_pool());
-        ASSERT_NE(m, nullptr);
+        ASSERT_NE(m, nullptr) << "rx pool empty";
         auto* p = rte_pktmbuf_append(m, uint16_t(frame.size()));
         ASSERT_NE(p, nullptr);
         std::memcpy(p, frame.data(), frame.size());
@@ -166,7 +171,10 @@ protected:
             r.header = wire::decode(&p.header);
             r.dst_ip = p.dst_ip;
             r.dst_port = p.dst_port;
-            if (f.size() >= 16 && f[12] == 0x81 && f[13] == 0x00) r.vlan_tci = uint16_t(f[14] << 8 | f[15]);
+            if (f.size() >= 16 && f[12] == 0x81 && f[13] == 0x00) {
+                r.vlan_tagged = true;
+                r.vlan_tci = uint16_t(f[14] << 8 | f[15]);
+            }
             if (p.fragment.size() == 8) {
                 r.total = uint32_t(p.fragment[0]) << 24 | p.fragment[1] << 16 | p.fragment[2] << 8 | p.fragment[3];
                 r.crc = uint32_t(p.fragment[4]) << 24 | p.fragment[5] << 16 | p.fragment[6] << 8 | p.fragment[7];
@@ -424,7 +432,30 @@ TEST_F(dataplane_test, vlan_tag_is_echoed) {
     auto rs = drain_responses();
     ASSERT_EQ(rs.size(), 1u);
     expect_answer(rs[0], q);
+    EXPECT_TRUE(rs[0].vlan_tagged);
     EXPECT_EQ(rs[0].vlan_tci, 0x2a);
+}
+
+TEST_F(dataplane_test, priority_tag_is_echoed) {
+    // 802.1p: a tag with VLAN 0 carries only a priority; TCI 0 is still a tag to echo.
+    for (const uint8_t tci_low : {0x00, 0x01}) {
+        auto q = make_request(16 + tci_low, 1024, 1024);
+        auto f = q.frames[0];
+        const uint8_t tag[4] = {0x81, 0x00, 0x00, tci_low};
+        f.insert(f.begin() + 12, tag, tag + 4);
+        inject(f);
+        auto rs = drain_responses();
+        ASSERT_EQ(rs.size(), 1u);
+        expect_answer(rs[0], q);
+        EXPECT_TRUE(rs[0].vlan_tagged) << "TCI " << int(tci_low);
+        EXPECT_EQ(rs[0].vlan_tci, tci_low);
+    }
+    // Untagged stays untagged.
+    auto q = make_request(18, 1024, 1024);
+    inject(q.frames[0]);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 1u);
+    EXPECT_FALSE(rs[0].vlan_tagged);
 }
 
 TEST_F(dataplane_test, table_full_evicts_oldest) {
@@ -444,6 +475,135 @@ TEST_F(dataplane_test, table_full_evicts_oldest) {
     auto rs = drain_responses();
     EXPECT_EQ(rs.size(), 8u);
     for (auto& r : rs) EXPECT_NE(r.header.request_id, 100u);
+}
+
+TEST_F(dataplane_test, held_mbufs_and_bytes_are_counted) {
+    auto a = make_request(650, 64 * 20, 64);
+    for (size_t i = 0; i < 7; ++i) inject(a.frames[i]);
+    pump();
+    const dp::reassembler& r = _plane->queue_reassembler(0);
+    EXPECT_EQ(r.held_mbufs(), 7u);
+    rte_mbuf* probe = rte_pktmbuf_alloc(_plane->eth().rx_pool());
+    ASSERT_NE(probe, nullptr);
+    EXPECT_EQ(r.held_bytes(), 7 * (sizeof(rte_mbuf) + probe->buf_len));  // memory, not frame bytes
+    rte_pktmbuf_free(probe);
+    for (size_t i = 7; i < a.frames.size(); ++i) inject(a.frames[i]);
+    EXPECT_EQ(drain_responses().size(), 1u);
+    EXPECT_EQ(r.held_mbufs(), 0u);  // complete requests are not "held by incomplete ones"
+    EXPECT_EQ(r.held_bytes(), 0u);
+}
+
+// Watermarks 40/20 mbufs: A (oldest) holds 10, B 30; C's fragments push the total to 45.
+TEST_F(dataplane_test, memory_watermark_evicts_the_largest_first) {
+    TearDown();
+    dp::reassembly_config rc;
+    rc.held_high = 40;
+    rc.held_low = 20;
+    rc.eviction = dp::eviction_order::largest_first;
+    start(rc);
+    auto a = make_request(700, 64 * 20, 64), b = make_request(701, 64 * 40, 64),
+         c = make_request(702, 64 * 8, 64);
+    for (size_t i = 0; i < 10; ++i) inject(a.frames[i]);
+    for (size_t i = 0; i < 30; ++i) inject(b.frames[i]);
+    pump();
+    EXPECT_EQ(_plane->queue_reassembler(0).held_mbufs(), 40u);
+    EXPECT_EQ(rx().requests_evicted.get(), 0u);
+    for (size_t i = 0; i < 5; ++i) inject(c.frames[i]);
+    pump();
+    // B goes (30 mbufs); A and C stay and complete.
+    EXPECT_EQ(rx().requests_evicted.get(), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::memory_pressure), 30u);
+    EXPECT_EQ(_plane->queue_reassembler(0).held_mbufs(), 15u);
+    for (size_t i = 10; i < a.frames.size(); ++i) inject(a.frames[i]);
+    for (size_t i = 5; i < c.frames.size(); ++i) inject(c.frames[i]);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 2u);
+    for (auto& r : rs) expect_answer(r, r.header.request_id == 700 ? a : c);
+}
+
+TEST_F(dataplane_test, memory_watermark_evicts_the_oldest_first) {
+    TearDown();
+    dp::reassembly_config rc;
+    rc.held_high = 40;
+    rc.held_low = 20;
+    rc.eviction = dp::eviction_order::oldest_first;
+    start(rc);
+    auto a = make_request(700, 64 * 20, 64), b = make_request(701, 64 * 40, 64),
+         c = make_request(702, 64 * 8, 64);
+    for (size_t i = 0; i < 10; ++i) inject(a.frames[i]);
+    for (size_t i = 0; i < 30; ++i) inject(b.frames[i]);
+    for (size_t i = 0; i < 5; ++i) inject(c.frames[i]);
+    pump();
+    // A (oldest, 10) is not enough to reach 20: B goes too; C stays and completes.
+    EXPECT_EQ(rx().requests_evicted.get(), 2u);
+    EXPECT_EQ(drops(dp::drop_reason::memory_pressure), 40u);
+    EXPECT_EQ(_plane->queue_reassembler(0).held_mbufs(), 5u);
+    for (size_t i = 5; i < c.frames.size(); ++i) inject(c.frames[i]);
+    auto rs = drain_responses();
+    ASSERT_EQ(rs.size(), 1u);
+    expect_answer(rs[0], c);
+}
+
+// Partial requests that never complete (300 of 301 fragments each, from another source)
+// interleaved with cameras' requests, far more of them than the rx pool holds: the
+// watermarks derived from the pool keep the NIC supplied and every camera request served.
+TEST_F(dataplane_test, flood_of_partial_requests_leaves_legitimate_ones_served) {
+    for (const auto order : {dp::eviction_order::largest_first, dp::eviction_order::oldest_first}) {
+        SCOPED_TRACE(dp::to_string(order));
+        TearDown();
+        _responses.clear();
+        dp::reassembly_config rc;
+        rc.eviction = order;
+        start(rc);
+        const dp::reassembler& reasm = _plane->queue_reassembler(0);
+        const uint32_t pool = _plane->eth().rx_pool()->size;
+        ASSERT_GT(reasm.held_high(), 0u);
+        ASSERT_LT(reasm.held_high(), pool / 2);
+        const auto attacker = addresses(50000, 0xc6120009);
+        std::vector<request_frames> legit;
+        constexpr int rounds = 40;  // 40 x 300 flood fragments: 12000 > 8191 mbufs
+        for (int round = 0; round < rounds; ++round) {
+            auto flood = make_request(10000 + round, 64 * 301, 64, attacker);
+            legit.push_back(make_request(800 + round, 16 * 1024, 1024));
+            const auto& q = legit.back();
+            size_t next_legit = 0;
+            for (size_t i = 0; i + 1 < flood.frames.size(); ++i) {
+                inject(flood.frames[i]);
+                if (i % 19 == 0 && next_legit < q.frames.size()) inject(q.frames[next_legit++]);
+            }
+            while (next_legit < q.frames.size()) inject(q.frames[next_legit++]);
+            if (HasFatalFailure()) return;
+            drain_responses();
+            EXPECT_LE(reasm.held_mbufs(), reasm.held_high());
+        }
+        ASSERT_EQ(_responses.size(), legit.size());
+        for (auto& r : _responses) expect_answer(r, legit[r.header.request_id - 800]);
+        EXPECT_GT(drops(dp::drop_reason::memory_pressure), 0u);
+        EXPECT_GT(rx().requests_evicted.get(), 0u);
+        EXPECT_EQ(_plane->eth().stats().rx_nombuf, 0u);
+        // The pools are checked full by stop_and_check_pools (TearDown or the next round).
+    }
+}
+
+TEST(held_limits, derived_from_the_rx_pool) {
+    dp::port_config port;  // 16383 mbufs, 1 queue, 1024 descriptors
+    const dp::reassembly_config d = dp::derive_held_limits(port, {});
+    // (16383 - 1024 descriptors - 64 burst - 384 mempool cache) / 2, low 3/4 of it.
+    EXPECT_EQ(d.held_high, 7455u);
+    EXPECT_EQ(d.held_low, 7455u / 4 * 3);
+    port.rx_queues = 4;  // each queue gets its share of the pool
+    EXPECT_EQ(dp::derive_held_limits(port, {}).held_high, (16383u / 4 - 1024 - 64 - 384) / 2);
+    dp::reassembly_config given;
+    given.held_high = 1000;
+    EXPECT_EQ(dp::derive_held_limits(port, given).held_low, 750u);
+    given.held_low = 1000;
+    EXPECT_THROW(dp::derive_held_limits(port, given), std::invalid_argument);  // low >= high
+    given.held_high = 5000;
+    given.held_low = 0;
+    EXPECT_THROW(dp::derive_held_limits(port, given), std::invalid_argument);  // above the share
+    port.rx_queues = 1;
+    port.rx_mbufs = 1023;  // less than the ring itself
+    EXPECT_THROW(dp::derive_held_limits(port, {}), std::invalid_argument);
 }
 
 TEST_F(dataplane_test, ring_full_drops_whole_requests) {
@@ -499,19 +659,7 @@ TEST_F(dataplane_test, if_table_replaced_while_traffic_flows) {
 }
 
 std::vector<uint8_t> arp_request(uint32_t target_ip) {
-    std::vector<uint8_t> f(42, 0);
-    const uint8_t bcast[6] = {0xff, 0xff, 0xff, 0xff, 0xff, 0xff};
-    const uint8_t sha[6] = {0x02, 0, 0, 0, 0, 0x01};
-    std::memcpy(f.data(), bcast, 6);
-    std::memcpy(f.data() + 6, sha, 6);
-    f[12] = 0x08; f[13] = 0x06;
-    const uint8_t fixed[8] = {0, 1, 0x08, 0x00, 6, 4, 0, 1};  // Ethernet, IPv4, request
-    std::memcpy(f.data() + 14, fixed, 8);
-    std::memcpy(f.data() + 22, sha, 6);
-    const uint32_t sip = htonl(0xc6120001), tip = htonl(target_ip);
-    std::memcpy(f.data() + 28, &sip, 4);
-    std::memcpy(f.data() + 38, &tip, 4);
-    return f;
+    return gen::build_arp_request(addresses().src_mac, 0xc6120001, target_ip);
 }
 
 TEST_F(dataplane_test, answers_arp_for_its_address_only) {
@@ -534,6 +682,159 @@ TEST_F(dataplane_test, answers_arp_for_its_address_only) {
     EXPECT_EQ(ntohl(sip), 0xc6120002u);
     EXPECT_EQ(ntohl(tip), 0xc6120001u);
     rte_pktmbuf_free(m);
+}
+
+TEST_F(dataplane_test, arp_to_a_group_address_is_not_answered) {
+    auto f = arp_request(0xc6120002);
+    f[22] |= 0x01;  // sender hardware address multicast: the reply would go to a group
+    inject(f);
+    f = arp_request(0xc6120002);
+    std::memset(f.data() + 6, 0xff, 6);  // Ethernet source broadcast
+    inject(f);
+    pump();
+    EXPECT_EQ(rx().arp_replies.get(), 0u);
+    EXPECT_EQ(drops(dp::drop_reason::not_ipv4), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::bad_source), 1u);
+    EXPECT_EQ(rte_ring_count(_tx), 0u);
+}
+
+// A request that must not be answered (RFC 1122): dropped at parse time, counted, no reply.
+struct reflection_case {
+    const char* what;
+    gen::frame_addresses a;
+    dp::drop_reason why;
+};
+
+std::vector<reflection_case> reflection_cases() {
+    std::vector<reflection_case> cases;
+    auto with = [&](const char* what, dp::drop_reason why, auto edit) {
+        gen::frame_addresses a = addresses();
+        edit(a);
+        cases.push_back({what, a, why});
+    };
+    using dr = dp::drop_reason;
+    with("source 0.0.0.0", dr::bad_source, [](auto& a) { a.src_ip = 0; });
+    with("source 255.255.255.255", dr::bad_source, [](auto& a) { a.src_ip = 0xffffffff; });
+    with("source 224.0.0.1", dr::bad_source, [](auto& a) { a.src_ip = 0xe0000001; });
+    with("source 239.255.255.250", dr::bad_source, [](auto& a) { a.src_ip = 0xeffffffa; });
+    with("source 240.0.0.1 (class E)", dr::bad_source, [](auto& a) { a.src_ip = 0xf0000001; });
+    with("source port 0", dr::bad_source, [](auto& a) { a.src_port = 0; });
+    with("Ethernet source multicast", dr::bad_source, [](auto& a) { a.src_mac = {{0x01, 0, 0x5e, 0, 0, 1}}; });
+    with("Ethernet source broadcast", dr::bad_source, [](auto& a) { a.src_mac = {{0xff, 0xff, 0xff, 0xff, 0xff, 0xff}}; });
+    with("destination 255.255.255.255", dr::bad_destination, [](auto& a) { a.dst_ip = 0xffffffff; });
+    with("destination 224.0.0.251", dr::bad_destination, [](auto& a) { a.dst_ip = 0xe00000fb; });
+    with("destination 239.1.2.3", dr::bad_destination, [](auto& a) { a.dst_ip = 0xef010203; });
+    // Found by fuzz_dataplane: a reply came from 255.18.255.255.
+    with("destination 255.18.255.255 (class E)", dr::bad_destination, [](auto& a) { a.dst_ip = 0xff12ffff; });
+    with("destination 0.0.0.0", dr::bad_destination, [](auto& a) { a.dst_ip = 0; });
+    return cases;
+}
+
+TEST_F(dataplane_test, unanswerable_addresses_are_dropped) {
+    uint64_t id = 500;
+    for (const auto& c : reflection_cases()) {
+        const uint64_t before = drops(c.why), rx_before = rx().rx_packets.get();
+        auto q = make_request(id++, 1024, 1024, c.a);
+        inject(q.frames[0]);
+        EXPECT_TRUE(drain_responses().empty()) << c.what << " was answered";
+        EXPECT_EQ(rx().rx_packets.get(), rx_before + 1) << c.what;
+        EXPECT_EQ(drops(c.why), before + 1) << c.what << " not counted as " << dp::drop_reason_names[size_t(c.why)];
+    }
+    EXPECT_EQ(rx().requests_started.get(), 0u);
+    // The same frame from an ordinary unicast source is answered.
+    auto q = make_request(id, 1024, 1024);
+    inject(q.frames[0]);
+    ASSERT_EQ(drain_responses().size(), 1u);
+}
+
+TEST_F(dataplane_test, subnet_broadcast_refused_when_the_prefix_is_known) {
+    // Without a prefix length 198.18.0.255 is an ordinary address.
+    auto a = addresses(40000, 0xc61200ff);
+    auto q = make_request(600, 1024, 1024, a);
+    inject(q.frames[0]);
+    EXPECT_EQ(drain_responses().size(), 1u);
+    stop_and_check_pools();
+    start({}, 1024, 24);  // 198.18.0.2/24: 198.18.0.255 is the subnet's broadcast address
+    inject(make_request(601, 1024, 1024, a).frames[0]);
+    a = addresses();
+    a.dst_ip = 0xc61200ff;
+    inject(make_request(602, 1024, 1024, a).frames[0]);
+    EXPECT_TRUE(drain_responses().empty());
+    EXPECT_EQ(drops(dp::drop_reason::bad_source), 1u);
+    EXPECT_EQ(drops(dp::drop_reason::bad_destination), 1u);
+    inject(make_request(603, 1024, 1024).frames[0]);
+    EXPECT_EQ(drain_responses().size(), 1u);
+}
+
+// The rx lcore drops packets while another thread takes counter snapshots: no snapshot may
+// show more drops than received packets.
+TEST(counters, snapshots_never_show_more_drops_than_packets) {
+    rte_mempool* pool = rte_pktmbuf_pool_create("hammer", 255, 0, 0, 2176, 0);
+    ASSERT_NE(pool, nullptr);
+    dp::if_table ifs(1);
+    ifs.reader_online(0);
+    auto q = std::make_unique<dp::rx_queue>();
+    q->reasm = std::make_unique<dp::reassembler>("hammer", dp::reassembly_config{}, q->counters);
+    // Frames for a port without an IF: each is parsed and dropped as unknown_port.
+    auto a = addresses();
+    a.dst_port = 9999;
+    const auto frame = make_request(1, 1024, 1024, a).frames[0];
+    constexpr uint16_t burst = dp::rx_burst_size;
+    rte_mbuf* mbufs[burst];
+    ASSERT_EQ(rte_pktmbuf_alloc_bulk(pool, mbufs, burst), 0);
+    for (rte_mbuf* m : mbufs) std::memcpy(rte_pktmbuf_append(m, uint16_t(frame.size())), frame.data(), frame.size());
+
+    std::atomic<bool> done{false};
+    std::atomic<uint64_t> snapshots{0}, violations{0};
+    std::thread reader([&] {
+        while (!done.load(std::memory_order_relaxed)) {
+            dp::counter_snapshot s;
+            s.add(q->counters);
+            if (s.drops_total() > s.rx_packets) violations.fetch_add(1);
+            snapshots.fetch_add(1, std::memory_order_relaxed);
+        }
+    });
+    const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(1500);
+    uint64_t bursts = 0;
+    while (std::chrono::steady_clock::now() < until || snapshots.load() < 10000) {
+        for (int i = 0; i < 64; ++i, ++bursts) {
+            for (rte_mbuf* m : mbufs) rte_mbuf_refcnt_update(m, 1);  // process() frees one reference
+            rte_mbuf* pkts[burst];
+            std::copy(mbufs, mbufs + burst, pkts);
+            q->process(ifs.current(), pkts, burst, rte_rdtsc(), nullptr);
+        }
+    }
+    done = true;
+    reader.join();
+    EXPECT_EQ(violations.load(), 0u) << "of " << snapshots.load() << " snapshots";
+    EXPECT_EQ(q->counters.rx_packets.get(), bursts * burst);
+    EXPECT_EQ(q->counters.drops[size_t(dp::drop_reason::unknown_port)].get(), bursts * burst);
+    rte_pktmbuf_free_bulk(mbufs, burst);
+    q.reset();
+    ifs.reader_offline(0);
+    EXPECT_EQ(rte_mempool_avail_count(pool), pool->size);
+    rte_mempool_free(pool);
+}
+
+// docs/protocol.md's table of drop counters is the X-macro's list, in order, word for word.
+TEST(counters, protocol_doc_lists_every_drop_reason) {
+    const char* path = std::getenv("REEFLINE_PROTOCOL_MD");
+    ASSERT_NE(path, nullptr) << "REEFLINE_PROTOCOL_MD not set (meson sets it)";
+    std::ifstream in(path);
+    ASSERT_TRUE(in) << path;
+    std::vector<std::pair<std::string, std::string>> rows;
+    for (std::string line; std::getline(in, line);) {
+        if (line.rfind("| `drop_", 0) != 0) continue;
+        const size_t name_end = line.find('`', 3);
+        const size_t text_at = line.find("| ", name_end) + 2;
+        const size_t text_end = line.rfind(" |");
+        rows.emplace_back(line.substr(3, name_end - 3), line.substr(text_at, text_end - text_at));
+    }
+    ASSERT_EQ(rows.size(), dp::drop_reason_count);
+    for (size_t i = 0; i < dp::drop_reason_count; ++i) {
+        EXPECT_EQ(rows[i].first, "drop_" + std::string(dp::drop_reason_names[i]));
+        EXPECT_EQ(rows[i].second, dp::drop_reason_texts[i]) << rows[i].first;
+    }
 }
 
 TEST(if_table, rejects_port_conflicts) {

@@ -636,6 +636,86 @@ send_options loopback_options(uint16_t port) {
 
 }  // namespace
 
+wire::fields response_fields(uint64_t id, uint16_t index, uint16_t count, uint32_t total) {
+    wire::fields f;
+    f.kind = uint8_t(wire::kind::response);
+    f.format = uint8_t(wire::format::raw);
+    f.request_id = id;
+    f.frag_index = index;
+    f.frag_count = count;
+    f.payload_offset = index * 100u;
+    f.total_length = total;
+    return f;
+}
+
+TEST(ReefgenAssembler, LimitsDropTheOldestIncompleteMessages) {
+    const std::vector<uint8_t> piece(100, 0x5a);
+    assembled_message done;
+    // At most 2 incomplete messages: a third evicts the oldest.
+    message_assembler by_count(false, assembler_limits{.max_pending = 2});
+    for (uint64_t id = 1; id <= 3; ++id)
+        EXPECT_EQ(by_count.add({0, 0, id}, response_fields(id, 0, 2, 200), piece, done),
+                  message_assembler::outcome::accepted);
+    EXPECT_EQ(by_count.evicted(), 1u);
+    ASSERT_EQ(by_count.pending().size(), 2u);
+    EXPECT_EQ(by_count.pending()[0].key.request_id, 2u);  // oldest first; 1 is gone
+    EXPECT_EQ(by_count.add({0, 0, 3}, response_fields(3, 1, 2, 200), piece, done),
+              message_assembler::outcome::completed);
+    EXPECT_EQ(done.payload.size(), 200u);
+    EXPECT_EQ(by_count.pending_bytes(), 100u);
+
+    // At most 250 fragment bytes: the oldest others make room, a message larger alone is dropped.
+    message_assembler by_bytes(false, assembler_limits{.max_pending_bytes = 250});
+    EXPECT_EQ(by_bytes.add({0, 0, 1}, response_fields(1, 0, 3, 300), piece, done), message_assembler::outcome::accepted);
+    EXPECT_EQ(by_bytes.add({0, 0, 2}, response_fields(2, 0, 3, 300), piece, done), message_assembler::outcome::accepted);
+    EXPECT_EQ(by_bytes.add({0, 0, 2}, response_fields(2, 1, 3, 300), piece, done), message_assembler::outcome::accepted);
+    EXPECT_EQ(by_bytes.evicted(), 1u);  // message 1 made room for message 2's second piece
+    EXPECT_LE(by_bytes.pending_bytes(), 250u);
+    EXPECT_EQ(by_bytes.add({0, 0, 2}, response_fields(2, 2, 3, 300), piece, done),
+              message_assembler::outcome::too_large);
+    EXPECT_EQ(by_bytes.pending().size(), 0u);
+    EXPECT_EQ(by_bytes.pending_bytes(), 0u);
+}
+
+TEST(ReefgenResponses, DatagramsAndFramesAreCheckedAlike) {
+    std::vector<uint8_t> datagram;
+    const uint8_t result[8] = {0, 0, 0, 100, 1, 2, 3, 4};
+    append_udp_payload(datagram, response_fields(9, 0, 1, 8), result);
+    response_fragment rf = parse_response_datagram(datagram);
+    ASSERT_TRUE(rf.acceptable()) << rf.problem;
+    EXPECT_EQ(rf.fields.request_id, 9u);
+    EXPECT_EQ(rf.fragment.size(), 8u);
+
+    frame_addresses a;
+    a.src_ip = 0xc6120002;
+    a.dst_ip = 0xc6120001;
+    a.src_port = 9000;
+    a.dst_port = 40000;
+    rf = parse_response_frame(build_frame(a, 1, datagram));
+    ASSERT_TRUE(rf.acceptable()) << rf.problem;
+    EXPECT_EQ(rf.dst_port, 40000);
+
+    EXPECT_EQ(parse_response_datagram(std::span(datagram).first(39)).problem, "short_payload");
+    auto bad = datagram;
+    bad[39] = 1;  // reserved
+    EXPECT_EQ(parse_response_datagram(bad).problem, "bad_header");
+    bad = datagram;
+    bad[5] = 9;  // kind
+    EXPECT_EQ(parse_response_datagram(bad).problem, "bad_kind");
+    bad = datagram;
+    bad[5] = uint8_t(wire::kind::request);
+    EXPECT_TRUE(parse_response_datagram(bad).ignored);
+    bad = datagram;
+    bad.push_back(0);  // one byte beyond total_length
+    EXPECT_EQ(parse_response_datagram(bad).problem, "offset_out_of_range");
+    auto frame = build_frame(a, 1, datagram);
+    frame[ipv4_offset + 10] ^= 1;
+    EXPECT_EQ(parse_response_frame(frame).problem, "bad_ip_checksum");
+    frame[12] = 0x08;
+    frame[13] = 0x06;  // ARP
+    EXPECT_TRUE(parse_response_frame(frame).ignored);
+}
+
 TEST(ReefgenSend, ClosedLoopAgainstALoopbackResponder) {
     loopback_responder responder;
     send_options o = loopback_options(responder.port());

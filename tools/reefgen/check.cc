@@ -39,19 +39,6 @@ std::string hex32(uint32_t v) {
     return buf;
 }
 
-// Per-packet checks on a response fragment, the counterpart of validate_request() (which only
-// accepts requests). Returns an empty string when acceptable, else the reason.
-std::string_view response_header_problem(const wire::header& h, size_t fragment_length) {
-    if (h.magic_be != htonl(wire::magic) || h.version != wire::version || h.reserved_be != 0)
-        return "bad_header";
-    const wire::fields f = wire::decode(&h);
-    if (f.frag_count == 0 || f.frag_count > wire::max_fragments || f.frag_index >= f.frag_count)
-        return "too_many_fragments";
-    if (f.total_length > wire::max_total_length) return "too_large";
-    if (uint64_t(f.payload_offset) + fragment_length > f.total_length) return "offset_out_of_range";
-    return {};
-}
-
 // Prints at most `limit` lines of one kind, then how many more there were.
 class limited_report {
 public:
@@ -144,7 +131,8 @@ request_capture read_request_capture(const std::string& path,
             break;
         case message_assembler::outcome::duplicate:
         case message_assembler::outcome::after_completion: ++cap.duplicates; break;
-        case message_assembler::outcome::inconsistent: ++cap.inconsistent; break;
+        case message_assembler::outcome::inconsistent:
+        case message_assembler::outcome::too_large: ++cap.inconsistent; break;
         }
     });
     return cap;
@@ -258,35 +246,22 @@ check_result run_check(const check_options& o, std::ostream& out) {
             ++response_rejected["snapped"];
             return;
         }
-        const parsed_frame pf = parse_frame(data);
-        if (pf.error == frame_error::not_ipv4) {
+        const response_fragment rf = parse_response_frame(data);
+        if (rf.ignored) {
             ++ignored;
             return;
         }
-        if (pf.error != frame_error::none) {
-            ++response_rejected[std::string(to_string(pf.error))];
+        if (!rf.problem.empty()) {
+            ++response_rejected[std::string(rf.problem)];
             return;
         }
-        if (pf.header.kind == uint8_t(wire::kind::request)) {
-            ++ignored;  // a capture of both directions: requests are not ours to judge here
-            return;
-        }
-        if (pf.header.kind != uint8_t(wire::kind::response) &&
-            pf.header.kind != uint8_t(wire::kind::error)) {
-            ++response_rejected["bad_kind"];
-            return;
-        }
-        if (const auto why = response_header_problem(pf.header, pf.fragment.size()); !why.empty()) {
-            ++response_rejected[std::string(why)];
-            return;
-        }
-        const wire::fields f = wire::decode(&pf.header);
-        const flow_key key{pf.dst_ip, pf.dst_port, f.request_id};
-        const auto outcome = assembler.add(key, f, pf.fragment, msg);
+        const flow_key key{rf.dst_ip, rf.dst_port, rf.fields.request_id};
+        const auto outcome = assembler.add(key, rf.fields, rf.fragment, msg);
         if (outcome == message_assembler::outcome::completed)
-            judge(msg, pf.src_ip, pf.src_port);
-        else if (outcome == message_assembler::outcome::inconsistent)
-            ++response_rejected["inconsistent"];
+            judge(msg, rf.src_ip, rf.src_port);
+        else if (outcome == message_assembler::outcome::inconsistent ||
+                 outcome == message_assembler::outcome::too_large)
+            ++response_rejected[std::string(to_string(outcome))];
     });
 
     uint64_t rejected_responses = 0;

@@ -1,5 +1,7 @@
 #include "tools/reefgen/packet.h"
 
+#include <arpa/inet.h>
+
 #include <cstring>
 
 namespace reefline::reefgen {
@@ -71,6 +73,23 @@ std::vector<uint8_t> build_frame(const frame_addresses& a, uint16_t ip_id,
     if (!udp_payload.empty())
         std::memcpy(udp + udp_header_size, udp_payload.data(), udp_payload.size());
     refresh_checksums(f);
+    return f;
+}
+
+std::vector<uint8_t> build_arp_request(const mac_address& src_mac, uint32_t src_ip, uint32_t target_ip) {
+    std::vector<uint8_t> f(eth_header_size + 28, 0);
+    std::memset(f.data(), 0xff, 6);
+    std::memcpy(f.data() + 6, src_mac.bytes, 6);
+    store_be16(f.data() + 12, 0x0806);
+    uint8_t* arp = f.data() + eth_header_size;
+    store_be16(arp, 1);  // Ethernet
+    store_be16(arp + 2, ethertype_ipv4);
+    arp[4] = 6;
+    arp[5] = 4;
+    store_be16(arp + 6, 1);  // request
+    std::memcpy(arp + 8, src_mac.bytes, 6);
+    store_be32(arp + 14, src_ip);
+    store_be32(arp + 24, target_ip);  // target hardware address left zero
     return f;
 }
 
@@ -187,6 +206,67 @@ parsed_frame parse_frame(std::span<const uint8_t> frame) {
     std::memcpy(&out.header, udp + udp_header_size, wire::header_size);
     out.fragment = std::span<const uint8_t>(udp + udp_header_size + wire::header_size,
                                             payload - wire::header_size);
+    return out;
+}
+
+std::string_view response_header_problem(const wire::header& h, size_t fragment_length) {
+    if (h.magic_be != htonl(wire::magic) || h.version != wire::version || h.reserved_be != 0)
+        return "bad_header";
+    if (h.kind != uint8_t(wire::kind::response) && h.kind != uint8_t(wire::kind::error))
+        return "bad_kind";
+    const wire::fields f = wire::decode(&h);
+    if (f.frag_count == 0 || f.frag_count > wire::max_fragments || f.frag_index >= f.frag_count)
+        return "too_many_fragments";
+    if (f.total_length > wire::max_total_length) return "too_large";
+    if (uint64_t(f.payload_offset) + fragment_length > f.total_length) return "offset_out_of_range";
+    return {};
+}
+
+namespace {
+
+// The wire header and what follows it, checked as a response fragment.
+void parse_response_payload(const wire::header& h, std::span<const uint8_t> fragment,
+                            response_fragment& out) {
+    if (h.magic_be == htonl(wire::magic) && h.kind == uint8_t(wire::kind::request)) {
+        out.ignored = true;  // a capture of both directions: requests are not ours to judge
+        return;
+    }
+    out.problem = response_header_problem(h, fragment.size());
+    if (!out.problem.empty()) return;
+    out.fields = wire::decode(&h);
+    out.fragment = fragment;
+}
+
+}  // namespace
+
+response_fragment parse_response_frame(std::span<const uint8_t> frame) {
+    response_fragment out;
+    const parsed_frame pf = parse_frame(frame);
+    if (pf.error == frame_error::not_ipv4) {
+        out.ignored = true;
+        return out;
+    }
+    if (pf.error != frame_error::none) {
+        out.problem = to_string(pf.error);
+        return out;
+    }
+    out.src_ip = pf.src_ip;
+    out.dst_ip = pf.dst_ip;
+    out.src_port = pf.src_port;
+    out.dst_port = pf.dst_port;
+    parse_response_payload(pf.header, pf.fragment, out);
+    return out;
+}
+
+response_fragment parse_response_datagram(std::span<const uint8_t> datagram) {
+    response_fragment out;
+    if (datagram.size() < wire::header_size) {
+        out.problem = "short_payload";
+        return out;
+    }
+    wire::header h;
+    std::memcpy(&h, datagram.data(), sizeof h);
+    parse_response_payload(h, datagram.subspan(wire::header_size), out);
     return out;
 }
 

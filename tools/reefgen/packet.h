@@ -54,6 +54,10 @@ void append_udp_payload(std::vector<uint8_t>& out, const wire::fields& header,
 std::vector<uint8_t> build_frame(const frame_addresses& addresses, uint16_t ip_id,
                                  std::span<const uint8_t> udp_payload);
 
+// An Ethernet ARP request (IPv4 over Ethernet, to the broadcast address) from `src_mac` /
+// `src_ip` asking for `target_ip` (host order).
+std::vector<uint8_t> build_arp_request(const mac_address& src_mac, uint32_t src_ip, uint32_t target_ip);
+
 // Recomputes the IPv4 header checksum and the UDP checksum of a frame that build_frame()
 // made, from whatever its header fields now say. Used after deliberately editing a field so
 // that only the intended defect remains.
@@ -88,5 +92,23 @@ struct parsed_frame {
 // Parses Ethernet (optionally one 802.1Q tag) / IPv4 / UDP / wire header. Does not validate
 // the wire header itself; callers apply validate_request() or their own response checks.
 parsed_frame parse_frame(std::span<const uint8_t> frame);
+
+// Per-packet checks on a response or error fragment, the counterpart of validate_request()
+// (which only accepts requests): empty when acceptable, else the reason.
+std::string_view response_header_problem(const wire::header& h, size_t fragment_length);
+
+// A fragment of a response or error as the tools receive it: from a frame of a capture
+// (`check`) or from a UDP datagram on a socket (`send`).
+struct response_fragment {
+    bool ignored = false;      // not ours to judge: not IPv4 (ARP, ...) or a request fragment
+    std::string_view problem;  // why it is rejected; empty when it is a fragment to file
+    uint32_t src_ip = 0, dst_ip = 0;  // host order; frames only
+    uint16_t src_port = 0, dst_port = 0;
+    wire::fields fields;
+    std::span<const uint8_t> fragment;  // a view into the frame or datagram
+    bool acceptable() const { return !ignored && problem.empty(); }
+};
+response_fragment parse_response_frame(std::span<const uint8_t> frame);
+response_fragment parse_response_datagram(std::span<const uint8_t> datagram);
 
 }  // namespace reefline::reefgen

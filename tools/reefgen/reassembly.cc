@@ -14,6 +14,24 @@ bool same_message(const wire::fields& a, const wire::fields& b) {
 
 }  // namespace
 
+std::string_view to_string(message_assembler::outcome o) {
+    switch (o) {
+    case message_assembler::outcome::accepted: return "accepted";
+    case message_assembler::outcome::completed: return "completed";
+    case message_assembler::outcome::duplicate: return "duplicate";
+    case message_assembler::outcome::inconsistent: return "inconsistent";
+    case message_assembler::outcome::after_completion: return "after_completion";
+    case message_assembler::outcome::too_large: return "too_large";
+    }
+    return "unknown";
+}
+
+void message_assembler::erase(entry_map::iterator it) {
+    _pending_bytes -= it->second.bytes;
+    _oldest_first.erase(it->second.age);
+    _entries.erase(it);
+}
+
 message_assembler::outcome message_assembler::add(const flow_key& key, const wire::fields& f,
                                                   std::span<const uint8_t> fragment,
                                                   assembled_message& completed) {
@@ -24,20 +42,44 @@ message_assembler::outcome message_assembler::add(const flow_key& key, const wir
         uint64_t(f.payload_offset) + fragment.size() > f.total_length)
         return outcome::inconsistent;
 
-    auto [it, inserted] = _entries.try_emplace(key);
-    entry& e = it->second;
-    if (inserted) {
+    auto it = _entries.find(key);
+    if (it == _entries.end()) {
+        if (_limits.max_pending && _entries.size() >= _limits.max_pending) {
+            erase(_entries.find(_oldest_first.front()));
+            ++_evicted;
+        }
+        it = _entries.try_emplace(key).first;
+        entry& e = it->second;
         e.head = f;
+        e.age = _oldest_first.insert(_oldest_first.end(), key);
         e.present.assign(f.frag_count, false);
         e.offsets.assign(f.frag_count, 0);
         e.pieces.resize(f.frag_count);
-    } else if (!same_message(e.head, f)) {
+    } else if (!same_message(it->second.head, f)) {
         return outcome::inconsistent;
     }
+    entry& e = it->second;
     if (e.present[f.frag_index]) return outcome::duplicate;
+    if (_limits.max_pending_bytes) {
+        if (e.bytes + fragment.size() > _limits.max_pending_bytes) {
+            erase(it);
+            ++_evicted;
+            return outcome::too_large;
+        }
+        // The oldest other messages make room: `e` fits on its own, so while the total does
+        // not, there is another message to drop.
+        while (_pending_bytes + fragment.size() > _limits.max_pending_bytes) {
+            auto victim = _oldest_first.begin();
+            if (*victim == key) ++victim;
+            erase(_entries.find(*victim));
+            ++_evicted;
+        }
+    }
     e.present[f.frag_index] = true;
     e.offsets[f.frag_index] = f.payload_offset;
     e.pieces[f.frag_index].assign(fragment.begin(), fragment.end());
+    e.bytes += fragment.size();
+    _pending_bytes += fragment.size();
     if (++e.received < e.head.frag_count) return outcome::accepted;
 
     // Complete: concatenate in offset order and check that the pieces tile the message.
@@ -55,7 +97,7 @@ message_assembler::outcome message_assembler::add(const flow_key& key, const wir
         completed.payload.insert(completed.payload.end(), e.pieces[i].begin(), e.pieces[i].end());
     }
     if (completed.payload.size() != e.head.total_length) completed.tiles = false;
-    _entries.erase(it);
+    erase(it);
     if (_remember_completed) _completed.insert(key);
     return outcome::completed;
 }
@@ -63,7 +105,10 @@ message_assembler::outcome message_assembler::add(const flow_key& key, const wir
 std::vector<message_assembler::pending_info> message_assembler::pending() const {
     std::vector<pending_info> out;
     out.reserve(_entries.size());
-    for (const auto& [key, e] : _entries) out.push_back({key, e.head, e.received});
+    for (const flow_key& key : _oldest_first) {
+        const entry& e = _entries.at(key);
+        out.push_back({key, e.head, e.received});
+    }
     return out;
 }
 

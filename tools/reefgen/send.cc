@@ -167,7 +167,10 @@ void receive_loop(int fd, const send_options& o, uint64_t id_base,
     std::vector<mmsghdr> msgs(batch);
     std::vector<iovec> iovs(batch);
     std::vector<sockaddr_in> from(batch);
-    message_assembler assembler(/*remember_completed=*/false);
+    // Responses that never complete (lost fragments, stray traffic) must not grow memory
+    // for as long as the run lasts.
+    message_assembler assembler(/*remember_completed=*/false,
+                                assembler_limits{.max_pending = 65536, .max_pending_bytes = size_t(256) << 20});
     assembled_message msg;
 
     const auto note = [&](std::string text) {  // caller holds the lock
@@ -205,20 +208,16 @@ void receive_loop(int fd, const send_options& o, uint64_t id_base,
             const bool from_dst = msgs[i].msg_hdr.msg_namelen >= sizeof(sockaddr_in) &&
                                   ntohl(from[i].sin_addr.s_addr) == o.dst_ip &&
                                   ntohs(from[i].sin_port) == o.dst_port;
-            if (!from_dst || len < wire::header_size || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
+            if (!from_dst || (msgs[i].msg_hdr.msg_flags & MSG_TRUNC)) {
                 ++st.stray;
                 continue;
             }
-            wire::header h;
-            std::memcpy(&h, data, sizeof h);
-            const wire::fields f = wire::decode(&h);
-            if (h.magic_be != htonl(wire::magic) || h.version != wire::version ||
-                (f.kind != uint8_t(wire::kind::response) && f.kind != uint8_t(wire::kind::error))) {
+            const response_fragment rf = parse_response_datagram({data, len});
+            if (!rf.acceptable()) {
                 ++st.stray;
                 continue;
             }
-            const std::span<const uint8_t> frag(data + wire::header_size, len - wire::header_size);
-            if (assembler.add(flow_key{0, 0, f.request_id}, f, frag, msg) !=
+            if (assembler.add(flow_key{0, 0, rf.fields.request_id}, rf.fields, rf.fragment, msg) !=
                 message_assembler::outcome::completed)
                 continue;
             const uint64_t idx = msg.head.request_id - id_base;
