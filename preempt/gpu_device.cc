@@ -181,26 +181,32 @@ std::byte* cell_alloc(gpu_device_state* d) {  // d->mu held
     return c;
 }
 
-// Device address of a host-mapped cell, or null when `p` is not in one.
-uint32_t* cell_device_address(const gpu_device_state* d, const void* p) {
+// The slab holding a host-mapped cell and the cell's offset in it; null when `p` is in none.
+const mapped_slab* cell_slab(const gpu_device_state* d, const void* p, size_t& offset) {
     const auto* b = static_cast<const std::byte*>(p);
     const uint32_t n = d->nslabs.load(std::memory_order_acquire);
     for (uint32_t i = 0; i < n; ++i) {
         const mapped_slab& s = d->slabs[i];
-        if (b >= s.host && b < s.host + kSlabBytes) return reinterpret_cast<uint32_t*>(s.dev + (b - s.host));
+        if (b >= s.host && b < s.host + kSlabBytes) {
+            offset = size_t(b - s.host);
+            return &s;
+        }
     }
     return nullptr;
 }
 
+// Device address of a host-mapped cell, or null when `p` is not in one.
+uint32_t* cell_device_address(const gpu_device_state* d, const void* p) {
+    size_t off = 0;
+    const mapped_slab* s = cell_slab(d, p, off);
+    return s ? reinterpret_cast<uint32_t*>(s->dev + off) : nullptr;
+}
+
 // The device-memory flag twin of a task's words, or null when `w` is not in a cell.
 uint32_t* cell_flag_address(const gpu_device_state* d, const task_words* w) {
-    const auto* b = reinterpret_cast<const std::byte*>(w);
-    const uint32_t n = d->nslabs.load(std::memory_order_acquire);
-    for (uint32_t i = 0; i < n; ++i) {
-        const mapped_slab& s = d->slabs[i];
-        if (b >= s.host && b < s.host + kSlabBytes) return reinterpret_cast<uint32_t*>(s.flags + (b - s.host));
-    }
-    return nullptr;
+    size_t off = 0;
+    const mapped_slab* s = cell_slab(d, w, off);
+    return s ? reinterpret_cast<uint32_t*>(s->flags + off) : nullptr;
 }
 
 // Writes a task's flag twin. Copies are queued in the order of the calls (the lock), each
