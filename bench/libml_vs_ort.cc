@@ -1,8 +1,8 @@
-// libml_vs_ort: ResNet-50 and VGG-19 (the project's zoo, full size) on reefline's cpu backend
-// vs ONNX Runtime's CPU provider on the same machine, in one run, with the same number of
-// compute threads (reefline: compute units of the cpu device; ORT: intra-op threads).
-// Prints a table and a last line `resnet50_ratio=X vgg19_ratio=Y` (reefline throughput / ORT
-// throughput at batch 1).
+// libml_vs_ort: ResNet-50, VGG-19 and BERT-base at sequence length 128 (the project's zoo, full
+// size) on reefline's cpu backend vs ONNX Runtime's CPU provider on the same machine, in one
+// run, with the same number of compute threads (reefline: compute units of the cpu device;
+// ORT: intra-op threads). Prints a table and a last line `resnet50_ratio=X vgg19_ratio=Y
+// bert_ratio=Z` (reefline throughput / ORT throughput at batch 1).
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -33,12 +33,14 @@ std::string run(const std::string& cmd) {
 }
 
 // The median "run_ms" ONNX Runtime reported for `repeat` runs.
-double ort_median_ms(const fs::path& root, const fs::path& model, int64_t batch, int threads, int repeat,
-                     const fs::path& work) {
+// `length` > 0: a sequence model at that length (ids below 1000, attention mask all ones).
+double ort_median_ms(const fs::path& root, const fs::path& model, int64_t batch, int64_t length, int threads,
+                     int repeat, const fs::path& work) {
     const fs::path dir = work / ("ort_" + model.stem().string() + "_" + std::to_string(batch));
     run("node " + (root / "tests/ort/run_model.js").string() + " " + model.string() + " --batch " +
-        std::to_string(batch) + " --threads " + std::to_string(threads) + " --repeat " + std::to_string(repeat) +
-        " --output-dir " + dir.string() + " > /dev/null");
+        std::to_string(batch) + (length ? " --dim L=" + std::to_string(length) + " --int-range 0,1000" : "") +
+        " --threads " + std::to_string(threads) + " --repeat " + std::to_string(repeat) + " --output-dir " +
+        dir.string() + " > /dev/null");
     std::ifstream f(dir / "summary.json");
     std::stringstream s;
     s << f.rdbuf();
@@ -48,19 +50,28 @@ double ort_median_ms(const fs::path& root, const fs::path& model, int64_t batch,
     return std::strtod(j.c_str() + j.find(':', at) + 1, nullptr);
 }
 
-double reefline_median_ms(ml::runtime& rt, const fs::path& model, int64_t batch, int repeat) {
+double reefline_median_ms(ml::runtime& rt, const fs::path& model, int64_t batch, int64_t length, int repeat) {
     ml::import_options opts;
     opts.batch = batch;
+    opts.unbound_dim = length;
     auto m = rt.load_model(model, opts);
     auto in = rt.link_model(m);
     std::vector<ml::tensor> xs;
     std::mt19937 rng(1);
     std::normal_distribution<float> d;
     for (const auto& desc : in->inputs()) {
-        ml::bytes_t b(size_t(ml::element_count(desc.shape)) * ml::dtype_size(desc.type));
-        auto* f = reinterpret_cast<float*>(b.data());
-        for (size_t i = 0; i < b.size() / 4; ++i) f[i] = d(rng);
-        xs.push_back(ml::tensor::make(desc.type, desc.shape, std::move(b)));
+        if (desc.type == ml::dtype::f32) {
+            ml::bytes_t b(size_t(ml::element_count(desc.shape)) * ml::dtype_size(desc.type));
+            auto* f = reinterpret_cast<float*>(b.data());
+            for (size_t i = 0; i < b.size() / 4; ++i) f[i] = d(rng);
+            xs.push_back(ml::tensor::make(desc.type, desc.shape, std::move(b)));
+            continue;
+        }
+        // Token inputs as run_model.js makes them: a mask of ones, token types 0, ids < 1000.
+        std::vector<int64_t> v(size_t(ml::element_count(desc.shape)));
+        const bool mask = desc.name.find("mask") != std::string::npos, types = desc.name.find("type") != std::string::npos;
+        for (auto& x : v) x = mask ? 1 : types ? 0 : int64_t(rng() % 1000);
+        xs.push_back(ml::tensor::from_i64(v, desc.shape, desc.type));
     }
     std::vector<ml::tensor> ys;
     rt.infer_batch(*in, xs, ys);  // warm-up
@@ -77,13 +88,13 @@ double reefline_median_ms(ml::runtime& rt, const fs::path& model, int64_t batch,
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"libml_vs_ort: reefline cpu backend vs ONNX Runtime CPU, ResNet-50 and VGG-19"};
+    CLI::App app{"libml_vs_ort: reefline cpu backend vs ONNX Runtime CPU, ResNet-50, VGG-19 and BERT-base (L=128)"};
     std::string models;
     int repeat = 5;
     bool quick = false;
     unsigned units = 0;
     std::string root_dir;
-    app.add_option("--models", models, "directory with resnet50.onnx and vgg19.onnx (default: written by build/tools/zoo)");
+    app.add_option("--models", models, "directory with resnet50.onnx, vgg19.onnx and bert.onnx (default: written by build/tools/zoo)");
     app.add_option("--repeat", repeat, "timed runs per configuration")->capture_default_str();
     app.add_option("--compute-units", units, "cpu device compute units = ORT threads (default: cores - 1, at least 1)");
     app.add_option("--root", root_dir, "repository root, for tests/ort and build/tools/zoo (default: two levels above the build dir)");
@@ -98,7 +109,7 @@ int main(int argc, char** argv) {
         fs::create_directories(work);
         fs::path dir = models.empty() ? work : fs::path(models);
         if (models.empty())
-            run((root / "build/tools/zoo").string() + " --out " + dir.string() + " --only resnet50,vgg19 -q");
+            run((root / "build/tools/zoo").string() + " --out " + dir.string() + " --only resnet50,vgg19,bert -q");
         if (!fs::exists(root / "tests/ort/node_modules/onnxruntime-node"))
             run("cd " + (root / "tests/ort").string() + " && npm install --ignore-scripts --no-audit --no-fund > /dev/null");
         reefline::gpu::cpu_device_options o;
@@ -108,20 +119,21 @@ int main(int argc, char** argv) {
         std::printf("%u compute unit(s) for reefline, %u intra-op thread(s) for ONNX Runtime, %d timed runs, medians\n\n",
                     units, units, repeat);
         std::printf("%-10s %5s %14s %14s %8s\n", "model", "batch", "reefline ms", "ORT ms", "ratio");
-        double ratio_b1[2] = {0, 0};
-        const char* names[2] = {"resnet50", "vgg19"};
-        for (int mi = 0; mi < 2; ++mi) {
+        double ratio_b1[3] = {0, 0, 0};
+        const char* names[3] = {"resnet50", "vgg19", "bert"};
+        const int64_t lengths[3] = {0, 0, 128};  // BERT-base at sequence length 128
+        for (int mi = 0; mi < 3; ++mi) {
             const fs::path model = dir / (std::string(names[mi]) + ".onnx");
             for (int64_t batch : quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8}) {
-                const double r = reefline_median_ms(rt, model, batch, repeat);
-                const double o_ms = ort_median_ms(root, model, batch, int(units), repeat, work);
+                const double r = reefline_median_ms(rt, model, batch, lengths[mi], repeat);
+                const double o_ms = ort_median_ms(root, model, batch, lengths[mi], int(units), repeat, work);
                 std::printf("%-10s %5lld %14.1f %14.1f %8.2f\n", names[mi], static_cast<long long>(batch), r, o_ms, o_ms / r);
                 std::fflush(stdout);
                 if (batch == 1) ratio_b1[mi] = o_ms / r;
             }
         }
         if (models.empty()) fs::remove_all(work);
-        std::printf("resnet50_ratio=%.3f vgg19_ratio=%.3f\n", ratio_b1[0], ratio_b1[1]);
+        std::printf("resnet50_ratio=%.3f vgg19_ratio=%.3f bert_ratio=%.3f\n", ratio_b1[0], ratio_b1[1], ratio_b1[2]);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "libml_vs_ort: %s\n", e.what());
         return 1;

@@ -38,9 +38,11 @@ enum class format : uint8_t {
     image_u8_hwc = 1,  // dims = {H, W, C, 0}, total_length == H*W*C
     tensor_f32 = 2,    // dims = up to 4 extents (0 = unused), total_length == 4*prod
     tokens_i32 = 3,    // dims = {N, 0, 0, 0}, total_length == 4*N
+    // tensor_f32 and tokens_i32 elements are little-endian (as the device reads them in place).
     // Result formats, only in responses:
     result_crc32 = 16,  // 8 bytes: be32 total_length, be32 CRC32C of the payload
     result_topk = 17,   // k x (be32 class, be32 f32 score bits), best first
+    result_tensor_f32 = 18,  // dims = the output's extents for this request, total_length == 4*prod
 };
 
 enum class status : uint8_t {

@@ -94,7 +94,7 @@ std::array<float, 3> get_triple(const json& o, const char* key) {
 // refused: a misspelt field silently ignored is a setting the operator believes applied, and
 // an unknown one persisted would grow the repository without bound.
 constexpr const char* tunable_fields[] = {"class", "slo_ms", "batching", "min_batch", "max_batch", "fixed_batch",
-                                          "priority", "rt_sources", "shed"};
+                                          "priority", "rt_sources", "output", "shed"};
 constexpr const char* add_only_fields[] = {"name", "port", "onnx", "top_k", "mean", "std"};
 
 bool one_of(std::string_view key, std::span<const char* const> names) {
@@ -149,6 +149,11 @@ void apply_settings(const json& f, model_settings& s) {
     if (s.batching.fixed_batch > s.batching.max_batch) bad("fixed_batch must not exceed max_batch");
     if (field(f, "priority")) s.priority = int(get_int(f, "priority", 0, 2));
     if (field(f, "shed")) s.shed = get_bool(f, "shed");
+    if (field(f, "output")) {
+        const std::string o = get_string(f, "output");
+        if (o != "topk" && o != "tensor") bad("field 'output' must be \"topk\" or \"tensor\", got \"" + excerpt(o) + "\"");
+        s.tensor_output = o == "tensor";
+    }
     if (field(f, "rt_sources")) {
         const json& v = f["rt_sources"];
         if (!v.is_array()) bad("field 'rt_sources' must be an array of IPv4 addresses");
@@ -330,6 +335,7 @@ json if_manager::persisted_config(const model_if& mif) const {
             {"fixed_batch", s.batching.fixed_batch},
             {"priority", s.priority},
             {"shed", s.shed},
+            {"output", s.tensor_output ? "tensor" : "topk"},
             {"rt_sources", sources},
             {"top_k", c.top_k},
             {"mean", {c.mean[0], c.mean[1], c.mean[2]}},
@@ -392,11 +398,13 @@ json if_manager::add_model(const json& f, bool persist) {
     std::optional<ml::graph> imported;
     ml::memory_footprint need;
     const std::vector<int64_t> sizes = model_if::initial_instances(c.settings);
+    std::vector<int64_t> lengths;
     try {
-        if (!model) imported = ml::import_onnx_buffer(file.bytes.data(), file.bytes.size(), {}, c.onnx);
-        model_if::image_input(model ? model->imported() : *imported);
-        need = model ? _runtime.footprint(*model, sizes, model_if::segments_per_image)
-                     : _runtime.footprint(*imported, sizes, model_if::segments_per_image);
+        if (!model)
+            imported = ml::import_onnx_buffer(file.bytes.data(), file.bytes.size(), model_if::import_options(), c.onnx);
+        lengths = model_if::planned_lengths(model_if::request_input(model ? model->imported() : *imported, c.settings));
+        need = model ? _runtime.footprint(*model, sizes, model_if::segments_per_request, lengths)
+                     : _runtime.footprint(*imported, sizes, model_if::segments_per_request, lengths);
     } catch (const std::exception& e) {
         throw control_error("bad_model", label + ": " + e.what());
     }
@@ -409,6 +417,7 @@ json if_manager::add_model(const json& f, bool persist) {
         needs += "weights " + format_byte_size(double(need.weight_bytes)) + " (+ " + format_byte_size(double(need.host_bytes)) +
                  " host copy), ";
     needs += "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes) +
+             (lengths.empty() ? "" : " at sequence lengths " + sizes_text(lengths)) +
              ", while loading the file " + format_byte_size(double(file.bytes.size()));
     if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
     admit(peak, needs);
@@ -489,7 +498,9 @@ json if_manager::set(const json& f) {
     if (!sizes.empty()) {
         int64_t need = 0;
         try {
-            need = _runtime.footprint(*mif->model(), sizes, model_if::segments_per_image).instance_bytes();
+            need = _runtime.footprint(*mif->model(), sizes, model_if::segments_per_request,
+                                      model_if::planned_lengths(mif->input()))
+                       .instance_bytes();
         } catch (const std::exception& e) {
             bad(std::string("cannot plan the new batch sizes: ") + e.what());
         }
@@ -549,8 +560,8 @@ json if_manager::list() const {
     for (const auto& [name, mif] : snapshot().models) {
         json d = mif->describe();
         json summary;
-        for (const char* k : {"name", "udp_port", "class", "slo_ms", "batching", "batch_size", "min_batch", "max_batch",
-                              "priority", "state", "requests_total", "responses_total"})
+        for (const char* k : {"name", "udp_port", "class", "input_format", "output", "slo_ms", "batching", "batch_size",
+                              "min_batch", "max_batch", "priority", "state", "requests_total", "responses_total"})
             summary[k] = d[k];
         models.push_back(summary);
     }

@@ -47,14 +47,18 @@ std::string ip_str(uint32_t be) {
 
 }  // namespace
 
+// Length buckets a lane keeps a controller for (ml::sequence_buckets, or one).
+constexpr size_t max_buckets = std::size(ml::sequence_buckets);
+
 struct model_if::lane {
     gpu::task_class cls;
-    ml::batch_controller controller;
+    // One batching controller per length bucket (images and tensors: [0] only).
+    std::vector<ml::batch_controller> controllers;
     // Requests waiting for a batch, oldest first (fixed ring).
     std::array<dp::request*, lane_capacity> pending{};
     uint32_t head = 0, count = 0;
     // Instances by batch size: a batch of n runs on the smallest configured size >= n, the
-    // spare slots repeating the last image (padding costs compute, never changes results).
+    // spare slots repeating the last request (padding costs compute, never changes results).
     std::map<uint32_t, std::unique_ptr<ml::instance>> instances;
     // The batch in flight.
     bool busy = false;
@@ -62,18 +66,27 @@ struct model_if::lane {
     gpu::task_result result;
     std::array<dp::request*, max_batch_limit> batch{};
     uint32_t batch_n = 0;
+    size_t batch_bucket = 0;
     ml::instance* batch_instance = nullptr;
     uint64_t launch_tsc = 0;
     std::vector<ml::kernels::gather_segment> segments;
     std::vector<uint32_t> first;
-    std::atomic<uint32_t> target{1};
+    // The controllers' targets, readable by the control thread.
+    std::array<std::atomic<uint32_t>, max_buckets> targets{};
+    std::atomic<uint32_t> last_bucket{0};
     // Arrivals: a batch waits for more requests only while they keep coming (a closed-loop
     // client with fewer requests outstanding than the target would otherwise wait out the
     // whole headroom on every batch).
     uint64_t last_arrival_tsc = 0;
     double gap_ewma_ms = 0;
 
-    lane(gpu::task_class c, const ml::batching_options& o) : cls(c), controller(o) { target = controller.target(); }
+    lane(gpu::task_class c, const ml::batching_options& o, size_t buckets) : cls(c), controllers(buckets, ml::batch_controller(o)) {
+        publish_targets();
+    }
+    void publish_targets() {
+        for (size_t b = 0; b < controllers.size(); ++b) targets[b].store(controllers[b].target(), std::memory_order_relaxed);
+    }
+    uint32_t target() const { return targets[last_bucket.load(std::memory_order_relaxed)].load(std::memory_order_relaxed); }
     dp::request* front() const { return pending[head]; }
     dp::request* pop() {
         dp::request* r = pending[head];
@@ -100,14 +113,14 @@ model_if::model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& s
     for (int c = 0; c < 3; ++c)
         if (!(std::fabs(_config.std[c]) > 0)) throw std::invalid_argument("std must be non-zero");
     _tsc_hz = rte_get_tsc_hz();
-    _model = model ? std::move(model) : _runtime.load_model(_config.onnx);
-    // The input check on the graph, before anything is planned.
-    const image_input_shape in = image_input(_model->imported());
-    _c = in.c;
-    _h = in.h;
-    _w = in.w;
+    _model = model ? std::move(model) : _runtime.load_model(_config.onnx, import_options());
+    // The request format and the output check on the graph, before anything is planned.
+    _input = request_input(_model->imported(), _config.settings);
+    _tx_burst.resize(wire::max_fragments);
+    const size_t buckets = std::max<size_t>(1, planned_lengths(_input).size());
     for (int i = 0; i < 2; ++i)
-        _lanes[i] = std::make_unique<lane>(i == 0 ? gpu::task_class::rt : gpu::task_class::be, _config.settings.batching);
+        _lanes[i] = std::make_unique<lane>(i == 0 ? gpu::task_class::rt : gpu::task_class::be, _config.settings.batching,
+                                           buckets);
     lane& own = *_lanes[_config.settings.cls == gpu::task_class::rt ? 0 : 1];
     plan_sizes(own, _config.settings.batching.max_batch);
     if (!_config.settings.rt_sources_be.empty()) plan_sizes(*_lanes[0], _config.settings.batching.max_batch);
@@ -129,25 +142,47 @@ model_if::~model_if() {
     rte_ring_free(_ring);
 }
 
-image_input_shape model_if::image_input(const ml::graph& g) {
-    const auto expected = [&](const std::string& got) {
-        return std::invalid_argument("expected one f32 [N, C<=3, H, W] image input, got " + got);
-    };
-    if (g.inputs.size() != 1)
-        throw expected(std::to_string(g.inputs.size()) + " inputs");
-    const ml::value& v = g.values.at(size_t(g.inputs[0]));
-    if (v.type != ml::dtype::f32 || v.shape.size() != 4)
-        throw expected("input '" + v.name + "' " + ml::dtype_name(v.type) + " " + ml::shape_str(v.shape));
-    // A dimension out of range would make an IF that can never answer (no request can carry
-    // a 0-pixel image) or one whose requests the wire format cannot describe.
-    static constexpr const char* dim_names[4] = {"N", "C", "H", "W"};
-    static constexpr int64_t dim_max[4] = {1 << 16, 3, 65535, 65535};
-    for (size_t d = 0; d < 4; ++d)
-        if (v.shape[d] < 1 || v.shape[d] > dim_max[d])
-            throw std::invalid_argument("input '" + v.name + "' " + ml::shape_str(v.shape) + ": dimension " +
-                                        std::to_string(d) + " (" + dim_names[d] + ") is " + std::to_string(v.shape[d]) +
-                                        "; an image input needs it in 1.." + std::to_string(dim_max[d]));
-    return {v.name, uint16_t(v.shape[1]), uint16_t(v.shape[2]), uint16_t(v.shape[3])};
+ml::request_input model_if::request_input(const ml::graph& g, const model_settings& s) {
+    ml::request_input r = ml::derive_request_input(g);
+    if (g.outputs.empty()) throw std::invalid_argument("the model has no output");
+    const ml::value& out = g.values.at(size_t(g.outputs[0]));
+    if (out.type != ml::dtype::f32)
+        throw std::invalid_argument("output '" + out.name + "' is " + ml::dtype_name(out.type) +
+                                    "; a model IF answers from an f32 first output");
+    if (s.tensor_output) {
+        // Answered per request: the output's dims after the batch dim, at most 4 of 16 bits
+        // (dim 1 of a sequence model's [N, L, ...] output is the request's own length).
+        if (out.shape.size() < 2 || out.shape.size() > 5)
+            throw std::invalid_argument("output '" + out.name + "' " + ml::shape_str(out.shape) +
+                                        ": tensor answers carry 1 to 4 dims after the batch dim");
+        int64_t elements = 1;
+        for (size_t d = 1; d < out.shape.size(); ++d) {
+            const int64_t n = d == 1 && r.kind == ml::request_kind::sequence && out.shape[1] == g.values[size_t(g.inputs[size_t(r.ids)])].shape[1]
+                                  ? r.max_length()
+                                  : out.shape[d];
+            if (n > 65535)
+                throw std::invalid_argument("output '" + out.name + "' " + ml::shape_str(out.shape) +
+                                            ": a tensor answer's dims must each be at most 65535");
+            elements *= n;
+        }
+        // A response may have at most max_fragments fragments of at most an MTU's payload.
+        const int64_t limit = int64_t(wire::max_fragments) * wire::mtu_fragment_payload;
+        if (elements * 4 > limit)
+            throw std::invalid_argument("output '" + out.name + "' " + ml::shape_str(out.shape) + ": " +
+                                        std::to_string(elements * 4) + " bytes per answer is over the " +
+                                        std::to_string(limit) + " a response can carry; use top-k answers");
+    }
+    return r;
+}
+
+std::vector<int64_t> model_if::planned_lengths(const ml::request_input& r) {
+    return r.kind == ml::request_kind::sequence ? r.lengths : std::vector<int64_t>{};
+}
+
+ml::import_options model_if::import_options() {
+    ml::import_options o;
+    o.unbound_dim = ml::sequence_buckets[0];
+    return o;
 }
 
 std::vector<int64_t> model_if::batch_sizes(uint32_t max_batch) {
@@ -193,25 +228,34 @@ int64_t model_if::memory_bytes() const {
 }
 
 void model_if::plan_sizes(lane& l, uint32_t max_batch) {
+    const std::vector<int64_t> lengths = planned_lengths(_input);
     for (const int64_t size : batch_sizes(max_batch)) {
         const uint32_t b = uint32_t(size);
         if (l.instances.count(b)) continue;
         auto in = _runtime.link_model(_model, l.cls == gpu::task_class::rt ? -1 : 0);
-        if (in->batch() != b) _runtime.configure_batch(*in, b);
-        if (_config.warm_up && _h) {
+        if (in->batch() != b || !lengths.empty()) _runtime.configure_batch(*in, b, lengths);
+        if (_config.warm_up) {
             // One run with zero inputs: touches the arena and weights, and seeds the
-            // controller's latency model with a measured time for this size.
-            std::vector<ml::tensor> inputs, outputs;
-            for (const auto& d : in->inputs())
-                inputs.push_back(ml::tensor::make(d.type, d.shape, ml::bytes_t(ml::dtype_size(d.type) * size_t(ml::element_count(d.shape)))));
-            const uint64_t t0 = rte_rdtsc();
-            _runtime.infer_batch(*in, inputs, outputs);
-            const double ms = double(rte_rdtsc() - t0) * 1e3 / double(_tsc_hz);
-            l.controller.observe(b, ms, ms);
+            // controller's latency model with a measured time for this size. Sequences warm
+            // up every size at the shortest length and the longer lengths at batch 1 (a batch
+            // of the longest would take seconds on a cpu device for a large encoder).
+            const size_t runs = lengths.empty() || b != 1 ? 1 : lengths.size();
+            for (size_t k = 0; k < runs; ++k) {
+                std::vector<ml::tensor> inputs, outputs;
+                std::vector<ml::tensor_desc> descs = in->inputs();
+                for (auto& d : descs) {
+                    if (!lengths.empty()) d.shape[1] = lengths[k];
+                    inputs.push_back(ml::tensor::make(d.type, d.shape, ml::bytes_t(ml::dtype_size(d.type) * size_t(ml::element_count(d.shape)))));
+                }
+                const uint64_t t0 = rte_rdtsc();
+                _runtime.infer_batch(*in, inputs, outputs);
+                const double ms = double(rte_rdtsc() - t0) * 1e3 / double(_tsc_hz);
+                l.controllers[k].observe(b, ms, ms);
+            }
         }
         l.instances.emplace(b, std::move(in));
     }
-    l.target.store(l.controller.target(), std::memory_order_relaxed);
+    l.publish_targets();
 }
 
 uint32_t model_if::queued() const {
@@ -225,20 +269,21 @@ model_settings model_if::settings() const {
 
 void model_if::update(const model_settings& s) {
     check_settings(s);
+    if (s.tensor_output != _config.settings.tensor_output) request_input(_model->imported(), s);
     std::lock_guard<std::mutex> g(_mu);
     for (int i = 0; i < 2; ++i) {
         lane& l = *_lanes[i];
         if (lane_planned_by(s, i)) plan_sizes(l, s.batching.max_batch);
-        l.controller.configure(s.batching);
-        l.target.store(l.controller.target(), std::memory_order_relaxed);
+        for (auto& c : l.controllers) c.configure(s.batching);
+        l.publish_targets();
     }
     _config.settings = s;
 }
 
 void model_if::send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec) {
-    rte_mbuf* out[16];
+    rte_mbuf** out = _tx_burst.data();
     const uint16_t k = dp::build_response(_plane.eth().tx_pool(), r.reply, r.key.request_id, spec, result,
-                                          _plane.eth().max_fragment_payload(), out, 16);
+                                          _plane.eth().max_fragment_payload(), out, uint16_t(_tx_burst.size()));
     const uint16_t queued = k ? _plane.send(out, k) : 0;
     if (queued < k) rte_pktmbuf_free_bulk(out + queued, k - queued);
     (k && queued == k ? _counters.responses_sent : _counters.responses_failed).add();
@@ -274,15 +319,10 @@ void model_if::intake(uint32_t& work) {
     for (unsigned i = 0; i < n; ++i) {
         dp::request* r = reqs[i];
         _counters.requests_served.add();
-        if (r->format != uint8_t(wire::format::image_u8_hwc)) {
-            answer_error(*r, wire::status::unsupported_format, "this IF takes u8 HWC images");
-            _errors.add();
-            dp::release(r);
-        } else if (r->dims[0] != _h || r->dims[1] != _w || r->dims[2] != _c) {
-            answer_error(*r, wire::status::bad_request,
-                         "expected a " + std::to_string(_h) + "x" + std::to_string(_w) + "x" + std::to_string(_c) +
-                             " image, got " + std::to_string(r->dims[0]) + "x" + std::to_string(r->dims[1]) + "x" +
-                             std::to_string(r->dims[2]));
+        wire::status status;
+        std::string why;
+        if (!acceptable(*r, status, why)) {
+            answer_error(*r, status, why);
             _errors.add();
             dp::release(r);
         } else {
@@ -295,13 +335,96 @@ void model_if::intake(uint32_t& work) {
     }
 }
 
+namespace {
+
+std::string dims_text(const int64_t* d, size_t n) {
+    std::string s;
+    for (size_t i = 0; i < n; ++i) s += (i ? "x" : "") + std::to_string(d[i]);
+    return s;
+}
+
+std::string lengths_text(const std::vector<int64_t>& lengths) {
+    std::string s;
+    for (size_t i = 0; i < lengths.size(); ++i)
+        s += (i == 0 ? "" : i + 1 == lengths.size() ? " or " : ", ") + std::to_string(lengths[i]);
+    return s;
+}
+
+}  // namespace
+
+bool model_if::acceptable(const dp::request& r, wire::status& status, std::string& why) const {
+    const ml::request_input& in = _input;
+    const auto format = static_cast<wire::format>(r.format);
+    switch (in.kind) {
+    case ml::request_kind::image: {
+        const int64_t want[3] = {in.height, in.width, in.channels};
+        if (format != wire::format::image_u8_hwc) {
+            status = wire::status::unsupported_format;
+            why = "this IF takes image_u8_hwc requests (" + dims_text(want, 3) + " images)";
+            return false;
+        }
+        if (r.dims[0] != want[0] || r.dims[1] != want[1] || r.dims[2] != want[2]) {
+            const int64_t got[3] = {r.dims[0], r.dims[1], r.dims[2]};
+            status = wire::status::bad_request;
+            why = "expected a " + dims_text(want, 3) + " image, got " + dims_text(got, 3);
+            return false;
+        }
+        return true;
+    }
+    case ml::request_kind::sequence: {
+        const std::string range = in.exact_length ? "exactly " + lengths_text(in.lengths) : "1.." + std::to_string(in.max_length());
+        if (format != wire::format::tokens_i32) {
+            status = wire::status::unsupported_format;
+            why = "this IF takes tokens_i32 requests (" + range + " tokens)";
+            return false;
+        }
+        if (!in.bucket_for(r.dims[0])) {
+            status = wire::status::bad_request;
+            why = "expected " + range + " tokens" + (in.exact_length ? " (the model has no attention mask)" : "") + ", got " +
+                  std::to_string(r.dims[0]);
+            return false;
+        }
+        return true;
+    }
+    case ml::request_kind::tensor: {
+        const std::string want = dims_text(in.item.data(), in.item.size());
+        if (format != wire::format::tensor_f32) {
+            status = wire::status::unsupported_format;
+            why = "this IF takes tensor_f32 requests (dims " + want + ")";
+            return false;
+        }
+        bool same = true;
+        for (size_t d = 0; d < 4; ++d) same &= int64_t(r.dims[d]) == (d < in.item.size() ? in.item[d] : 0);
+        if (!same) {
+            int64_t got[4];
+            size_t n = 0;
+            for (; n < 4 && r.dims[n]; ++n) got[n] = r.dims[n];
+            status = wire::status::bad_request;
+            why = "expected a tensor of dims " + want + ", got " + dims_text(got, n);
+            return false;
+        }
+        return true;
+    }
+    }
+    status = wire::status::internal_error;
+    why = "unknown request kind";
+    return false;
+}
+
+size_t model_if::bucket_of(const dp::request& r) const {
+    if (_input.kind != ml::request_kind::sequence) return 0;
+    const int64_t len = _input.bucket_for(r.dims[0]);
+    return size_t(std::find(_input.lengths.begin(), _input.lengths.end(), len) - _input.lengths.begin());
+}
+
 void model_if::shed_late(lane& l, uint64_t now) {
     // A request that waited w and would finish at w + service(batch) > SLO cannot be served
     // in time any more: answering it now keeps the ones behind it inside their SLO.
     const double slo = _config.settings.batching.slo_ms;
-    const double service = l.controller.predict_ms(std::min(l.count, l.controller.target()));
-    if (!(service > 0)) return;
     while (l.count) {
+        const ml::batch_controller& c = l.controllers[bucket_of(*l.front())];
+        const double service = c.predict_ms(std::min(l.count, c.target()));
+        if (!(service > 0)) return;
         const double waited = double(now - l.front()->last_tsc) * 1e3 / double(_tsc_hz);
         if (waited + service <= slo) break;
         dp::request* r = l.pop();
@@ -315,32 +438,47 @@ void model_if::shed_late(lane& l, uint64_t now) {
 
 void model_if::dispatch(lane& l) {
     const uint32_t largest = l.instances.rbegin()->first;
-    const uint32_t n = std::min({l.count, std::max(l.controller.target(), 1u), largest});
+    const size_t bucket = bucket_of(*l.front());
+    const uint32_t want = std::min(std::max(l.controllers[bucket].target(), 1u), largest);
+    uint32_t n = 0;
+    if (_input.kind == ml::request_kind::sequence) {
+        // The oldest request's bucket, and those behind it that fit it, in arrival order; the
+        // rest keep their order in the ring.
+        uint32_t kept = 0;
+        const uint32_t count = l.count;
+        for (uint32_t i = 0; i < count; ++i) {
+            dp::request* r = l.pending[(l.head + i) % lane_capacity];
+            if (n < want && bucket_of(*r) <= bucket) l.batch[n++] = r;
+            else l.pending[(l.head + kept++) % lane_capacity] = r;
+        }
+        l.count = kept;
+    } else {
+        n = std::min(l.count, want);
+        for (uint32_t i = 0; i < n; ++i) l.batch[i] = l.pop();
+    }
+    _pending.fetch_sub(n, std::memory_order_relaxed);
     const auto it = l.instances.lower_bound(n);
     ml::instance& in = *it->second;
     const uint32_t size = it->first;
     l.segments.clear();
     l.first.assign(1, 0);
-    for (uint32_t i = 0; i < n; ++i) {
-        l.batch[i] = l.pop();
-        _pending.fetch_sub(1, std::memory_order_relaxed);
-    }
     for (uint32_t i = 0; i < size; ++i) {
         const auto list = l.batch[std::min(i, n - 1)]->gather_list();
         l.segments.insert(l.segments.end(), reinterpret_cast<const ml::kernels::gather_segment*>(list.data()),
                           reinterpret_cast<const ml::kernels::gather_segment*>(list.data()) + list.size());
         l.first.push_back(uint32_t(l.segments.size()));
     }
-    ml::runtime::image_batch images;
+    ml::runtime::request_batch images;
     images.segments = l.segments;
     images.first = l.first;
     for (int c = 0; c < 3; ++c) {
         images.mean[c] = _config.mean[c];
         images.std[c] = _config.std[c];
     }
+    if (_input.kind == ml::request_kind::sequence) images.length = _input.lengths[bucket];
     gpu::task t;
     try {
-        t.launches = _runtime.image_task(in, images);
+        t.launches = _runtime.request_task(in, images);
     } catch (const std::exception& e) {
         for (uint32_t i = 0; i < n; ++i) {
             answer_error(*l.batch[i], wire::status::internal_error, e.what());
@@ -357,6 +495,8 @@ void model_if::dispatch(lane& l) {
         lp->done.store(true, std::memory_order_release);
     };
     l.batch_n = n;
+    l.batch_bucket = bucket;
+    l.last_bucket.store(uint32_t(bucket), std::memory_order_relaxed);
     l.batch_instance = &in;
     l.busy = true;
     l.done.store(false, std::memory_order_relaxed);
@@ -382,29 +522,22 @@ void model_if::complete(lane& l) {
     } else {
         const double service_ms = double(now - l.launch_tsc) * 1e3 / double(_tsc_hz);
         const std::vector<ml::tensor> outputs = _runtime.read_outputs(*l.batch_instance);
-        const ml::tensor& scores = outputs.at(0);
-        const int64_t per = scores.elements() / l.batch_instance->batch();
-        const uint32_t k = uint32_t(std::min<int64_t>(_config.top_k, per));
-        std::vector<int64_t> order(static_cast<size_t>(per));
-        std::vector<uint8_t> result(size_t(k) * 8);
+        std::vector<ml::kernels::token_error> token_errors;
+        if (_input.kind == ml::request_kind::sequence) token_errors = _runtime.token_errors(*l.batch_instance);
         const double slo_s = _config.settings.batching.slo_ms / 1e3;
         double worst_ms = 0;
         for (uint32_t i = 0; i < n; ++i) {
-            const float* s = scores.view<float>().data() + int64_t(i) * per;
-            std::iota(order.begin(), order.end(), 0);
-            std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                              [&](int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
-            for (uint32_t j = 0; j < k; ++j) {
-                uint32_t cls = htonl(uint32_t(order[j])), bits;
-                std::memcpy(&bits, &s[order[j]], 4);
-                bits = htonl(bits);
-                std::memcpy(result.data() + j * 8, &cls, 4);
-                std::memcpy(result.data() + j * 8 + 4, &bits, 4);
+            if (i < token_errors.size() && token_errors[i].position >= 0) {
+                // The kernel fed token 0 in its place; the request is answered with what was wrong.
+                answer_error(*l.batch[i], wire::status::bad_request,
+                             "token " + std::to_string(token_errors[i].token) + " at position " +
+                                 std::to_string(token_errors[i].position) + " is outside the vocabulary [0, " +
+                                 std::to_string(_input.vocab) + ")");
+                _errors.add();
+                dp::release(l.batch[i]);
+                continue;
             }
-            dp::response_spec spec;
-            spec.format = wire::format::result_topk;
-            spec.dims[0] = uint16_t(k);
-            send(result, *l.batch[i], spec);
+            answer(l, i, outputs.at(0));
             const double latency_s = double(rte_rdtsc() - l.batch[i]->last_tsc) / double(_tsc_hz);
             record_latency(latency_s);
             worst_ms = std::max(worst_ms, latency_s * 1e3);
@@ -414,12 +547,50 @@ void model_if::complete(lane& l) {
         }
         _batches.add();
         _batched_requests.add(n);
-        l.controller.observe(n, service_ms, worst_ms);
-        l.target.store(l.controller.target(), std::memory_order_relaxed);
+        l.controllers[l.batch_bucket].observe(n, service_ms, worst_ms);
+        l.publish_targets();
     }
     l.busy = false;
     l.done.store(false, std::memory_order_relaxed);
     _in_flight.fetch_sub(1, std::memory_order_relaxed);
+}
+
+void model_if::answer(lane& l, uint32_t i, const ml::tensor& out) {
+    const dp::request& r = *l.batch[i];
+    const int64_t per = out.elements() / l.batch_instance->batch();
+    const float* s = out.view<float>().data() + int64_t(i) * per;
+    dp::response_spec spec;
+    if (_config.settings.tensor_output) {
+        // The request's slice of the output, dims after the batch dim; a sequence model's
+        // [N, L, ...] output is cut to the request's own tokens (the rest is padding).
+        std::vector<int64_t> dims(out.shape.begin() + 1, out.shape.end());
+        int64_t count = per;
+        if (_input.kind == ml::request_kind::sequence && dims.size() >= 2 && dims[0] == l.batch_instance->length()) {
+            count = per / dims[0] * r.dims[0];
+            dims[0] = r.dims[0];
+        }
+        spec.format = wire::format::result_tensor_f32;
+        for (size_t d = 0; d < dims.size() && d < 4; ++d) spec.dims[d] = uint16_t(dims[d]);
+        // Little-endian f32, as tensor_f32 requests carry them (the device's own layout).
+        send({reinterpret_cast<const uint8_t*>(s), size_t(count) * 4}, r, spec);
+        return;
+    }
+    const uint32_t k = uint32_t(std::min<int64_t>(_config.top_k, per));
+    std::vector<int64_t> order(static_cast<size_t>(per));
+    std::vector<uint8_t> result(size_t(k) * 8);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int64_t a, int64_t b) { return s[a] > s[b] || (s[a] == s[b] && a < b); });
+    for (uint32_t j = 0; j < k; ++j) {
+        uint32_t cls = htonl(uint32_t(order[j])), bits;
+        std::memcpy(&bits, &s[order[j]], 4);
+        bits = htonl(bits);
+        std::memcpy(result.data() + j * 8, &cls, 4);
+        std::memcpy(result.data() + j * 8 + 4, &bits, 4);
+    }
+    spec.format = wire::format::result_topk;
+    spec.dims[0] = uint16_t(k);
+    send(result, r, spec);
 }
 
 uint32_t model_if::poll() {
@@ -445,7 +616,8 @@ uint32_t model_if::poll() {
         const double oldest_ms = double(now - l->front()->last_tsc) * 1e3 / double(_tsc_hz);
         const double quiet_ms = double(now - l->last_arrival_tsc) * 1e3 / double(_tsc_hz);
         const bool arrivals_stopped = quiet_ms > std::max(2 * l->gap_ewma_ms, 0.2);
-        if (l->cls == gpu::task_class::rt || arrivals_stopped || l->controller.dispatch_now(l->count, oldest_ms)) {
+        if (l->cls == gpu::task_class::rt || arrivals_stopped ||
+            l->controllers[bucket_of(*l->front())].dispatch_now(l->count, oldest_ms)) {
             dispatch(*l);
             ++work;
         }
@@ -481,7 +653,7 @@ nlohmann::json model_if::describe() const {
         {"class", class_name(s.cls)},
         {"slo_ms", s.batching.slo_ms},
         {"batching", ml::batching_policy_name(s.batching.policy)},
-        {"batch_size", _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target.load(std::memory_order_relaxed)},
+        {"batch_size", _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target()},
         {"min_batch", s.batching.min_batch},
         {"max_batch", s.batching.max_batch},
         {"fixed_batch", s.batching.fixed_batch},
@@ -495,7 +667,25 @@ nlohmann::json model_if::describe() const {
         {"std", {_config.std[0], _config.std[1], _config.std[2]}},
         {"shed", s.shed},
         {"weight_bytes", _model->weight_bytes()},
+        {"input_format", _input.format_name()},
+        {"request", _input.describe(_model->imported())},
+        {"output", s.tensor_output ? "tensor" : "topk"},
     };
+    if (_input.kind == ml::request_kind::image) {
+        j["image"] = {{"height", _input.height}, {"width", _input.width}, {"channels", _input.channels}};
+    } else if (_input.kind == ml::request_kind::tensor) {
+        j["tensor_dims"] = _input.item;
+    } else {
+        j["sequence_lengths"] = _input.lengths;
+        j["max_tokens"] = _input.max_length();
+        j["exact_length"] = _input.exact_length;
+        if (_input.vocab_known) j["vocabulary"] = _input.vocab;
+        nlohmann::json targets = nlohmann::json::object();
+        const lane& l = *_lanes[s.cls == gpu::task_class::rt ? 0 : 1];
+        for (size_t b = 0; b < _input.lengths.size(); ++b)
+            targets[std::to_string(_input.lengths[b])] = l.targets[b].load(std::memory_order_relaxed);
+        j["batch_size_by_length"] = targets;
+    }
     nlohmann::json sources = nlohmann::json::array();
     for (uint32_t ip : s.rt_sources_be) sources.push_back(ip_str(ip));
     j["rt_sources"] = sources;
@@ -503,8 +693,11 @@ nlohmann::json model_if::describe() const {
     const lane& own = *_lanes[s.cls == gpu::task_class::rt ? 0 : 1];
     if (!own.instances.empty()) {
         const ml::instance& one = *own.instances.begin()->second;
-        const auto in = one.inputs().at(0);
-        j["input"] = {{"name", in.name}, {"type", ml::dtype_name(in.type)}, {"shape", in.shape}};
+        const auto ins = one.inputs();
+        j["input"] = {{"name", ins.at(0).name}, {"type", ml::dtype_name(ins[0].type)}, {"shape", ins[0].shape}};
+        nlohmann::json all = nlohmann::json::array();
+        for (const auto& in : ins) all.push_back({{"name", in.name}, {"type", ml::dtype_name(in.type)}, {"shape", in.shape}});
+        j["inputs"] = all;
         nlohmann::json outs = nlohmann::json::array();
         for (const auto& o : one.outputs())
             outs.push_back({{"name", o.name}, {"type", ml::dtype_name(o.type)}, {"shape", o.shape}});
@@ -553,7 +746,7 @@ nlohmann::json model_if::stats() const {
         if (total == 0) return 0.0;
         return std::min(max_ms, interpolated(q));
     };
-    uint32_t batch = _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target.load(std::memory_order_relaxed);
+    uint32_t batch = _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target();
     return {
         {"name", _config.name},
         {"udp_port", _config.udp_port},

@@ -1,15 +1,22 @@
-// A model IF: serves image requests for one ONNX model on one UDP port.
+// A model IF: serves one ONNX model on one UDP port, in the request format the model's inputs
+// call for (libml/request_input.h): u8 HWC images, token sequences or f32 tensors.
 //
 // Complete requests come off the IF's ring as gather lists of packet payloads. Each request
 // goes to one of two lanes: RT (the IF's class is rt, or the request comes from a source the
 // operator named RT) or BE. A lane forms a batch when its batching controller (SLAB, AIMD or
 // fixed; libml/batching.h) says so and submits it to the GPU scheduler as one task of its
-// class: the gather kernel reads the payloads in place into the input tensor, then the model
+// class: the gather kernel reads the payloads in place into the input tensors, then the model
 // runs. One batch per lane is in flight; the mbufs stay held until its task has ended (a
 // preempted task re-runs the gather from the same payloads). When the task completes, each
-// request is answered with its top-k classes; requests that can no longer meet the SLO are
-// answered with status overloaded instead of being served late (when shedding is on), and
-// bad requests get an error datagram that names the problem.
+// request is answered with its top-k classes or its output tensor; requests that can no
+// longer meet the SLO are answered with status overloaded instead of being served late (when
+// shedding is on), and bad requests get an error datagram that names the problem.
+//
+// Sequences: a batch runs at one planned length (bucket). It is the bucket of the oldest
+// request waiting; the requests behind it whose buckets are no longer join it in arrival
+// order (padded to its length), longer ones wait for a batch of their own, which comes next
+// since they are then the oldest. Each bucket has its own batching controller: a batch of 16
+// tokens and one of 512 have different latencies, so each learns its own latency model.
 //
 // Threads: poll() runs on the serving thread only. The control thread calls settings() /
 // update() / describe() / stats(); the scheduler thread only sets a lane's done flag.
@@ -43,6 +50,7 @@ struct model_settings {
     int priority = 0;                      // prema: 0 low, 1 medium, 2 high
     std::vector<uint32_t> rt_sources_be;   // IPv4 sources whose requests are RT
     bool shed = true;                      // answer overloaded instead of serving late
+    bool tensor_output = false;            // answer result_tensor_f32 (the output) instead of top-k
 };
 
 struct model_if_config {
@@ -62,18 +70,13 @@ struct model_if_config {
 inline constexpr std::array<double, 16> latency_buckets_s = {
     0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10, 30, 60};
 
-// The geometry of a model's image input.
-struct image_input_shape {
-    std::string name;
-    uint16_t c = 0, h = 0, w = 0;
-};
-
 class model_if final : public dp::if_service {
 public:
     // Serves `model` (loaded from config.onnx when null; a model shared with other IFs keeps
-    // its weights once), checks it takes one f32 [N, C<=3, H, W] image input, plans the batch
-    // sizes the controller may pick and warms them up. Throws std::invalid_argument (bad
-    // settings or model) or the loader's error.
+    // its weights once), derives its request format, plans the batch sizes the controller may
+    // pick (at every length bucket, for sequences) and warms them up. Throws
+    // std::invalid_argument (bad settings or a model no request format fits) or the loader's
+    // error.
     model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& scheduler,
              const model_if_config& config, std::shared_ptr<ml::model> model = nullptr);
     // Waits for batches in flight, frees what is queued.
@@ -98,22 +101,25 @@ public:
 
     const std::shared_ptr<ml::model>& model() const { return _model; }
 
-    // The image input of an imported graph: one f32 [N, C, H, W] input with N >= 1, C in 1..3
-    // and H, W in 1..65535. Throws std::invalid_argument naming the input and the dimension.
-    static image_input_shape image_input(const ml::graph& g);
+    // What requests an imported graph takes (ml::derive_request_input) and, with tensor
+    // output, that its first output can be answered as a tensor. Throws std::invalid_argument
+    // naming the input or output and what would be accepted.
+    static ml::request_input request_input(const ml::graph& g, const model_settings& s);
+    // The lengths each instance is planned at: a sequence model's buckets, else none.
+    static std::vector<int64_t> planned_lengths(const ml::request_input& r);
+    // Imports a model file for serving: a symbolic sequence length starts at the first bucket.
+    static ml::import_options import_options();
     // The batch sizes a lane plans for `max_batch`: the powers of two below it, and it.
     static std::vector<int64_t> batch_sizes(uint32_t max_batch);
     // The instances (one batch size per entry) a new IF with these settings plans.
     static std::vector<int64_t> initial_instances(const model_settings& s);
     // The instances update(s) would add to those planned now.
     std::vector<int64_t> instances_to_plan(const model_settings& s) const;
-    // Gather segments per image the data plane can hand over (its fragments per request).
-    static constexpr int64_t segments_per_image = wire::max_fragments;
+    // Gather segments per request the data plane can hand over (its fragments per request).
+    static constexpr int64_t segments_per_request = wire::max_fragments;
     // Memory the IF's instances hold now (arenas, inputs, gather lists; not the weights).
     int64_t memory_bytes() const;
-    uint16_t height() const { return _h; }
-    uint16_t width() const { return _w; }
-    uint16_t channels() const { return _c; }
+    const ml::request_input& input() const { return _input; }
 
     nlohmann::json describe() const;
     nlohmann::json stats() const;
@@ -121,7 +127,13 @@ public:
 private:
     struct lane;
     void intake(uint32_t& work);
+    // Whether the IF can serve request r; if not, the status and message of its error answer.
+    bool acceptable(const dp::request& r, wire::status& status, std::string& why) const;
+    // The index of r's length bucket in _input.lengths (0 for images and tensors).
+    size_t bucket_of(const dp::request& r) const;
     void dispatch(lane& l);
+    // The answer of request i of a completed batch: top-k or its slice of the output tensor.
+    void answer(lane& l, uint32_t i, const ml::tensor& out);
     void complete(lane& l);
     void shed_late(lane& l, uint64_t now);
     void plan_sizes(lane& l, uint32_t max_batch);
@@ -137,8 +149,9 @@ private:
     model_if_config _config;
     std::shared_ptr<ml::model> _model;
     rte_ring* _ring = nullptr;
-    uint16_t _h = 0, _w = 0, _c = 0;
+    ml::request_input _input;
     uint64_t _tsc_hz = 1;
+    std::vector<rte_mbuf*> _tx_burst;  // a response's datagrams (up to the protocol's fragments)
 
     // Settings: written by update() under _mu; the serving thread holds _mu while it polls
     // (try_lock: a long update() skips this IF for a round instead of stalling the others).

@@ -49,7 +49,7 @@ std::atomic<bool> stop_requested{false};
 
 void on_signal(int) { stop_requested.store(true, std::memory_order_relaxed); }
 
-// --model NAME:PORT:FILE.onnx[:rt|be[:SLO_MS]] -> add_model fields.
+// --model NAME:PORT:FILE.onnx[:rt|be[:SLO_MS[:topk|tensor]]] -> add_model fields.
 nlohmann::json parse_model(const std::string& s, uint32_t max_batch) {
     std::vector<std::string> parts;
     for (size_t at = 0;;) {
@@ -58,8 +58,8 @@ nlohmann::json parse_model(const std::string& s, uint32_t max_batch) {
         if (c == std::string::npos) break;
         at = c + 1;
     }
-    if (parts.size() < 3 || parts.size() > 5)
-        throw CLI::ValidationError("--model", "expected NAME:PORT:FILE.onnx[:rt|be[:SLO_MS]], got '" + s + "'");
+    if (parts.size() < 3 || parts.size() > 6)
+        throw CLI::ValidationError("--model", "expected NAME:PORT:FILE.onnx[:rt|be[:SLO_MS[:topk|tensor]]], got '" + s + "'");
     nlohmann::json f = {{"name", parts[0]}, {"onnx", parts[2]}, {"max_batch", max_batch}};
     try {
         const unsigned long p = std::stoul(parts[1]);
@@ -67,6 +67,7 @@ nlohmann::json parse_model(const std::string& s, uint32_t max_batch) {
         f["port"] = p;
         if (parts.size() > 3) f["class"] = parts[3];
         if (parts.size() > 4) f["slo_ms"] = std::stod(parts[4]);
+        if (parts.size() > 5) f["output"] = parts[5];
     } catch (const std::exception&) {
         throw CLI::ValidationError("--model", "bad UDP port or SLO in '" + s + "'");
     }
@@ -189,7 +190,7 @@ int main(int argc, char** argv) {
         ->check(CLI::ExistingFile);
     app.add_option("--responses", responses, "offline: write responses to this pcap");
     app.add_option("--builtin", builtins, "built-in IF as NAME:UDP_PORT (crc32:9000); repeatable");
-    app.add_option("--model", models, "model IF NAME:UDP_PORT:FILE.onnx[:rt|be[:SLO_MS]] (not persisted); repeatable");
+    app.add_option("--model", models, "model IF NAME:UDP_PORT:FILE.onnx[:rt|be[:SLO_MS[:topk|tensor]]] (not persisted); repeatable");
     app.add_option("--max-batch", max_batch, "largest batch of a --model IF")->capture_default_str()->check(CLI::Range(1u, 256u));
     app.add_option("--eal", eal_args, "EAL arguments, e.g. \"--no-huge -m 512 --no-pci --vdev=net_null0\"");
     app.add_option("--lcores", lcores, "EAL lcore list when --eal is not given")->capture_default_str();

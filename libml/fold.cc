@@ -761,6 +761,7 @@ void fold_generic(graph& g, const fold_limits& limits) {
     f.compact();
     remove_identities(g);
     fuse_batchnorm(g);
+    fuse_gelu(g);
     eliminate_dead_code(g);
 }
 
@@ -971,6 +972,88 @@ void fuse_batchnorm(graph& g) {
     }
     if (!any) return;
     remove_nodes(g, dead);
+}
+
+// x * 0.5 * (1 + erf(x / sqrt 2)) as exporters spell it (torch.onnx for nn.GELU before opset
+// 20, HuggingFace's gelu) becomes one Gelu node, which the planner fuses into the preceding
+// MatMul/Gemm as its activation: one pass over the tensor instead of five launches.
+void fuse_gelu(graph& g) {
+    std::vector<char> dead(g.nodes.size(), 0);
+    std::vector<int> uses(g.values.size(), 0);
+    for (const node& n : g.nodes)
+        for (int v : n.inputs)
+            if (v >= 0) ++uses[size_t(v)];
+    for (int v : g.outputs) ++uses[size_t(v)];  // a graph output is never an intermediate
+    const auto scalar = [&](int v, double want) {
+        if (v < 0) return false;
+        const value& c = g.values[size_t(v)];
+        if (!c.is_constant() || c.type != dtype::f32 || element_count(c.shape) != 1) return false;
+        const double got = c.constant().as_f64(0);
+        return std::fabs(got - want) <= 1e-5 * std::fabs(want);
+    };
+    const auto producer = [&](int v) -> node* {
+        const int p = v >= 0 ? g.values[size_t(v)].producer : -1;
+        return p >= 0 && !dead[size_t(p)] ? &g.nodes[size_t(p)] : nullptr;
+    };
+    // The only node that reads v, if v has exactly one reader.
+    const auto sole_reader = [&](int v) -> int {
+        if (v < 0 || uses[size_t(v)] != 1) return -1;
+        for (size_t i = 0; i < g.nodes.size(); ++i)
+            if (!dead[i] && std::find(g.nodes[i].inputs.begin(), g.nodes[i].inputs.end(), v) != g.nodes[i].inputs.end())
+                return int(i);
+        return -1;
+    };
+    // The other operand of a binary node, given one.
+    const auto other = [](const node& n, int v) { return n.input(0) == v ? n.input(1) : n.input(0); };
+    bool any = false;
+    for (size_t ei = 0; ei < g.nodes.size(); ++ei) {
+        const node& e = g.nodes[ei];
+        if (dead[ei] || e.op != op_type::Erf || uses[size_t(e.input(0))] != 1) continue;
+        node* d = producer(e.input(0));
+        if (!d) continue;
+        int x = -1;
+        if (d->op == op_type::Div && scalar(d->input(1), std::sqrt(2.0))) x = d->input(0);
+        if (d->op == op_type::Mul && scalar(d->input(1), std::sqrt(0.5))) x = d->input(0);
+        if (d->op == op_type::Mul && scalar(d->input(0), std::sqrt(0.5))) x = d->input(1);
+        // Generic graphs carry no inferred types yet; a typed one must be f32.
+        if (x < 0 || (g.values[size_t(x)].type != dtype::f32 && g.values[size_t(x)].type != dtype::undefined)) continue;
+        const int ai = sole_reader(e.outputs[0]);
+        if (ai < 0 || g.nodes[size_t(ai)].op != op_type::Add || !scalar(other(g.nodes[size_t(ai)], e.outputs[0]), 1.0)) continue;
+        const int a_out = g.nodes[size_t(ai)].outputs[0];
+        const int m1 = sole_reader(a_out);
+        if (m1 < 0 || g.nodes[size_t(m1)].op != op_type::Mul) continue;
+        const int m1_other = other(g.nodes[size_t(m1)], a_out);
+        std::vector<int> chain{int(d - g.nodes.data()), int(ei), ai, m1};
+        int last = -1;
+        if (m1_other == x) {
+            // Mul(x, 1 + erf) then Mul(., 0.5)
+            const int m2 = sole_reader(g.nodes[size_t(m1)].outputs[0]);
+            if (m2 >= 0 && g.nodes[size_t(m2)].op == op_type::Mul &&
+                scalar(other(g.nodes[size_t(m2)], g.nodes[size_t(m1)].outputs[0]), 0.5))
+                last = m2;
+        } else if (scalar(m1_other, 0.5)) {
+            // Mul(1 + erf, 0.5) then Mul(x, .)
+            const int m2 = sole_reader(g.nodes[size_t(m1)].outputs[0]);
+            if (m2 >= 0 && g.nodes[size_t(m2)].op == op_type::Mul && other(g.nodes[size_t(m2)], g.nodes[size_t(m1)].outputs[0]) == x)
+                last = m2;
+        } else if (node* h = producer(m1_other); h && h->op == op_type::Mul && uses[size_t(m1_other)] == 1 &&
+                                                  ((h->input(0) == x && scalar(h->input(1), 0.5)) ||
+                                                   (h->input(1) == x && scalar(h->input(0), 0.5)))) {
+            // Mul(x, 0.5) times (1 + erf)
+            chain.push_back(int(h - g.nodes.data()));
+            last = m1;
+        }
+        if (last < 0) continue;
+        for (int n : chain)
+            if (n != last) dead[size_t(n)] = 1;
+        node& gelu = g.nodes[size_t(last)];
+        gelu.op = op_type::Gelu;
+        gelu.inputs = {x};
+        gelu.attrs.clear();
+        gelu.set("approximate", std::string("none"));
+        any = true;
+    }
+    if (any) remove_nodes(g, dead);
 }
 
 void eliminate_dead_code(graph& g) {

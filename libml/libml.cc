@@ -37,28 +37,62 @@ model::~model() {
     if (_weights) _device->free(_weights);
 }
 
+const request_input& model::requests() const {
+    std::call_once(_requests_once, [this] {
+        try {
+            _requests = derive_request_input(_imported);
+        } catch (const std::exception& e) {
+            _requests_error = e.what();
+        }
+    });
+    if (!_requests) throw std::invalid_argument(_requests_error);
+    return *_requests;
+}
+
+void instance::free_variants() {
+    for (variant& v : _variants)
+        if (v.inputs) _device->free(v.inputs);
+    _variants.clear();
+    _selected = 0;
+}
+
 instance::~instance() {
     if (_stream) {
         _device->synchronize(_stream);
         _device->ops().stream_destroy(_device, _stream);
     }
     if (_task) _device->ops().task_words_destroy(_device, _task);
+    free_variants();
     if (_arena) _device->free(_arena);
-    if (_inputs) _device->free(_inputs);
     if (_gather_list) _device->free(_gather_list);
     if (_model) --_model->_instances;
 }
 
 std::vector<tensor_desc> instance::inputs() const {
+    const graph& g = specialized();
     std::vector<tensor_desc> d;
-    for (int v : _graph.inputs) d.push_back({_graph.values[size_t(v)].name, _graph.values[size_t(v)].type, _graph.values[size_t(v)].shape});
+    for (int v : g.inputs) d.push_back({g.values[size_t(v)].name, g.values[size_t(v)].type, g.values[size_t(v)].shape});
     return d;
 }
 
 std::vector<tensor_desc> instance::outputs() const {
+    const graph& g = specialized();
     std::vector<tensor_desc> d;
-    for (int v : _graph.outputs) d.push_back({_graph.values[size_t(v)].name, _graph.values[size_t(v)].type, _graph.values[size_t(v)].shape});
+    for (int v : g.outputs) d.push_back({g.values[size_t(v)].name, g.values[size_t(v)].type, g.values[size_t(v)].shape});
     return d;
+}
+
+std::vector<int64_t> instance::lengths() const {
+    std::vector<int64_t> out;
+    for (const variant& v : _variants)
+        if (v.length) out.push_back(v.length);
+    return out;
+}
+
+int64_t instance::memory_bytes() const {
+    int64_t total = int64_t(_arena_size + _gather_list_size);
+    for (const variant& v : _variants) total += int64_t(v.inputs_size);
+    return total;
 }
 
 runtime::runtime(gpu::device& device, plan_options options) : _device(device), _options(options) {
@@ -110,79 +144,124 @@ std::unique_ptr<instance> runtime::link_model(const std::shared_ptr<model>& m, i
     return in;
 }
 
-std::pair<plan, graph> runtime::plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch) const {
+std::pair<plan, graph> runtime::plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch,
+                                        int64_t length) const {
     graph g = imported;
-    if (g.batch > 0 && g.batch != batch) g.set_batch(batch);
+    if (length > 0) {
+        // A sequence model at one length bucket: every token input [batch, length].
+        const request_input r = derive_request_input(imported);
+        g.specialize(r.shapes(imported, batch, length));
+    } else if (g.batch > 0 && g.batch != batch) {
+        g.set_batch(batch);
+    }
     // Constants a specialization created that the model's weights lack are placed in the
     // instance's inputs region by the plan; the rest come from the shared weights.
     plan p = plan::build(g, layout, _options);
     return {std::move(p), std::move(g)};
 }
 
-int64_t runtime::gather_list_bytes(int64_t batch, int64_t segments_per_image) {
-    if (segments_per_image <= 0) return 0;
-    const size_t needed = size_t(batch * segments_per_image) * sizeof(kernels::gather_segment) +
-                          size_t(batch + 1) * sizeof(uint32_t);
+namespace {
+// Token positions one block of the token gather handles.
+constexpr int64_t tokens_per_block = 128;
+}  // namespace
+
+int64_t runtime::gather_list_bytes(int64_t batch, int64_t segments_per_request, int64_t max_length) {
+    if (segments_per_request <= 0) return 0;
+    const size_t needed = size_t(batch * segments_per_request) * sizeof(kernels::gather_segment) +
+                          size_t(batch + 1) * sizeof(uint32_t) + 8 +
+                          size_t(batch * kernels::ceil_div(max_length, tokens_per_block)) * sizeof(kernels::token_error);
     return int64_t(gather_list_allocation(needed));
 }
 
 std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& imported, const plan::weight_layout& layout,
                                                                  std::span<const int64_t> batches,
-                                                                 int64_t segments_per_image) const {
+                                                                 int64_t segments_per_request,
+                                                                 std::span<const int64_t> lengths) const {
     // link_model() configures the imported batch first; configure_batch() then replaces the
-    // arena and the inputs region only with larger ones: the larger of the two plans stays.
+    // arena only with a larger one (the larger of the plans stays) and the inputs regions with
+    // its plans' own.
     const int64_t first = imported.batch > 0 ? imported.batch : 1;
     const plan first_plan = plan_for(imported, layout, first).first;
+    const int64_t max_length = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
     std::vector<std::pair<int64_t, int64_t>> out;
     for (const int64_t b : batches) {
         int64_t arena = arena_allocation(first_plan), inputs = inputs_allocation(first_plan);
-        if (b != first) {
+        if (!lengths.empty()) {
+            inputs = 0;
+            for (const int64_t len : lengths) {
+                const plan p = plan_for(imported, layout, b, len).first;
+                arena = std::max(arena, arena_allocation(p));
+                inputs += inputs_allocation(p);
+            }
+        } else if (b != first) {
             const plan p = plan_for(imported, layout, b).first;
             arena = std::max(arena, arena_allocation(p));
-            inputs = std::max(inputs, inputs_allocation(p));
+            inputs = inputs_allocation(p);
         }
-        out.emplace_back(b, arena + inputs + gather_list_bytes(b, segments_per_image));
+        out.emplace_back(b, arena + inputs + gather_list_bytes(b, segments_per_request, max_length));
     }
     return out;
 }
 
 memory_footprint runtime::footprint(const graph& imported, std::span<const int64_t> batches,
-                                    int64_t segments_per_image) const {
+                                    int64_t segments_per_request, std::span<const int64_t> lengths) const {
     memory_footprint f;
     const plan::weight_layout layout = plan::layout_weights(imported);
     f.weight_bytes = layout.bytes;
     f.host_bytes = distinct_constant_bytes(imported);
     f.staging_bytes = layout.bytes;
-    f.instances = instance_bytes(imported, layout, batches, segments_per_image);
+    f.instances = instance_bytes(imported, layout, batches, segments_per_request, lengths);
     return f;
 }
 
-memory_footprint runtime::footprint(const model& m, std::span<const int64_t> batches, int64_t segments_per_image) const {
+memory_footprint runtime::footprint(const model& m, std::span<const int64_t> batches, int64_t segments_per_request,
+                                    std::span<const int64_t> lengths) const {
     memory_footprint f;
-    if (!batches.empty()) f.instances = instance_bytes(m._imported, m._layout, batches, segments_per_image);
+    if (!batches.empty()) f.instances = instance_bytes(m._imported, m._layout, batches, segments_per_request, lengths);
     return f;
 }
 
-void runtime::configure_batch(instance& in, int64_t batch) {
-    auto [built, g] = plan_for(in._model->_imported, in._model->_layout, batch);
-    auto p = std::make_unique<plan>(std::move(built));
-    const size_t arena = size_t(arena_allocation(*p));
-    const size_t inputs = size_t(inputs_allocation(*p));
+void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64_t> lengths) {
+    // Plan everything first: a plan that fails leaves the instance as it was.
+    std::vector<instance::variant> built;
+    const std::vector<int64_t> each = lengths.empty() ? std::vector<int64_t>{0}
+                                                      : std::vector<int64_t>(lengths.begin(), lengths.end());
+    size_t arena = 0;
+    for (const int64_t len : each) {
+        auto [p, g] = plan_for(in._model->_imported, in._model->_layout, batch, len);
+        instance::variant v;
+        v.length = len;
+        v.g = std::move(g);
+        v.p = std::make_unique<plan>(std::move(p));
+        v.inputs_size = size_t(inputs_allocation(*v.p));
+        arena = std::max(arena, size_t(arena_allocation(*v.p)));
+        built.push_back(std::move(v));
+    }
     if (arena > in._arena_size) {
         if (in._arena) _device.free(in._arena);
         in._arena = _device.alloc(arena);
-        in._arena_size = arena;
+        in._arena_size = in._arena ? arena : 0;
     }
-    if (inputs > in._inputs_size) {
-        if (in._inputs) _device.free(in._inputs);
-        in._inputs = _device.alloc(inputs, gpu::memory_kind::host_mapped);
-        in._inputs_size = inputs;
+    const auto release = [&] {
+        for (instance::variant& v : built)
+            if (v.inputs) _device.free(v.inputs);
+    };
+    if (!in._arena) {
+        release();
+        throw std::bad_alloc();
     }
-    if (!in._arena || !in._inputs) throw std::bad_alloc();
-    p->bind({static_cast<std::byte*>(in._model->_weights), static_cast<std::byte*>(in._arena),
-             static_cast<std::byte*>(in._inputs)});
-    in._plan = std::move(p);
-    in._graph = std::move(g);
+    for (instance::variant& v : built) {
+        v.inputs = _device.alloc(v.inputs_size, gpu::memory_kind::host_mapped);
+        if (!v.inputs) {
+            release();
+            throw std::bad_alloc();
+        }
+        v.p->bind({static_cast<std::byte*>(in._model->_weights), static_cast<std::byte*>(in._arena),
+                   static_cast<std::byte*>(v.inputs)});
+    }
+    in.free_variants();
+    in._variants = std::move(built);
+    in._selected = in._variants.size() - 1;  // the longest length
     in._batch = batch;
 }
 
@@ -196,7 +275,18 @@ void runtime::infer_batch_profiled(instance& in, std::span<const tensor> inputs,
 }
 
 void runtime::write_inputs(instance& in, std::span<const tensor> inputs) {
-    const plan& p = *in._plan;
+    // With a plan per length, the one whose input shapes the tensors have.
+    if (in._variants.size() > 1)
+        for (size_t k = 0; k < in._variants.size(); ++k) {
+            const auto& locs = in._variants[k].p->inputs();
+            bool match = locs.size() == inputs.size();
+            for (size_t i = 0; match && i < inputs.size(); ++i) match = inputs[i].shape == locs[i].shape;
+            if (match) {
+                in._selected = k;
+                break;
+            }
+        }
+    const plan& p = in.current_plan();
     if (inputs.size() != p.inputs().size())
         throw std::invalid_argument("infer_batch: " + std::to_string(inputs.size()) + " inputs given, the model takes " +
                                     std::to_string(p.inputs().size()));
@@ -206,13 +296,13 @@ void runtime::write_inputs(instance& in, std::span<const tensor> inputs) {
             throw std::invalid_argument("infer_batch: input " + std::to_string(i) + " is " + dtype_name(inputs[i].type) +
                                         shape_str(inputs[i].shape) + ", expected " + dtype_name(loc.type) + shape_str(loc.shape));
         if (inputs[i].bytes())
-            std::memcpy(static_cast<std::byte*>(in._inputs) + loc.offset, inputs[i].data->data(), inputs[i].bytes());
+            std::memcpy(in.input_memory() + loc.offset, inputs[i].data->data(), inputs[i].bytes());
     }
 }
 
 std::vector<gpu::task_launch> runtime::task_launches(const instance& in) const {
     std::vector<gpu::task_launch> out;
-    for (const planned_launch& l : in._plan->launches()) {
+    for (const planned_launch& l : in.current_plan().launches()) {
         gpu::task_launch t;
         t.kernel = l.kernel;
         t.args = l.args;
@@ -224,13 +314,13 @@ std::vector<gpu::task_launch> runtime::task_launches(const instance& in) const {
 
 std::vector<tensor> runtime::read_outputs(const instance& in) {
     std::vector<tensor> outputs;
-    for (const tensor_location& loc : in._plan->outputs()) {
+    for (const tensor_location& loc : in.current_plan().outputs()) {
         const size_t bytes = dtype_size(loc.type) * size_t(element_count(loc.shape));
         bytes_t host(bytes);
         if (bytes) {
             const std::byte* src = loc.where == region::weights ? static_cast<const std::byte*>(in._model->_weights)
                                    : loc.where == region::arena  ? static_cast<const std::byte*>(in._arena)
-                                                                  : static_cast<const std::byte*>(in._inputs);
+                                                                  : in.input_memory();
             _device.ops().copy_to_host(&_device, host.data(), src + loc.offset, bytes);
         }
         outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
@@ -238,20 +328,30 @@ std::vector<tensor> runtime::read_outputs(const instance& in) {
     return outputs;
 }
 
-kernels::gather_args runtime::gather_for(instance& in, const image_batch& images) {
-    const plan& p = *in._plan;
-    if (p.inputs().size() != 1 || p.inputs()[0].type != dtype::f32 || p.inputs()[0].shape.size() != 4)
-        throw std::invalid_argument("infer_images: the model's input is not one f32 [N, C, H, W] tensor");
-    const shape_t& s = p.inputs()[0].shape;
-    if (int64_t(images.first.size()) != s[0] + 1)
-        throw std::invalid_argument("infer_images: " + std::to_string(images.first.size() - 1) +
-                                    " images for an instance configured for batch " + std::to_string(s[0]));
-    if (s[1] > 4) throw std::invalid_argument("infer_images: more than 4 channels");
-    // Segments first (8-byte aligned pointers), then the offsets.
-    const size_t seg_bytes = images.segments.size_bytes(), first_bytes = images.first.size_bytes();
-    if (seg_bytes + first_bytes > in._gather_list_size) {
+gpu::task_launch runtime::gather_for(instance& in, const request_batch& b) {
+    const request_input& r = in._model->requests();
+    const int64_t n = int64_t(b.first.size()) - 1;
+    if (n != in._batch)
+        throw std::invalid_argument("request batch of " + std::to_string(n) + " for an instance configured for batch " +
+                                    std::to_string(in._batch));
+    if (r.kind == request_kind::sequence) {
+        size_t k = 0;
+        while (k < in._variants.size() && in._variants[k].length != b.length) ++k;
+        if (k == in._variants.size())
+            throw std::invalid_argument("sequence batch at length " + std::to_string(b.length) +
+                                        ", which the instance has no plan for");
+        in._selected = k;
+    }
+    const plan& p = in.current_plan();
+    std::byte* inputs = in.input_memory();
+    const int64_t token_blocks = r.kind == request_kind::sequence ? kernels::ceil_div(b.length, tokens_per_block) : 0;
+    // Segments first (8-byte aligned pointers), then the offsets, then the token errors.
+    const size_t seg_bytes = b.segments.size_bytes(), first_bytes = b.first.size_bytes();
+    const size_t errors_at = (seg_bytes + first_bytes + 7) / 8 * 8;
+    const size_t needed = errors_at + size_t(n * token_blocks) * sizeof(kernels::token_error);
+    if (needed > in._gather_list_size) {
         if (in._gather_list) _device.free(in._gather_list);
-        in._gather_list_size = gather_list_allocation(seg_bytes + first_bytes);
+        in._gather_list_size = gather_list_allocation(needed);
         in._gather_list = _device.alloc(in._gather_list_size, gpu::memory_kind::host_mapped);
         if (!in._gather_list) {
             in._gather_list_size = 0;
@@ -259,54 +359,107 @@ kernels::gather_args runtime::gather_for(instance& in, const image_batch& images
         }
     }
     auto* list = static_cast<std::byte*>(in._gather_list);
-    std::memcpy(list, images.segments.data(), seg_bytes);
-    std::memcpy(list + seg_bytes, images.first.data(), first_bytes);
-    kernels::gather_args g{};
-    g.segments = reinterpret_cast<const kernels::gather_segment*>(list);
-    g.first = reinterpret_cast<const uint32_t*>(list + seg_bytes);
-    g.y = reinterpret_cast<float*>(static_cast<std::byte*>(in._inputs) + p.inputs()[0].offset);
-    g.batch = s[0];
-    g.c = s[1];
-    g.h = s[2];
-    g.w = s[3];
-    for (int i = 0; i < 4; ++i) {
-        g.mean[i] = images.mean[i];
-        g.inv_std[i] = 1.0f / images.std[i];
+    std::memcpy(list, b.segments.data(), seg_bytes);
+    std::memcpy(list + seg_bytes, b.first.data(), first_bytes);
+    const auto* segments = reinterpret_cast<const kernels::gather_segment*>(list);
+    const auto* first = reinterpret_cast<const uint32_t*>(list + seg_bytes);
+    const bool on_gpu = _options.tiles == plan_options::tiles_for::gpu;
+
+    switch (r.kind) {
+    case request_kind::image: {
+        const shape_t& s = p.inputs()[0].shape;
+        kernels::gather_args g{};
+        g.segments = segments;
+        g.first = first;
+        g.y = reinterpret_cast<float*>(inputs + p.inputs()[0].offset);
+        g.batch = s[0];
+        g.c = s[1];
+        g.h = s[2];
+        g.w = s[3];
+        for (int i = 0; i < 4; ++i) {
+            g.mean[i] = b.mean[i];
+            g.inv_std[i] = 1.0f / b.std[i];
+        }
+        // A GPU block reads its bytes over PCIe: many small blocks keep more reads in flight.
+        const int64_t per_block = on_gpu ? int64_t(1) << 12 : int64_t(1) << 16;
+        g.bytes_per_block = std::max<int64_t>(g.c, per_block / g.c * g.c);
+        return gpu::task_launch::make(&kernels::gather_kernel, g, uint32_t(kernels::gather_grid(g)));
     }
-    // A GPU block reads its bytes over PCIe: many small blocks keep more reads in flight.
-    const int64_t per_block = _options.tiles == plan_options::tiles_for::gpu ? int64_t(1) << 12 : int64_t(1) << 16;
-    g.bytes_per_block = std::max<int64_t>(g.c, per_block / g.c * g.c);
-    return g;
+    case request_kind::sequence: {
+        kernels::token_gather_args t{};
+        t.segments = segments;
+        t.first = first;
+        const auto slot = [&](int role, void** ptr, kernels::elem* type) {
+            if (role < 0) return;
+            const tensor_location& loc = p.inputs()[size_t(role)];
+            *ptr = inputs + loc.offset;
+            *type = loc.type == dtype::i64 ? kernels::elem::i64 : kernels::elem::i32;
+        };
+        slot(r.ids, &t.ids, &t.ids_type);
+        slot(r.mask, &t.mask, &t.mask_type);
+        slot(r.types, &t.types, &t.types_type);
+        t.errors = reinterpret_cast<kernels::token_error*>(list + errors_at);
+        t.batch = n;
+        t.length = b.length;
+        t.vocab = r.vocab;
+        t.tokens_per_block = tokens_per_block;
+        in._token_errors = t.errors;
+        in._token_blocks_per_request = token_blocks;
+        in._token_requests = n;
+        return gpu::task_launch::make(&kernels::token_gather_kernel, t, uint32_t(kernels::token_gather_grid(t)));
+    }
+    case request_kind::tensor: {
+        kernels::tensor_gather_args t{};
+        t.segments = segments;
+        t.first = first;
+        t.y = reinterpret_cast<float*>(inputs + p.inputs()[0].offset);
+        t.batch = n;
+        t.elements = element_count(r.item);
+        t.elements_per_block = on_gpu ? 1024 : 16384;
+        return gpu::task_launch::make(&kernels::tensor_gather_kernel, t, uint32_t(kernels::tensor_gather_grid(t)));
+    }
+    }
+    throw std::logic_error("unknown request kind");
 }
 
-void runtime::infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs) {
-    const kernels::gather_args g = gather_for(in, images);
+void runtime::infer_requests(instance& in, const request_batch& batch, std::vector<tensor>& outputs) {
+    const gpu::task_launch g = gather_for(in, batch);
     run(in, {}, outputs, nullptr, &g);
 }
 
-std::vector<gpu::task_launch> runtime::image_task(instance& in, const image_batch& images) {
-    const kernels::gather_args g = gather_for(in, images);
+std::vector<gpu::task_launch> runtime::request_task(instance& in, const request_batch& batch) {
     std::vector<gpu::task_launch> out;
-    out.push_back(gpu::task_launch::make(&kernels::gather_kernel, g, uint32_t(kernels::gather_grid(g))));
+    out.push_back(gather_for(in, batch));
     for (auto& l : task_launches(in)) out.push_back(std::move(l));
     return out;
 }
 
+std::vector<kernels::token_error> runtime::token_errors(const instance& in) const {
+    std::vector<kernels::token_error> out(size_t(in._token_requests), kernels::token_error{-1, 0});
+    for (int64_t i = 0; i < in._token_requests; ++i)
+        for (int64_t k = 0; k < in._token_blocks_per_request; ++k) {
+            const kernels::token_error e = in._token_errors[i * in._token_blocks_per_request + k];
+            if (e.position >= 0) {
+                out[size_t(i)] = e;
+                break;
+            }
+        }
+    return out;
+}
+
 void runtime::run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
-                  std::vector<double>* launch_ms, const kernels::gather_args* gather) {
-    const plan& p = *in._plan;
+                  std::vector<double>* launch_ms, const gpu::task_launch* gather) {
     if (!gather) write_inputs(in, inputs);
+    const plan& p = in.current_plan();
     gpu::task_words* task = in._task;
     if (task->preempt.load() != 0) _device.set_task_flag(task, 0);
     task->completed.store(0);
     const auto& launches = p.launches();
     // The gather kernel, when given, is kernel 0 of the task; the model's kernels follow.
     const uint32_t first = gather ? 1 : 0;
-    if (gather) {
-        const uint32_t grid = uint32_t(kernels::gather_grid(*gather));
-        _device.launch(in._stream, gpu::launch{&kernels::gather_kernel, gather, uint32_t(sizeof *gather), grid, 0,
-                                               grid, task, 0});
-    }
+    if (gather)
+        _device.launch(in._stream, gpu::launch{gather->kernel, gather->args.data(), uint32_t(gather->args.size()),
+                                               gather->grid, 0, gather->grid, task, 0});
     for (size_t i = 0; i < launches.size(); ++i) {
         const planned_launch& l = launches[i];
         gpu::launch g{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid, task, uint32_t(i) + first};

@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "libml/kernels/decomp.h"
 #include "libml/onnx_import.h"
 #include "libml/plan.h"
+#include "libml/request_input.h"
 #include "preempt/device.h"
 #include "preempt/scheduler.h"
 
@@ -37,7 +40,7 @@ struct memory_footprint {
     int64_t weight_bytes = 0;   // device: the weights region, one per loaded model
     int64_t host_bytes = 0;     // host: the constants a loaded model keeps (plans are built from them)
     int64_t staging_bytes = 0;  // host, while loading only: the buffer the weights are uploaded from
-    // One entry per instance: its batch size and its bytes (arena, inputs region, gather list).
+    // One entry per instance: its batch size and its bytes (arena, inputs regions, gather list).
     std::vector<std::pair<int64_t, int64_t>> instances;
 
     int64_t instance_bytes() const {
@@ -62,6 +65,9 @@ public:
     int64_t host_bytes() const { return _host_bytes; }
     const void* weights() const { return _weights; }
     int instances() const { return _instances; }
+    // What requests the model takes (request_input.h), derived once on first use. Throws
+    // std::invalid_argument when the model's inputs fit no request format.
+    const request_input& requests() const;
 
 private:
     friend class runtime;
@@ -74,40 +80,62 @@ private:
     gpu::device* _device = nullptr;
     int _instances = 0;
     int64_t _host_bytes = 0;
+    mutable std::once_flag _requests_once;
+    mutable std::optional<request_input> _requests;
+    mutable std::string _requests_error;
 
 public:
     ~model();
 };
 
-// One instance of a model: its own arena, inputs, stream and task words.
+// One instance of a model: its own arena, inputs, stream and task words. A sequence model's
+// instance holds a plan per length bucket; they share the arena (one batch runs at a time)
+// and each has its own inputs region (which holds the constants only its length has).
 class instance {
 public:
     ~instance();
     int64_t batch() const { return _batch; }
-    const plan& current_plan() const { return *_plan; }
-    const graph& specialized() const { return _graph; }
+    // The selected plan: the one the last task or inference ran (or the longest length).
+    const plan& current_plan() const { return *selected().p; }
+    const graph& specialized() const { return selected().g; }
     std::vector<tensor_desc> inputs() const;
     std::vector<tensor_desc> outputs() const;
-    int64_t arena_bytes() const { return _plan ? _plan->arena_bytes() : 0; }
+    int64_t arena_bytes() const { return int64_t(_arena_size); }
     gpu::task_words* task() const { return _task; }
-    std::byte* input_memory() const { return static_cast<std::byte*>(_inputs); }
-    // Device and host-mapped memory the instance holds now: arena, inputs region, gather list.
-    int64_t memory_bytes() const { return int64_t(_arena_size + _inputs_size + _gather_list_size); }
+    std::byte* input_memory() const { return static_cast<std::byte*>(selected().inputs); }
+    // The planned sequence lengths (empty: one plan at the model's own input shapes) and the
+    // selected plan's length (0 for such a plan).
+    std::vector<int64_t> lengths() const;
+    int64_t length() const { return selected().length; }
+    // Device and host-mapped memory the instance holds now: arena, inputs regions, gather list.
+    int64_t memory_bytes() const;
 
 private:
     friend class runtime;
+    struct variant {
+        int64_t length = 0;
+        graph g;
+        std::unique_ptr<plan> p;
+        void* inputs = nullptr;  // host-mapped: the gather kernel or the caller fills it
+        size_t inputs_size = 0;
+    };
+    const variant& selected() const { return _variants[_selected]; }
+    void free_variants();
+
     std::shared_ptr<model> _model;
     gpu::device* _device = nullptr;
     gpu::stream* _stream = nullptr;
     gpu::task_words* _task = nullptr;
     int64_t _batch = 0;
-    graph _graph;
-    std::unique_ptr<plan> _plan;
+    std::vector<variant> _variants;
+    size_t _selected = 0;
     void* _arena = nullptr;
-    void* _inputs = nullptr;  // host-mapped: the gather kernel or the caller fills it
-    void* _gather_list = nullptr;  // host-mapped: the gather kernel's segments and offsets
+    size_t _arena_size = 0;
+    // Host-mapped: the gather kernel's segments and offsets, then (sequences) its token errors.
+    void* _gather_list = nullptr;
     size_t _gather_list_size = 0;
-    size_t _arena_size = 0, _inputs_size = 0;
+    const kernels::token_error* _token_errors = nullptr;
+    int64_t _token_blocks_per_request = 0, _token_requests = 0;
 };
 
 class runtime {
@@ -121,9 +149,12 @@ public:
     // Takes an already imported (possibly re-specialized) graph.
     std::shared_ptr<model> load_graph(graph g, const std::string& name);
     std::unique_ptr<instance> link_model(const std::shared_ptr<model>& m, int stream_priority = 0);
-    void configure_batch(instance& in, int64_t batch);
-    // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes)
-    // into the instance, runs every launch and copies the outputs back.
+    // Plans the instance for `batch` at the model's own input shapes (one plan), or for a
+    // sequence model at each of `lengths` (a plan per length; request_input::lengths).
+    void configure_batch(instance& in, int64_t batch, std::span<const int64_t> lengths = {});
+    // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes;
+    // for an instance with a plan per length, the shapes select the plan) into the instance,
+    // runs every launch and copies the outputs back.
     void infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs);
     // For running an instance under the scheduler (preempt/scheduler.h): write its inputs,
     // submit task_launches() as a task, read its outputs once the task has completed.
@@ -131,22 +162,30 @@ public:
     std::vector<gpu::task_launch> task_launches(const instance& in) const;
     std::vector<tensor> read_outputs(const instance& in);
 
-    // Runs a batch of u8 HWC images given as gather lists of payload fragments (as the data
-    // plane reassembles them, read in place): the gather kernel writes the normalised f32
-    // NCHW input tensor as kernel 0 of the task, then the model's kernels run. The instance
-    // must be configured for batch = first.size() - 1, with one f32 [N, C, H, W] input.
-    struct image_batch {
+    // A batch of requests given as gather lists of payload fragments (as the data plane
+    // reassembles them, read in place), in the model's request format (model::requests()):
+    // the gather kernel writes the model's input tensors as kernel 0 of the task, then the
+    // model's kernels run. Images: u8 HWC -> f32 NCHW normalised with mean/std. Token
+    // sequences: ids, attention mask and token types at `length` (a planned length at least
+    // as long as every request); tokens outside the vocabulary are replaced by 0 and reported
+    // by token_errors(). Tensors: f32 as they are. The instance must be configured for batch
+    // = first.size() - 1 (and `length`, for sequences).
+    struct request_batch {
         std::span<const kernels::gather_segment> segments;
         std::span<const uint32_t> first;  // batch + 1 offsets into segments
-        float mean[4] = {0, 0, 0, 0};
+        float mean[4] = {0, 0, 0, 0};     // images
         float std[4] = {1, 1, 1, 1};
+        int64_t length = 0;               // sequences
     };
-    void infer_images(instance& in, const image_batch& images, std::vector<tensor>& outputs);
-    // The same batch as a task for the scheduler: the gather kernel, then the model's kernels.
-    // The gather list is copied into host-mapped memory the instance owns (kernels on any
-    // backend read it there), so the launches stay valid while the task runs and until the
-    // next image_task or infer_images on this instance. read_outputs() once it completed.
-    std::vector<gpu::task_launch> image_task(instance& in, const image_batch& images);
+    void infer_requests(instance& in, const request_batch& batch, std::vector<tensor>& outputs);
+    // The same batch as a task for the scheduler. The gather list is copied into host-mapped
+    // memory the instance owns (kernels on any backend read it there), so the launches stay
+    // valid while the task runs and until the next request_task or infer_requests on this
+    // instance. read_outputs() (and token_errors()) once it completed.
+    std::vector<gpu::task_launch> request_task(instance& in, const request_batch& batch);
+    // After a sequence batch: per request, the first token outside the vocabulary (position
+    // -1: none).
+    std::vector<kernels::token_error> token_errors(const instance& in) const;
     // The same, synchronising after every launch: `launch_ms[i]` is launch i's time. For
     // profiles (kprof) and finding hot kernels; slower than infer_batch.
     void infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
@@ -154,29 +193,33 @@ public:
 
     gpu::device& device() { return _device; }
 
-    // Footprints (see memory_footprint), with instances configured for `batches` whose image
-    // batches arrive in at most `segments_per_image` gather segments per image (0: the
-    // instances are not used with image_task). For an imported graph not loaded yet, and for
-    // a loaded model (weights already counted where it was loaded: instances only). Throws
-    // what plan::build throws for a graph the planner cannot run.
+    // Footprints (see memory_footprint), with instances configured for `batches` (at each
+    // of `lengths`, for a sequence model) whose requests arrive in at most
+    // `segments_per_request` gather segments each (0: the instances are not used with
+    // request_task). For an imported graph not loaded yet, and for a loaded model (weights
+    // already counted where it was loaded: instances only). Throws what plan::build throws
+    // for a graph the planner cannot run.
     memory_footprint footprint(const graph& imported, std::span<const int64_t> batches,
-                               int64_t segments_per_image) const;
+                               int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
     memory_footprint footprint(const model& m, std::span<const int64_t> batches,
-                               int64_t segments_per_image) const;
-    // The gather list image_task() allocates at most for a batch of `batch` images of up to
-    // `segments_per_image` segments each (it grows to twice what a batch needs).
-    static int64_t gather_list_bytes(int64_t batch, int64_t segments_per_image);
+                               int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
+    // The gather list request_task() allocates at most for a batch of `batch` requests of up to
+    // `segments_per_request` segments each and (sequences) up to `max_length` tokens (it grows
+    // to twice what a batch needs).
+    static int64_t gather_list_bytes(int64_t batch, int64_t segments_per_request, int64_t max_length = 0);
 
 private:
-    // The plan configure_batch() builds for `batch`, and its specialized graph.
-    std::pair<plan, graph> plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch) const;
+    // The plan configure_batch() builds for `batch` (at `length`, for a sequence model; 0:
+    // the imported shapes), and its specialized graph.
+    std::pair<plan, graph> plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch,
+                                    int64_t length = 0) const;
     // (batch, bytes) of an instance configured for each of `batches`.
     std::vector<std::pair<int64_t, int64_t>> instance_bytes(const graph& imported, const plan::weight_layout& layout,
-                                                            std::span<const int64_t> batches,
-                                                            int64_t segments_per_image) const;
+                                                            std::span<const int64_t> batches, int64_t segments_per_request,
+                                                            std::span<const int64_t> lengths) const;
     void run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
-             std::vector<double>* launch_ms, const kernels::gather_args* gather = nullptr);
-    kernels::gather_args gather_for(instance& in, const image_batch& images);
+             std::vector<double>* launch_ms, const gpu::task_launch* gather = nullptr);
+    gpu::task_launch gather_for(instance& in, const request_batch& batch);
     static std::shared_ptr<model> finish_load(gpu::device& dev, graph g, std::string name);
 
     gpu::device& _device;

@@ -495,6 +495,8 @@ graph import_model(const onnx::ModelProto& m, const import_options& opts) {
         } else if (v.batched && !s.empty() && s[0] < 0) {
             s[0] = 1;
         }
+        for (int64_t& d : s)
+            if (d < 0 && opts.unbound_dim > 0) d = opts.unbound_dim;
         shapes[in] = s;
     }
     std::vector<int> fixups;

@@ -23,6 +23,10 @@ struct import_options {
     // Batch size for the batched inputs (dim 0 symbolic, or declared 1 on a rank >= 2 input
     // when no input has a symbolic dim 0). 0: the declared size, or 1 where symbolic.
     int64_t batch = 0;
+    // Size of the symbolic dims (other than the batch dim) of graph inputs that input_shapes
+    // does not give, e.g. a sequence model's length "L" (the generic graph keeps them
+    // symbolic: graph::specialize() plans other lengths). 0: import fails naming them.
+    int64_t unbound_dim = 0;
     // Folding limits: the largest tensor that constant folding may create, and all together.
     int64_t max_fold_bytes = int64_t{1} << 30;
     int64_t max_total_fold_bytes = int64_t{12} << 30;

@@ -63,6 +63,7 @@ graph specialize_graph(const graph& generic, const std::map<int, shape_t>& input
 
 void remove_identities(graph& g);
 void fuse_batchnorm(graph& g);
+void fuse_gelu(graph& g);
 void eliminate_dead_code(graph& g);
 
 }  // namespace reefline::ml::detail

@@ -380,18 +380,33 @@ void planner::lower_conv(int ni) {
     require_f32(n, x);
     const shape_t& xs = val(x).shape;
     const shape_t& ws = val(w).shape;
-    if (xs.size() != 4) unsupported(n, "only 2-D convolution (NCHW) is implemented");
+    if (xs.size() != 4 && xs.size() != 3) unsupported(n, "only 1-D (NCL) and 2-D (NCHW) convolution is implemented");
     require_f32(n, w);
     const ints pads = n.is("pads"), strides = n.is("strides"), dil = n.is("dilations");
     k::conv2d_args a{};
-    a.n = xs[0]; a.c_in = xs[1]; a.h = xs[2]; a.w_in = xs[3];
-    a.c_out = ws[0]; a.kh = ws[2]; a.kw = ws[3];
-    a.stride_h = strides.at(0); a.stride_w = strides.at(1);
-    a.pad_top = pads.at(0); a.pad_left = pads.at(1);
-    a.dil_h = dil.at(0); a.dil_w = dil.at(1);
+    a.n = xs[0]; a.c_in = xs[1];
+    a.c_out = ws[0];
     a.groups = n.i("group", 1);
-    a.h_out = val(y).shape[2];
-    a.w_out = val(y).shape[3];
+    if (xs.size() == 3) {
+        // 1-D: a 2-D convolution of height 1 (a temporal convolution over sensor windows).
+        // Only the begin pads matter: the output length comes from shape inference, and
+        // reads past the input's end are zeros, which the end pads are.
+        a.h = 1; a.w_in = xs[2];
+        a.kh = 1; a.kw = ws[2];
+        a.stride_h = 1; a.stride_w = strides.at(0);
+        a.pad_top = 0; a.pad_left = pads.at(0);
+        a.dil_h = 1; a.dil_w = dil.at(0);
+        a.h_out = 1;
+        a.w_out = val(y).shape[2];
+    } else {
+        a.h = xs[2]; a.w_in = xs[3];
+        a.kh = ws[2]; a.kw = ws[3];
+        a.stride_h = strides.at(0); a.stride_w = strides.at(1);
+        a.pad_top = pads.at(0); a.pad_left = pads.at(1);
+        a.dil_h = dil.at(0); a.dil_w = dil.at(1);
+        a.h_out = val(y).shape[2];
+        a.w_out = val(y).shape[3];
+    }
     // Fusions: Conv -> [Add(residual)] -> [activation], each step only when the intermediate
     // has no other reader and the residual is ready before this conv runs.
     int residual = -1;
@@ -551,7 +566,7 @@ void planner::lower_matmul(int ni) {
             y = next->output(0);
         }
     }
-    g.tile_m = int32_t(std::min<int64_t>(M, 64));
+    g.tile_m = int32_t(std::min<int64_t>(M, 256));
     g.tile_n = int32_t(std::min<int64_t>(N, 256));
     g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(K, 2048)));
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
@@ -761,8 +776,9 @@ void planner::lower(int ni) {
         const int idx = n.input(1);
         const shape_t& xs = val(x).shape;
         const int64_t axis = n.i("axis", 0);
-        if (val(idx).type != dtype::i64) unsupported(n, "indices must be int64");
+        if (val(idx).type != dtype::i64 && val(idx).type != dtype::i32) unsupported(n, "indices must be int64 or int32");
         k::gather_axis_args a{};
+        a.index_bytes = int32_t(dtype_size(val(idx).type));
         a.outer = product(xs, 0, size_t(axis));
         a.axis = xs[size_t(axis)];
         a.inner = product(xs, size_t(axis) + 1);

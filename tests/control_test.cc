@@ -508,7 +508,7 @@ TEST_F(control_test, unknown_fields_are_refused_by_every_operation_and_the_repos
         EXPECT_TRUE(key == "name" || key == "port" || key == "onnx" || key == "class" || key == "slo_ms" ||
                     key == "batching" || key == "min_batch" || key == "max_batch" || key == "fixed_batch" ||
                     key == "priority" || key == "shed" || key == "rt_sources" || key == "top_k" || key == "mean" ||
-                    key == "std")
+                    key == "std" || key == "output")
             << key;
     // A config made huge or deep by hand is refused at start-up, naming the file.
     stop_daemon();
@@ -660,7 +660,7 @@ TEST_F(control_test, a_model_that_does_not_fit_the_memory_budget_is_refused_befo
 TEST_F(control_test, the_footprint_is_what_the_instances_then_hold_and_shared_weights_count_once) {
     const std::string file = write_activation_model(_dir / "activations.onnx", {1, 3, 64, 48});
     const std::vector<int64_t> sizes = {1, 2, 4, 5};
-    const ml::memory_footprint f = _runtime->footprint(ml::import_onnx(file), sizes, ifm::model_if::segments_per_image);
+    const ml::memory_footprint f = _runtime->footprint(ml::import_onnx(file), sizes, ifm::model_if::segments_per_request);
     ASSERT_EQ(f.instances.size(), sizes.size());
     const json r = add("act", 9100, file, {{"max_batch", 5}});
     ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
@@ -670,7 +670,7 @@ TEST_F(control_test, the_footprint_is_what_the_instances_then_hold_and_shared_we
         EXPECT_EQ(held[i]["batch"], sizes[i]);
         // Nothing ran yet: the gather list is not allocated, the rest is exactly the estimate.
         EXPECT_EQ(held[i]["bytes"].get<int64_t>(),
-                  f.instances[i].second - ml::runtime::gather_list_bytes(sizes[i], ifm::model_if::segments_per_image))
+                  f.instances[i].second - ml::runtime::gather_list_bytes(sizes[i], ifm::model_if::segments_per_request))
             << "batch " << sizes[i];
     }
 
@@ -713,13 +713,14 @@ TEST_F(control_test, a_model_file_is_measured_before_it_is_read) {
     EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
 }
 
-TEST_F(control_test, an_image_input_with_a_zero_or_absurd_dimension_is_refused_naming_it) {
+TEST_F(control_test, an_input_with_a_zero_or_absurd_dimension_is_refused_naming_it) {
     const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
-        {{1, 3, 0, 32}, "input 'x' [1x3x0x32]: dimension 2 (H) is 0; an image input needs it in 1..65535"},
+        {{1, 3, 0, 32}, "input 'x' f32 [1x3x0x32]: dimension 2 (H) is 0; an image input needs it in 1..65535"},
         {{1, 3, 32, 70000}, "dimension 3 (W) is 70000; an image input needs it in 1..65535"},
-        {{1, 5, 32, 32}, "dimension 1 (C) is 5; an image input needs it in 1..3"},
         {{0, 3, 32, 32}, "dimension 0 (N) is 0"},
-        {{1, 3, 32}, "expected one f32 [N, C<=3, H, W] image input, got input 'x' f32 [1x3x32]"},
+        {{1, 0, 8}, "input 'x' f32 [1x0x8]: a tensor request's dims must each be 1..65535"},
+        {{1, 70000, 8}, "a tensor request's dims must each be 1..65535"},
+        {{1, 2, 2, 2, 2, 2}, "has rank 6"},
     };
     for (size_t i = 0; i < cases.size(); ++i) {
         const std::string file = write_activation_model(_dir / ("dims" + std::to_string(i) + ".onnx"), cases[i].first);
@@ -734,6 +735,12 @@ TEST_F(control_test, an_image_input_with_a_zero_or_absurd_dimension_is_refused_n
         EXPECT_NE(m.find("model 'd" + std::to_string(i) + "'"), std::string::npos) << m;
     }
     EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
+    // Any other f32 input of fixed dims is a tensor IF: [1, 5, 32, 32] takes 5x32x32 tensors.
+    const std::string file = write_activation_model(_dir / "tensor.onnx", {1, 5, 32, 32});
+    const json r = add("t", 9200, file);
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    EXPECT_EQ(r["result"]["input_format"], "tensor_f32");
+    EXPECT_EQ(r["result"]["tensor_dims"], json({5, 32, 32}));
 }
 
 TEST(byte_size, parses_what_operators_write_and_refuses_the_rest) {

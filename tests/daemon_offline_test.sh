@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The daemon's model IFs on a device backend, offline: reefline replays captures (net_pcap)
-# into an RT and a BE IF, reefgen check collects the answers and reefverify checks every one
-# against libml run directly on the same images (cpu backend). With `cpu` (tests/meson.build)
+# into an RT and a BE image IF, a sequence IF (token requests of mixed lengths) and a tensor IF
+# answering tensors; reefgen check collects the answers and reefverify checks every one
+# against libml run directly on the same inputs (cpu backend). With `cpu` (tests/meson.build)
 # it checks the data path and the offline tools; with `cuda`/`hip` (scripts/gpu-build,
 # tests/gpu/meson.build) it checks `reefline --backend cuda|hip`: the packet memory registered
 # with the device, the gather kernel reading payloads in place, the model's kernels from the
@@ -13,16 +14,19 @@ backend=$1 reefline=$2 reefgen=$3 reefverify=$4 zoo=$5
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
-"$zoo" --out "$tmp" --tiny --only resnet50_tiny,mobilenet_v2_tiny -q
+"$zoo" --out "$tmp" --tiny --only resnet50_tiny,mobilenet_v2_tiny,distilbert_tiny,sensor_tcn_tiny -q
 
-# run NAME MODEL CLASS SEED [reefline args...]: 6 requests (shuffled fragments) to one IF.
+# [OUTPUT=tensor] run NAME MODEL CLASS SEED PAYLOAD [reefline args...]: 6 requests (shuffled
+# fragments of 1021 bytes: tokens and floats straddle datagrams) to one IF. PAYLOAD: the
+# reefgen/reefverify arguments that say what the requests carry.
 run() {
-  local name=$1 model=$2 cls=$3 seed=$4; shift 4
-  "$reefgen" pcap --out "$tmp/$name.req.pcap" --requests 6 --shape 64x64x3 --frag-size 1024 --dport 9100 \
+  local name=$1 model=$2 cls=$3 seed=$4 payload=$5; shift 5
+  # shellcheck disable=SC2086
+  "$reefgen" pcap --out "$tmp/$name.req.pcap" --requests 6 $payload --frag-size 1021 --dport 9100 \
     --seed "$seed" --shuffle > /dev/null
   # A generous SLO: the software SIMT machine (-Dgpu_emu=true) takes seconds per batch.
   if ! "$reefline" --backend "$backend" --offline "$tmp/$name.req.pcap" --responses "$tmp/$name.resp.pcap" \
-      --model "$name:9100:$tmp/$model.onnx:$cls:600000" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
+      --model "$name:9100:$tmp/$model.onnx:$cls:600000${OUTPUT:+:$OUTPUT}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
     if grep -qE "no (CUDA|HIP) device" "$tmp/$name.err"; then
       echo "SKIP: $(grep -oE "no (CUDA|HIP) device.*" "$tmp/$name.err" | head -1)"
       exit 77
@@ -39,15 +43,20 @@ PY
   "$reefgen" check --requests "$tmp/$name.req.pcap" --responses "$tmp/$name.resp.pcap" --expect model \
     --results "$tmp/$name.jsonl" --seed "$seed" > "$tmp/$name.check" \
     || { cat "$tmp/$name.check"; echo "FAIL $name: reefgen check"; exit 1; }
-  "$reefverify" --model "$tmp/$model.onnx" --results "$tmp/$name.jsonl" --shape 64x64x3 --seed "$seed" --no-errors \
+  # shellcheck disable=SC2086
+  "$reefverify" --model "$tmp/$model.onnx" --results "$tmp/$name.jsonl" $payload --seed "$seed" --no-errors \
     | tail -n 1 | tee "$tmp/$name.verify"
   grep -q "verified=6 mismatched=0 errors=0" "$tmp/$name.verify" || { echo "FAIL $name: answers differ from libml"; exit 1; }
 }
 
-run rt resnet50_tiny rt 3
+run rt resnet50_tiny rt 3 "--shape 64x64x3"
 # The BE run takes its batch limit from a JSON configuration file (flags add the rest).
 printf '{"max-batch": 4, "policy": "reef", "age-ms": 500}\n' > "$tmp/be.json"
-run be mobilenet_v2_tiny be 4 --config "$tmp/be.json"
+run be mobilenet_v2_tiny be 4 "--shape 64x64x3" --config "$tmp/be.json"
+# Token sequences of 1..64 tokens (length buckets 16, 32, 64) to a BE DistilBERT, and sensor
+# windows to a temporal convolution network answering its output tensor.
+run seq distilbert_tiny be 5 "--tokens 1-64"
+OUTPUT=tensor run sensor sensor_tcn_tiny be 6 "--format tensor --dims 64,6"
 
 # A bad configuration file is a usage error (exit 2) that names the problem.
 bad_config() {  # FILE-CONTENT EXPECTED-TEXT

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -207,6 +208,96 @@ TEST(gather, fragments_to_normalised_nchw) {
 }
 
 
+// Requests cut into fragments of `frag` bytes (not a multiple of 4: elements straddle packets).
+void fragment(const std::vector<std::vector<uint8_t>>& payloads, uint32_t frag, std::vector<k::gather_segment>& segs,
+              std::vector<uint32_t>& first) {
+    first.assign(1, 0);
+    for (const auto& p : payloads) {
+        for (uint32_t off = 0; off < p.size(); off += frag)
+            segs.push_back({p.data() + off, uint32_t(std::min<size_t>(frag, p.size() - off)), off});
+        first.push_back(uint32_t(segs.size()));
+    }
+}
+
+std::vector<uint8_t> le32_bytes(const std::vector<int32_t>& v) {
+    std::vector<uint8_t> b(v.size() * 4);
+    for (size_t i = 0; i < v.size(); ++i)
+        for (int k = 0; k < 4; ++k) b[i * 4 + size_t(k)] = uint8_t(uint32_t(v[i]) >> (8 * k));
+    return b;
+}
+
+TEST(token_gather, ids_mask_types_padded_and_bad_tokens_reported) {
+    // Three requests of 5, 11 and 1 tokens at length 12, 4 positions per block; request 1 has
+    // out-of-vocabulary tokens at positions 6 (-3) and 9 (100), in its second and third block.
+    const int64_t L = 12, V = 50;
+    const std::vector<std::vector<int32_t>> tokens = {{1, 2, 3, 4, 49}, {0, 7, 7, 7, 7, 7, -3, 8, 8, 100, 9}, {42}};
+    std::vector<std::vector<uint8_t>> payloads;
+    for (const auto& t : tokens) payloads.push_back(le32_bytes(t));
+    std::vector<k::gather_segment> segs;
+    std::vector<uint32_t> first;
+    fragment(payloads, 7, segs, first);
+    for (const k::elem et : {k::elem::i64, k::elem::i32}) {
+        std::vector<int64_t> ids64(size_t(3 * L), -1), mask64(size_t(3 * L), -1);
+        std::vector<int32_t> ids32(size_t(3 * L), -1), types32(size_t(3 * L), -1);
+        std::vector<float> maskf(size_t(3 * L), NAN);
+        k::token_gather_args a{};
+        a.segments = segs.data(); a.first = first.data();
+        a.batch = 3; a.length = L; a.vocab = V; a.tokens_per_block = 4;
+        std::vector<k::token_error> errors(size_t(k::token_gather_grid(a)), k::token_error{-2, -2});
+        a.errors = errors.data();
+        a.ids_type = et;
+        a.ids = et == k::elem::i64 ? static_cast<void*>(ids64.data()) : static_cast<void*>(ids32.data());
+        a.mask = et == k::elem::i64 ? static_cast<void*>(mask64.data()) : static_cast<void*>(maskf.data());
+        a.mask_type = et == k::elem::i64 ? k::elem::i64 : k::elem::f32;
+        a.types = types32.data(); a.types_type = k::elem::i32;
+        ASSERT_EQ(k::token_gather_grid(a), 9);
+        ASSERT_TRUE(run_blocks(k::token_gather_kernel, &a, k::token_gather_grid(a)));
+        for (int64_t r = 0; r < 3; ++r)
+            for (int64_t i = 0; i < L; ++i) {
+                const size_t at = size_t(r * L + i);
+                const bool in = i < int64_t(tokens[size_t(r)].size());
+                const int32_t t = in ? tokens[size_t(r)][size_t(i)] : 0;
+                const int64_t want = t >= 0 && t < V ? t : 0;  // a bad token is never an index
+                EXPECT_EQ(et == k::elem::i64 ? ids64[at] : int64_t(ids32[at]), want) << r << "," << i;
+                EXPECT_EQ(et == k::elem::i64 ? float(mask64[at]) : maskf[at], in ? 1.0f : 0.0f) << r << "," << i;
+                EXPECT_EQ(types32[at], 0);
+            }
+        // Every block writes its slot: the first bad token in its range, or position -1.
+        for (size_t b = 0; b < errors.size(); ++b) {
+            const int32_t want_pos = b == 4 ? 6 : b == 5 ? 9 : -1;
+            EXPECT_EQ(errors[b].position, want_pos) << "block " << b;
+            if (want_pos >= 0) {
+                EXPECT_EQ(errors[b].token, b == 4 ? -3 : 100);
+            }
+        }
+    }
+}
+
+TEST(tensor_gather, f32_little_endian_across_fragments) {
+    const int64_t B = 2, E = 37;
+    std::vector<std::vector<uint8_t>> payloads(B);
+    std::vector<float> want;
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n;
+    for (auto& p : payloads)
+        for (int64_t e = 0; e < E; ++e) {
+            const float v = n(rng);
+            want.push_back(v);
+            uint32_t bits;
+            std::memcpy(&bits, &v, 4);
+            for (int k = 0; k < 4; ++k) p.push_back(uint8_t(bits >> (8 * k)));
+        }
+    std::vector<k::gather_segment> segs;
+    std::vector<uint32_t> first;
+    fragment(payloads, 9, segs, first);
+    std::vector<float> y(size_t(B * E), NAN);
+    k::tensor_gather_args a{};
+    a.segments = segs.data(); a.first = first.data(); a.y = y.data();
+    a.batch = B; a.elements = E; a.elements_per_block = 8;
+    ASSERT_TRUE(run_blocks(k::tensor_gather_kernel, &a, k::tensor_gather_grid(a)));
+    EXPECT_EQ(y, want);
+}
+
 k::nd_shape shape_of(std::initializer_list<int64_t> d) {
     k::nd_shape s{};
     s.rank = int32_t(d.size());
@@ -345,6 +436,23 @@ TEST(gather_axis, embedding_rows_and_negative_indices) {
         EXPECT_EQ(y[size_t(j)], table[size_t(3 * 4 + j)]);
         EXPECT_EQ(y[size_t(4 + j)], table[size_t(9 * 4 + j)]);
         EXPECT_EQ(y[size_t(8 + j)], table[size_t(j)]);
+    }
+}
+
+TEST(gather_axis, int32_indices_and_out_of_range_rows_are_zero) {
+    std::vector<float> table(10 * 4);
+    for (size_t i = 0; i < table.size(); ++i) table[i] = float(i);
+    const int32_t idx[4] = {3, -1, 10, -11};  // 10 and -11 are out of range: zeros, no wild read
+    std::vector<float> y(16, NAN);
+    k::gather_axis_args a{};
+    a.x = table.data(); a.indices = idx; a.index_bytes = 4; a.y = y.data();
+    a.outer = 1; a.axis = 10; a.inner = 4; a.count = 4; a.element_bytes = 4; a.rows_per_block = 1;
+    ASSERT_TRUE(run_blocks(k::gather_axis_kernel, &a, k::gather_axis_grid(a)));
+    for (int c = 0; c < 4; ++c) {
+        EXPECT_EQ(y[size_t(c)], float(3 * 4 + c));
+        EXPECT_EQ(y[size_t(4 + c)], float(9 * 4 + c));
+        EXPECT_EQ(y[size_t(8 + c)], 0.0f);
+        EXPECT_EQ(y[size_t(12 + c)], 0.0f);
     }
 }
 

@@ -32,15 +32,25 @@ constexpr uint16_t port = 9100;
 struct answer {
     wire::fields head;
     std::vector<std::pair<uint32_t, float>> topk;
+    std::vector<float> tensor;  // result_tensor_f32 (one datagram's worth)
     std::string message;
 };
+
+reefline::reefgen::request_payload token_payload(const std::vector<int32_t>& tokens) {
+    reefline::reefgen::request_payload p;
+    p.format = wire::format::tokens_i32;
+    p.dims[0] = uint16_t(tokens.size());
+    p.bytes.resize(tokens.size() * 4);
+    for (size_t i = 0; i < tokens.size(); ++i) reefline::reefgen::store_token(p.bytes.data() + 4 * i, tokens[i]);
+    return p;
+}
 
 class model_if_test : public ::testing::Test {
 protected:
     void SetUp() override {
         const char* zoo = std::getenv("REEFLINE_ZOO");
         if (!zoo) GTEST_SKIP() << "REEFLINE_ZOO (path of build/tools/zoo) not set";
-        _dir = reefline::testing::write_tiny_zoo(zoo, "model_if_test", "resnet50_tiny");
+        _dir = reefline::testing::write_tiny_zoo(zoo, "model_if_test", "resnet50_tiny,distilbert_tiny,sensor_tcn_tiny");
         ASSERT_FALSE(_dir.empty()) << "the zoo tool failed";
         _ring = std::make_unique<reefline::testing::ring_port>("mif");
         ASSERT_GE(_ring->port_id, 0);
@@ -118,6 +128,9 @@ protected:
             a.head = wire::decode(&p.header);
             if (a.head.kind == uint8_t(wire::kind::error)) {
                 a.message.assign(p.fragment.begin(), p.fragment.end());
+            } else if (a.head.format == uint8_t(wire::format::result_tensor_f32)) {
+                a.tensor.resize(p.fragment.size() / 4);
+                std::memcpy(a.tensor.data(), p.fragment.data(), a.tensor.size() * 4);
             } else {
                 for (size_t j = 0; j + 8 <= p.fragment.size(); j += 8) {
                     uint32_t cls, bits;
@@ -139,7 +152,7 @@ protected:
     // The reference: host-side u8 HWC -> normalised f32 NCHW, then libml directly.
     std::vector<float> reference_scores(const std::vector<uint8_t>& img) {
         const float mean[3] = {123.675f, 116.28f, 103.53f}, sd[3] = {58.395f, 57.12f, 57.375f};
-        const int64_t h = _if->height(), w = _if->width(), c = _if->channels();
+        const int64_t h = _if->input().height, w = _if->input().width, c = _if->input().channels;
         ml::bytes_t b(size_t(c * h * w) * 4);
         auto* x = reinterpret_cast<float*>(b.data());
         for (int64_t p = 0; p < h * w; ++p)
@@ -163,7 +176,7 @@ protected:
 };
 
 TEST_F(model_if_test, answers_equal_libml_on_the_same_images) {
-    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
     const auto images = reefline::testing::random_images(6, size_t(h) * w * c, 7);
     for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
     const auto answers = pump_and_collect(images.size());
@@ -180,7 +193,7 @@ TEST_F(model_if_test, padded_batches_give_the_same_answers) {
         c.settings.batching.fixed_batch = 4;
         c.settings.batching.min_batch = 3;
     });
-    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
     const auto images = reefline::testing::random_images(3, size_t(h) * w * c, 9);
     for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
     const auto answers = pump_and_collect(images.size());
@@ -202,7 +215,7 @@ TEST_F(model_if_test, rt_slab_answers_equal_libml) {
         c.settings.cls = reefline::gpu::task_class::rt;
         c.settings.batching.max_batch = 16;
     });
-    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
     const auto images = reefline::testing::random_images(7, size_t(h) * w * c, 11);
     for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
     const auto answers = pump_and_collect(images.size());
@@ -211,7 +224,7 @@ TEST_F(model_if_test, rt_slab_answers_equal_libml) {
 }
 
 TEST_F(model_if_test, reefgen_images_answer_equal_libml) {
-    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
     gen::payload_options po;
     po.shape = {h, w, c};
     po.seed = 21;
@@ -227,7 +240,7 @@ TEST_F(model_if_test, reefgen_images_answer_equal_libml) {
 // An SLO no batch can meet: every request is answered with status overloaded, none served late.
 TEST_F(model_if_test, requests_that_cannot_meet_the_slo_are_shed) {
     start_if([](reefline::ifm::model_if_config& c) { c.settings.batching.slo_ms = 0.001; });
-    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
     std::vector<uint8_t> img(size_t(h) * w * c, 3);
     for (uint64_t i = 0; i < 5; ++i) send_image(i, img, h, w, c);
     const auto answers = pump_and_collect(5);
@@ -242,7 +255,7 @@ TEST_F(model_if_test, requests_that_cannot_meet_the_slo_are_shed) {
 
 // Requests from an RT source run as RT tasks in a BE IF; `update` moves the whole IF to RT.
 TEST_F(model_if_test, rt_sources_and_class_changes_reach_the_scheduler) {
-    const uint16_t h = _if->height(), w = _if->width(), c = _if->channels();
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
     std::vector<uint8_t> img(size_t(h) * w * c, 5);
     send_image(1, img, h, w, c);
     ASSERT_EQ(pump_and_collect(1).size(), 1u);
@@ -293,6 +306,116 @@ TEST_F(model_if_test, wrong_shape_gets_an_error_naming_it) {
     EXPECT_EQ(answers[0].head.status, uint8_t(wire::status::bad_request));
     EXPECT_NE(answers[0].message.find("16x16x3"), std::string::npos) << answers[0].message;
     EXPECT_EQ(_if->counters().error_responses.get(), 1u);
+}
+
+// ---- sequence and tensor IFs ------------------------------------------------------------
+
+// libml directly on host-built inputs at the request's own length, unpadded.
+std::vector<float> sequence_reference(ml::runtime& rt, const std::string& onnx, const std::vector<int32_t>& tokens) {
+    ml::import_options o;
+    const int64_t n = int64_t(tokens.size());
+    o.input_shapes = {{"input_ids", {1, n}}, {"attention_mask", {1, n}}};
+    auto m = rt.load_model(onnx, o);
+    auto in = rt.link_model(m);
+    std::vector<int64_t> ids(tokens.begin(), tokens.end()), ones(tokens.size(), 1);
+    std::vector<ml::tensor> ys;
+    rt.infer_batch(*in, std::vector<ml::tensor>{ml::tensor::from_i64(ids, {1, n}), ml::tensor::from_i64(ones, {1, n})}, ys);
+    auto v = ys[0].view<float>();
+    return {v.begin(), v.end()};
+}
+
+TEST_F(model_if_test, token_sequences_of_any_length_answer_as_libml_and_bad_ones_get_errors) {
+    const std::string onnx = (_dir / "distilbert_tiny.onnx").string();
+    start_if([&](reefline::ifm::model_if_config& c) {
+        c.name = "bert";
+        c.onnx = onnx;
+        c.settings.batching.max_batch = 8;
+    });
+    EXPECT_STREQ(_if->input().format_name(), "tokens_i32");
+    EXPECT_EQ(_if->describe()["input_format"], "tokens_i32");
+    EXPECT_EQ(_if->describe()["max_tokens"], 64);
+    std::mt19937 rng(3);
+    std::vector<std::vector<int32_t>> good;
+    for (int len : {1, 7, 16, 17, 40, 64, 3, 33}) {
+        std::vector<int32_t> t(static_cast<size_t>(len));
+        for (auto& v : t) v = int32_t(rng() % 1024);
+        good.push_back(t);
+    }
+    for (size_t i = 0; i < good.size(); ++i)
+        reefline::testing::enqueue_request(*_plane, _rx, 1000 + i, port, token_payload(good[i]), 13);
+    std::vector<int32_t> oov = good[4];
+    oov[21] = 1024;
+    reefline::testing::enqueue_request(*_plane, _rx, 2000, port, token_payload(oov));
+    reefline::testing::enqueue_request(*_plane, _rx, 2001, port, token_payload(std::vector<int32_t>(65, 1)));
+    reefline::testing::enqueue_image(*_plane, _rx, 2002, port, std::vector<uint8_t>(12, 0), 2, 2, 3);
+    const auto answers = pump_and_collect(good.size() + 3);
+    ASSERT_EQ(answers.size(), good.size() + 3);
+    for (const answer& a : answers) {
+        if (a.head.request_id >= 2000) {
+            ASSERT_EQ(a.head.kind, uint8_t(wire::kind::error));
+            const std::string want = a.head.request_id == 2000   ? "token 1024 at position 21 is outside the vocabulary [0, 1024)"
+                                     : a.head.request_id == 2001 ? "expected 1..64 tokens, got 65"
+                                                                 : "this IF takes tokens_i32 requests (1..64 tokens)";
+            EXPECT_EQ(a.message, want);
+            EXPECT_EQ(a.head.status, uint8_t(a.head.request_id == 2002 ? wire::status::unsupported_format : wire::status::bad_request));
+            continue;
+        }
+        ASSERT_EQ(a.head.kind, uint8_t(wire::kind::response)) << a.message;
+        const std::vector<float> want = sequence_reference(*_runtime, onnx, good[size_t(a.head.request_id - 1000)]);
+        ASSERT_EQ(a.topk.size(), 5u);
+        for (const auto& [cls, score] : a.topk) EXPECT_NEAR(score, want[cls], 1e-4f * (1 + std::fabs(want[cls])));
+        EXPECT_NEAR(a.topk[0].second, *std::max_element(want.begin(), want.end()), 1e-4f);
+    }
+    EXPECT_GE(_if->stats()["batches_total"].get<int>(), 2) << "lengths 1..64 need more than one bucket";
+}
+
+TEST_F(model_if_test, sensor_tensors_answer_their_output_tensor) {
+    start_if([&](reefline::ifm::model_if_config& c) {
+        c.name = "sensor";
+        c.onnx = (_dir / "sensor_tcn_tiny.onnx").string();
+        c.settings.tensor_output = true;
+    });
+    EXPECT_STREQ(_if->input().format_name(), "tensor_f32");
+    std::mt19937 rng(8);
+    std::normal_distribution<float> nd;
+    std::vector<std::vector<float>> windows(3, std::vector<float>(64 * 6));
+    for (size_t i = 0; i < windows.size(); ++i) {
+        for (auto& v : windows[i]) v = nd(rng);
+        reefline::reefgen::request_payload p;
+        p.format = wire::format::tensor_f32;
+        p.dims[0] = 64;
+        p.dims[1] = 6;
+        p.bytes.resize(64 * 6 * 4);
+        std::memcpy(p.bytes.data(), windows[i].data(), p.bytes.size());
+        reefline::testing::enqueue_request(*_plane, _rx, 1000 + i, port, p, 100);
+    }
+    reefline::reefgen::request_payload wrong;
+    wrong.format = wire::format::tensor_f32;
+    wrong.dims[0] = 6;
+    wrong.dims[1] = 64;
+    wrong.bytes.assign(64 * 6 * 4, 0);
+    reefline::testing::enqueue_request(*_plane, _rx, 2000, port, wrong);
+    const auto answers = pump_and_collect(4);
+    ASSERT_EQ(answers.size(), 4u);
+    auto in = _runtime->link_model(_if->model());
+    for (const answer& a : answers) {
+        if (a.head.request_id == 2000) {
+            EXPECT_EQ(a.head.status, uint8_t(wire::status::bad_request));
+            EXPECT_EQ(a.message, "expected a tensor of dims 64x6, got 6x64");
+            continue;
+        }
+        ASSERT_EQ(a.head.format, uint8_t(wire::format::result_tensor_f32)) << a.message;
+        EXPECT_EQ(a.head.dims[0], 8);
+        EXPECT_EQ(a.head.dims[1], 0);
+        const auto& x = windows[size_t(a.head.request_id - 1000)];
+        ml::bytes_t b(x.size() * 4);
+        std::memcpy(b.data(), x.data(), b.size());
+        std::vector<ml::tensor> ys;
+        _runtime->infer_batch(*in, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {1, 64, 6}, std::move(b))}, ys);
+        const auto want = ys[0].view<float>();
+        ASSERT_EQ(a.tensor.size(), want.size());
+        for (size_t j = 0; j < want.size(); ++j) EXPECT_NEAR(a.tensor[j], want[j], 1e-5f * (1 + std::fabs(want[j])));
+    }
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <set>
 #include <sstream>
@@ -328,6 +329,236 @@ TEST(ReefgenPcap, TokensAndRawFormats) {
     EXPECT_THROW(write_request_pcap(o), usage_error);
 }
 
+// Reads little-endian f32 byte by byte, independently of payload.cc.
+float le_f32(const uint8_t* p) {
+    const uint32_t bits = uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+    float v;
+    std::memcpy(&v, &bits, 4);
+    return v;
+}
+
+TEST(ReefgenPayload, TensorsLookLikeSensorWindowsAndAreDeterministic) {
+    payload_options o;
+    o.format = wire::format::tensor_f32;
+    o.dims = {64, 6};
+    o.seed = 4;
+    const payload_source source(o);
+    EXPECT_EQ(source.total_length(), 64u * 6 * 4);
+    EXPECT_EQ(source.min_total_length(), source.total_length());
+    const request_payload a = source.make(0), b = source.make(1);
+    EXPECT_EQ(a.format, wire::format::tensor_f32);
+    EXPECT_EQ(a.dims[0], 64);
+    EXPECT_EQ(a.dims[1], 6);
+    EXPECT_EQ(a.dims[2], 0);
+    EXPECT_EQ(a.dims[3], 0);
+    ASSERT_EQ(a.bytes.size(), 64u * 6 * 4);
+    EXPECT_EQ(wire::described_length(uint8_t(a.format), a.dims), a.bytes.size());
+    // Little-endian f32 values of order 1, no two requests or channels alike, each channel
+    // varying over time (a sine, not a constant).
+    double sum = 0, squares = 0;
+    for (size_t c = 0; c < 6; ++c) {
+        float lo = INFINITY, hi = -INFINITY;
+        for (size_t t = 0; t < 64; ++t) {
+            const float v = le_f32(&a.bytes[(t * 6 + c) * 4]);
+            ASSERT_TRUE(std::isfinite(v));
+            EXPECT_LT(std::fabs(v), 3.0f);
+            EXPECT_EQ(v, load_f32(&a.bytes[(t * 6 + c) * 4]));
+            lo = std::min(lo, v);
+            hi = std::max(hi, v);
+            sum += v;
+            squares += double(v) * v;
+        }
+        EXPECT_GT(hi - lo, 0.5f) << "channel " << c;
+        EXPECT_NE(le_f32(&a.bytes[c * 4]), le_f32(&a.bytes[((c + 1) % 6) * 4]));
+    }
+    const double mean = sum / 384, rms = std::sqrt(squares / 384);
+    EXPECT_LT(std::fabs(mean), 0.5);
+    EXPECT_GT(rms, 0.3);
+    EXPECT_LT(rms, 1.5);
+    EXPECT_NE(a.bytes, b.bytes);
+    // Deterministic in (seed, request number) alone.
+    const payload_source again(o);
+    EXPECT_EQ(again.make(1).bytes, b.bytes);
+    EXPECT_EQ(again.make(0).bytes, a.bytes);
+    o.seed = 5;
+    EXPECT_NE(payload_source(o).make(0).bytes, a.bytes);
+    // One extent: a single channel over time; four extents.
+    o.dims = {100};
+    EXPECT_EQ(payload_source(o).make(3).bytes.size(), 400u);
+    o.dims = {2, 3, 4, 5};
+    const request_payload four = payload_source(o).make(0);
+    EXPECT_EQ(four.bytes.size(), 2u * 3 * 4 * 5 * 4);
+    EXPECT_EQ(four.dims[3], 5);
+    // Limits: 1..4 extents, each 1..65535, at most 8 MiB.
+    o.dims = {};
+    EXPECT_THROW(payload_source{o}, usage_error);
+    o.dims = {4096, 1024};
+    EXPECT_THROW(payload_source{o}, usage_error);
+    o.dims = {1024, 2048};  // exactly 8 MiB
+    EXPECT_EQ(payload_source(o).total_length(), wire::max_total_length);
+}
+
+TEST(ReefgenPayload, PortableSineIsASine) {
+    for (double x = -50; x <= 50; x += 0.137) EXPECT_NEAR(portable_sin(x), std::sin(x), 1e-12) << x;
+    EXPECT_EQ(portable_sin(0), 0.0);
+}
+
+TEST(ReefgenPayload, ARawTensorFileIsSentAsIs) {
+    temp_dir dir;
+    const std::string raw = dir.file("window.f32");
+    {
+        std::ofstream f(raw, std::ios::binary);
+        for (int i = 0; i < 12; ++i) {
+            uint8_t b[4];
+            store_f32(b, float(i) * 0.5f - 1);
+            f.write(reinterpret_cast<const char*>(b), 4);
+        }
+    }
+    payload_options o;
+    o.format = wire::format::tensor_f32;
+    o.dims = {4, 3};
+    o.raw_file = raw;
+    const request_payload p = payload_source(o).make(7);
+    ASSERT_EQ(p.bytes.size(), 48u);
+    EXPECT_EQ(le_f32(&p.bytes[5 * 4]), 1.5f);
+    EXPECT_EQ(p.dims[0], 4);
+    o.dims = {4, 4};  // 64 bytes needed, the file has 48
+    try {
+        payload_source{o};
+        FAIL() << "a file of the wrong size was accepted";
+    } catch (const usage_error& e) {
+        EXPECT_NE(std::string(e.what()).find("has 48 bytes, --dims needs 64"), std::string::npos) << e.what();
+    }
+}
+
+TEST(ReefgenPayload, TokenLengthsVaryWithinTheRangeDeterministically) {
+    payload_options o;
+    o.format = wire::format::tokens_i32;
+    o.tokens = 8;
+    o.tokens_max = 64;
+    o.seed = 9;
+    const payload_source source(o);
+    EXPECT_EQ(source.total_length(), 64u * 4) << "the largest request";
+    EXPECT_EQ(source.min_total_length(), 8u * 4);
+    std::set<uint32_t> lengths;
+    for (uint64_t n = 0; n < 200; ++n) {
+        const request_payload p = source.make(n);
+        ASSERT_GE(p.dims[0], 8);
+        ASSERT_LE(p.dims[0], 64);
+        EXPECT_EQ(p.dims[0], source.tokens_of(n));
+        ASSERT_EQ(p.bytes.size(), size_t(p.dims[0]) * 4);
+        EXPECT_EQ(wire::described_length(uint8_t(p.format), p.dims), p.bytes.size());
+        for (size_t i = 0; i < p.bytes.size(); i += 4) {
+            EXPECT_GE(load_token(&p.bytes[i]), 0);
+            EXPECT_LT(load_token(&p.bytes[i]), int32_t(default_vocab));
+        }
+        lengths.insert(p.dims[0]);
+    }
+    EXPECT_TRUE(lengths.count(8) && lengths.count(64)) << "both ends of the range are drawn";
+    EXPECT_GT(lengths.size(), 40u);
+    // The same lengths and tokens for the same seed, whatever else differs (the vocabulary
+    // changes the ids, not the lengths); another seed draws other lengths.
+    payload_options v = o;
+    v.vocab = 30522;
+    const payload_source again(o), other_vocab(v);
+    for (uint64_t n = 0; n < 20; ++n) {
+        EXPECT_EQ(again.make(n).bytes, source.make(n).bytes);
+        EXPECT_EQ(other_vocab.tokens_of(n), source.tokens_of(n));
+    }
+    o.seed = 10;
+    const payload_source reseeded(o);
+    uint32_t differ = 0;
+    for (uint64_t n = 0; n < 20; ++n) differ += reseeded.tokens_of(n) != source.tokens_of(n);
+    EXPECT_GT(differ, 10u);
+    // A fixed length stays fixed; a range with MAX below MIN, or with a file, is refused.
+    o.tokens_max = 0;
+    EXPECT_EQ(payload_source(o).make(5).dims[0], 8);
+    o.tokens_max = 7;
+    EXPECT_THROW(payload_source{o}, usage_error);
+    temp_dir dir;
+    {
+        std::ofstream(dir.file("t.bin"), std::ios::binary).write("\1\0\0\0\2\0\0\0", 8);
+    }
+    o.tokens = 0;
+    o.tokens_max = 0;
+    o.raw_file = dir.file("t.bin");
+    EXPECT_EQ(payload_source(o).make(0).dims[0], 2);
+    o.tokens = 1;
+    o.tokens_max = 2;
+    EXPECT_THROW(payload_source{o}, usage_error);
+}
+
+TEST(ReefgenPayload, TheDefaultVocabularyIsValidEverywhere) {
+    EXPECT_EQ(payload_options{}.vocab, 1000u);
+    EXPECT_EQ(default_vocab, 1000u);
+}
+
+TEST(ReefgenPayload, TokenRangesAndDimsParse) {
+    EXPECT_EQ(parse_token_range("16").min, 16u);
+    EXPECT_EQ(parse_token_range("16").max, 16u);
+    EXPECT_EQ(parse_token_range("8-64").min, 8u);
+    EXPECT_EQ(parse_token_range("8-64").max, 64u);
+    EXPECT_EQ(parse_token_range("1-65535").max, 65535u);
+    for (const char* bad : {"", "0", "8-", "-8", "64-8", "8-65536", "8--9", "a", "8-64x", " 8"})
+        EXPECT_THROW(parse_token_range(bad), usage_error) << bad;
+    EXPECT_EQ(parse_dims("64,6"), (std::vector<uint16_t>{64, 6}));
+    EXPECT_EQ(parse_dims("5"), (std::vector<uint16_t>{5}));
+    EXPECT_EQ(parse_dims("1,2,3,65535"), (std::vector<uint16_t>{1, 2, 3, 65535}));
+    for (const char* bad : {"", "0", "64,", ",6", "1,2,3,4,5", "65536", "64x6", "6,-1"})
+        EXPECT_THROW(parse_dims(bad), usage_error) << bad;
+}
+
+TEST(ReefgenPcap, TensorAndVariableTokenRequestsOnTheWire) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("tensor.pcap"), 4);
+    o.payload.format = wire::format::tensor_f32;
+    o.payload.dims = {64, 6};
+    o.frag_size = 1000;  // 1536 bytes: 2 fragments
+    write_request_pcap(o);
+    std::vector<assembled_message> messages;
+    const request_capture cap = read_request_capture(o.out, &messages);
+    EXPECT_EQ(cap.rejected.size(), 0u);
+    ASSERT_EQ(messages.size(), 4u);
+    const payload_source source(o.payload);
+    const uint64_t base = request_id_base(o.seed);
+    for (const auto& m : messages) {
+        EXPECT_EQ(m.head.format, uint8_t(wire::format::tensor_f32));
+        EXPECT_EQ(m.head.dims[0], 64);
+        EXPECT_EQ(m.head.dims[1], 6);
+        EXPECT_EQ(m.head.frag_count, 2);
+        EXPECT_EQ(m.payload, source.make(m.key.request_id - base).bytes);
+    }
+
+    o = small_options(dir.file("tokens.pcap"), 30);
+    o.payload.format = wire::format::tokens_i32;
+    o.payload.tokens = 8;
+    o.payload.tokens_max = 64;
+    o.frag_size = 100;
+    write_request_pcap(o);
+    messages.clear();
+    read_request_capture(o.out, &messages);
+    ASSERT_EQ(messages.size(), 30u);
+    const payload_source tokens(o.payload);
+    std::set<uint16_t> lengths;
+    for (const auto& m : messages) {
+        const uint64_t n = m.key.request_id - base;
+        EXPECT_EQ(m.head.dims[0], tokens.tokens_of(n));
+        EXPECT_EQ(m.head.total_length, 4u * m.head.dims[0]);
+        EXPECT_EQ(m.payload, tokens.make(n).bytes);
+        lengths.insert(m.head.dims[0]);
+    }
+    EXPECT_GT(lengths.size(), 5u);
+
+    // The fragment limit is checked for the longest request before anything is written.
+    o = small_options(dir.file("long.pcap"), 2);
+    o.payload.format = wire::format::tokens_i32;
+    o.payload.tokens = 1;
+    o.payload.tokens_max = 65535;
+    o.frag_size = 100;
+    EXPECT_THROW(write_request_pcap(o), usage_error);
+    EXPECT_FALSE(fs::exists(o.out));
+}
+
 TEST(ReefgenPcap, ShuffleInterleavesWithinWindowsAndKeepsEveryFragment) {
     temp_dir dir;
     pcap_options o = small_options(dir.file("plain.pcap"), 40);
@@ -558,11 +789,13 @@ namespace {
 
 // The crc32 IF in miniature: a UDP socket on 127.0.0.1 that reassembles requests and answers
 // each with its length and CRC32C. `wrong_every` > 0 corrupts every n-th answer's CRC,
-// `ignore_every` > 0 leaves every n-th request unanswered.
+// `ignore_every` > 0 leaves every n-th request unanswered. `answer`, when given, makes the
+// answer datagram instead (a model IF's, say) from the request id and payload.
+using answer_fn = std::function<std::vector<uint8_t>(uint64_t request_id, const std::vector<uint8_t>& payload)>;
 class loopback_responder {
 public:
-    explicit loopback_responder(int wrong_every = 0, int ignore_every = 0)
-            : _wrong_every(wrong_every), _ignore_every(ignore_every) {
+    explicit loopback_responder(int wrong_every = 0, int ignore_every = 0, answer_fn answer = {})
+            : _wrong_every(wrong_every), _ignore_every(ignore_every), _answer(std::move(answer)) {
         _fd = ::socket(AF_INET, SOCK_DGRAM, 0);
         const int big = 8 << 20;
         setsockopt(_fd, SOL_SOCKET, SO_RCVBUF, &big, sizeof big);
@@ -608,13 +841,14 @@ private:
             if (assembler.add(key, f, frag, m) != message_assembler::outcome::completed) continue;
             ++completed;
             if (_ignore_every && completed % _ignore_every == 0) continue;
-            std::vector<uint8_t> out = crc32_response(f.request_id, m.payload);
+            std::vector<uint8_t> out = _answer ? _answer(f.request_id, m.payload) : crc32_response(f.request_id, m.payload);
             if (_wrong_every && completed % _wrong_every == 0) out.back() ^= 0xff;
             ::sendto(_fd, out.data(), out.size(), 0, reinterpret_cast<sockaddr*>(&from), fl);
         }
     }
 
     int _wrong_every, _ignore_every;
+    answer_fn _answer;
     int _fd = -1;
     uint16_t _port = 0;
     std::atomic<bool> _stop{false};
@@ -714,6 +948,126 @@ TEST(ReefgenResponses, DatagramsAndFramesAreCheckedAlike) {
     frame[12] = 0x08;
     frame[13] = 0x06;  // ARP
     EXPECT_TRUE(parse_response_frame(frame).ignored);
+}
+
+// A result_tensor_f32 answer with these values and header dims, as one datagram.
+std::vector<uint8_t> tensor_response(uint64_t id, const std::vector<float>& values, std::vector<uint16_t> dims,
+                                     uint32_t extra_bytes = 0) {
+    wire::fields f;
+    f.kind = uint8_t(wire::kind::response);
+    f.format = uint8_t(wire::format::result_tensor_f32);
+    f.request_id = id;
+    f.frag_count = 1;
+    f.total_length = uint32_t(values.size() * 4 + extra_bytes);
+    std::copy(dims.begin(), dims.end(), f.dims);
+    std::vector<uint8_t> bytes(f.total_length, 0);
+    for (size_t i = 0; i < values.size(); ++i) store_f32(bytes.data() + i * 4, values[i]);
+    std::vector<uint8_t> out;
+    append_udp_payload(out, f, bytes);
+    return out;
+}
+
+assembled_message tensor_message(const std::vector<float>& values, std::vector<uint16_t> dims, uint32_t extra = 0) {
+    const std::vector<uint8_t> d = tensor_response(5, values, dims, extra);
+    assembled_message m;
+    m.head = wire::decode(d.data());
+    m.key.request_id = 5;
+    m.payload.assign(d.begin() + wire::header_size, d.end());
+    return m;
+}
+
+TEST(ReefgenResponses, TensorResultsMustHoldFourBytesPerElement) {
+    const std::vector<float> v{0.5f, -1, 2, 3, 4, 5};
+    EXPECT_EQ(response_problem(tensor_message(v, {2, 3}), 0, 0, false), "");
+    EXPECT_EQ(response_problem(tensor_message(v, {6}), 0, 0, false), "");
+    EXPECT_EQ(response_problem(tensor_message(v, {1, 2, 3, 1}), 0, 0, false), "");
+    // One value short, one byte over, and a length that is no multiple of 4.
+    std::string p = response_problem(tensor_message(v, {7}), 0, 0, false);
+    EXPECT_EQ(p, "result_tensor_f32 of 24 bytes, dims 7 need 28 (4 per f32)");
+    p = response_problem(tensor_message(v, {2, 3}, 4), 0, 0, false);
+    EXPECT_EQ(p, "result_tensor_f32 of 28 bytes, dims 2x3 need 24 (4 per f32)");
+    EXPECT_NE(response_problem(tensor_message(v, {2, 3}, 1), 0, 0, false), "");
+    // Dims: at least one extent, and no extent after an unused (0) one.
+    EXPECT_NE(response_problem(tensor_message(v, {}), 0, 0, false).find("expected 1 to 4 non-zero extents"),
+              std::string::npos);
+    EXPECT_NE(response_problem(tensor_message(v, {6, 0, 1}), 0, 0, false), "");
+    // A crc32 IF must not answer with a tensor.
+    EXPECT_NE(response_problem(tensor_message(v, {6}), 0, 0, true).find("expected result_crc32"), std::string::npos);
+    // --show's description: dims and the first values.
+    EXPECT_EQ(describe_answer(tensor_message(v, {2, 3})), "tensor 2x3 [0.5, -1, 2, 3, ...]");
+    EXPECT_EQ(describe_answer(tensor_message({0.25f}, {1})), "tensor 1 [0.25]");
+}
+
+TEST(ReefgenResponses, ResultsLinesRecordEveryTensorValue) {
+    answer_record a;
+    a.request = 4;
+    a.payload = 2;
+    a.kind = uint8_t(wire::kind::response);
+    a.format = uint8_t(wire::format::result_tensor_f32);
+    a.dims[0] = 2;
+    a.dims[1] = 2;
+    for (float v : {0.1f, -2.5f, INFINITY, 3e-8f}) {
+        uint8_t b[4];
+        store_f32(b, v);
+        a.payload_bytes.insert(a.payload_bytes.end(), b, b + 4);
+    }
+    a.latency_us = 7;
+    std::ostringstream out;
+    write_results(out, {a});
+    EXPECT_EQ(out.str(),
+              "{\"id\":4,\"payload\":2,\"kind\":\"response\",\"status\":0,\"format\":18,"
+              "\"tensor\":{\"dims\":[2,2],\"data\":[0.100000001,-2.5,null,2.99999989e-08]},\"latency_us\":7.0}\n");
+}
+
+TEST(ReefgenCheck, ModelAnswersAsTensorsAreOkAndBadLengthsAreNot) {
+    temp_dir dir;
+    pcap_options o = small_options(dir.file("req.pcap"), 6);
+    o.payload.format = wire::format::tensor_f32;
+    o.payload.dims = {16, 4};
+    write_request_pcap(o);
+    // Each answer: the request's first 8 values as a tensor of dims [8]; request 2's claims 9.
+    const auto answer = [](size_t i, std::vector<uint8_t>& udp) {
+        const wire::fields f = wire::decode(udp.data());
+        std::vector<float> v;
+        for (int j = 0; j < 8; ++j) v.push_back(float(f.request_id % 100) + 0.125f * float(j));
+        udp = tensor_response(f.request_id, v, {uint16_t(i == 2 ? 9 : 8)});
+        return true;
+    };
+    write_responses(o.out, dir.file("resp.pcap"), answer);
+    check_options co;
+    co.requests = o.out;
+    co.responses = dir.file("resp.pcap");
+    co.expect = expectation::model;
+    co.seed = o.seed;
+    co.show = 2;
+    co.results_file = dir.file("answers.jsonl");
+    std::ostringstream log;
+    const check_result r = run_check(co, log);
+    EXPECT_EQ(r.responses, 6u) << log.str();
+    EXPECT_EQ(r.ok, 5u) << log.str();
+    EXPECT_EQ(r.bad, 1u) << log.str();
+    EXPECT_NE(log.str().find("result_tensor_f32 of 32 bytes, dims 9 need 36"), std::string::npos) << log.str();
+    EXPECT_NE(log.str().find("B -> ok tensor 8 ["), std::string::npos) << log.str();
+    // The results file has every answer, with every value, in request order.
+    const auto lines = [&] {
+        std::ifstream in(co.results_file);
+        std::vector<std::string> l;
+        for (std::string t; std::getline(in, t);) l.push_back(t);
+        return l;
+    }();
+    ASSERT_EQ(lines.size(), 6u);
+    const uint64_t base = request_id_base(o.seed);
+    char want[200];
+    std::snprintf(want, sizeof want,
+                  "{\"id\":0,\"payload\":0,\"kind\":\"response\",\"status\":0,\"format\":18,\"tensor\":{\"dims\":[8],"
+                  "\"data\":[%g,%g,",
+                  double(float(base % 100)), double(float(base % 100) + 0.125f));
+    EXPECT_EQ(lines[0].rfind(want, 0), 0u) << lines[0];
+    EXPECT_NE(lines[2].find("\"dims\":[9]"), std::string::npos) << lines[2];
+    // crc32 expectations refuse tensor answers.
+    co.expect = expectation::crc32;
+    co.results_file.clear();
+    EXPECT_EQ(run_check(co, log).bad, 6u);
 }
 
 TEST(ReefgenSend, ClosedLoopAgainstALoopbackResponder) {
@@ -832,6 +1186,52 @@ TEST(ReefgenSend, ResultsLinesForTopKAndErrors) {
               "\"message\":\"say \\\"no\\\"\\\\\\u000a\xc3\xa9\\ufffd\",\"latency_us\":5.0}\n");
 }
 
+// A model IF answering tensors: send checks each answer's form, --show prints it, and
+// --results records its dims and every value.
+TEST(ReefgenSend, TensorAnswersAreShownAndRecorded) {
+    // The answer: the request's first 8 floats (tensor_f32 requests), dims [8]; every 5th
+    // answer claims dims [9] for the same 32 bytes, which send must count as bad.
+    std::atomic<int> answered{0};
+    loopback_responder responder(0, 0, [&](uint64_t id, const std::vector<uint8_t>& payload) {
+        std::vector<float> v;
+        for (size_t j = 0; j < 8; ++j) v.push_back(load_f32(payload.data() + j * 4));
+        return tensor_response(id, v, {uint16_t(++answered % 5 == 0 ? 9 : 8)});
+    });
+    temp_dir dir;
+    send_options o = loopback_options(responder.port());
+    o.requests = 10;
+    o.closed_loop = 1;  // answers in request order, so the 5th and 10th are the bad ones
+    o.payload.format = wire::format::tensor_f32;
+    o.payload.dims = {64, 6};
+    o.show = 3;
+    o.results_file = dir.file("answers.jsonl");
+    std::ostringstream log;
+    const send_result r = run_send(o, log);
+    EXPECT_EQ(r.responses, 10u) << log.str();
+    EXPECT_EQ(r.ok, 8u) << log.str();
+    EXPECT_EQ(r.bad, 2u) << log.str();
+    EXPECT_NE(log.str().find("dims 9 need 36"), std::string::npos) << log.str();
+    const payload_source source(o.payload);
+    const request_payload first = source.make(0);
+    char shown[64];
+    std::snprintf(shown, sizeof shown, "-> ok tensor 8 [%.4g, ", double(load_f32(first.bytes.data())));
+    EXPECT_NE(log.str().find(shown), std::string::npos) << log.str();
+    const std::vector<std::string> lines = read_lines(o.results_file);
+    ASSERT_EQ(lines.size(), 10u);
+    for (size_t i = 0; i < lines.size(); ++i) {
+        const request_payload p = source.make(i % 16);
+        std::string data;
+        char num[32];
+        for (size_t j = 0; j < 8; ++j) {
+            std::snprintf(num, sizeof num, "%s%.9g", j ? "," : "", double(load_f32(p.bytes.data() + j * 4)));
+            data += num;
+        }
+        const std::string want = "\"format\":18,\"tensor\":{\"dims\":[" + std::string(i % 5 == 4 ? "9" : "8") +
+                                 "],\"data\":[" + data + "]},\"latency_us\":";
+        EXPECT_NE(lines[i].find(want), std::string::npos) << lines[i] << "\nwant " << want;
+    }
+}
+
 TEST(ReefgenSend, AResultsFileThatCannotBeCreatedFailsBeforeSending) {
     loopback_responder responder;
     temp_dir dir;
@@ -917,6 +1317,45 @@ TEST(ReefgenCli, ExitStatusesAndHelp) {
         << out;
     EXPECT_NE(out.find("--results: cannot create"), std::string::npos) << out;
     EXPECT_EQ(run_tool("bogus", &out), 2) << out;
+
+    // Tensors and token ranges; --vocab defaults to 1000.
+    EXPECT_EQ(run_tool("pcap --help", &out), 0) << out;
+    EXPECT_NE(out.find("--dims"), std::string::npos) << out;
+    EXPECT_NE(out.find("MIN-MAX"), std::string::npos) << out;
+    EXPECT_NE(out.find("=1000"), std::string::npos) << out;
+    const std::string tokens = dir.file("tokens.pcap");
+    ASSERT_EQ(run_tool("pcap --out " + tokens + " --requests 20 --tokens 8-64 --seed 2", &out), 0) << out;
+    std::vector<assembled_message> messages;
+    read_request_capture(tokens, &messages);
+    ASSERT_EQ(messages.size(), 20u);
+    std::set<uint16_t> lengths;
+    int32_t largest = 0;
+    for (const auto& m : messages) {
+        EXPECT_EQ(m.head.format, uint8_t(wire::format::tokens_i32));
+        lengths.insert(m.head.dims[0]);
+        for (size_t i = 0; i < m.payload.size(); i += 4) largest = std::max(largest, load_token(&m.payload[i]));
+    }
+    EXPECT_GT(lengths.size(), 5u);
+    EXPECT_GE(*lengths.begin(), 8);
+    EXPECT_LE(*lengths.rbegin(), 64);
+    EXPECT_LT(largest, 1000) << "default --vocab";
+    EXPECT_GT(largest, 900) << "ids span the vocabulary";
+    ASSERT_EQ(run_tool("pcap --out " + dir.file("t.pcap") + " --requests 2 --dims 64,6 --frag-size 1400", &out), 0)
+        << out;
+    messages.clear();
+    read_request_capture(dir.file("t.pcap"), &messages);
+    ASSERT_EQ(messages.size(), 2u);
+    EXPECT_EQ(messages[0].head.format, uint8_t(wire::format::tensor_f32));
+    EXPECT_EQ(messages[0].payload.size(), 64u * 6 * 4);
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --format tensor", &out), 2) << out;
+    EXPECT_NE(out.find("--format tensor needs --dims"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --format image --dims 4,4", &out), 2)
+        << out;
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --dims 4,4 --shape 2x2x1", &out), 2)
+        << out;
+    EXPECT_EQ(run_tool("pcap --out " + dir.file("x.pcap") + " --requests 1 --tokens 9-8", &out), 2) << out;
+    EXPECT_NE(out.find("--tokens"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("send --dst 127.0.0.1 --requests 1 --dims 0,4", &out), 2) << out;
 }
 
 int main(int argc, char** argv) {

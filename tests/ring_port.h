@@ -51,8 +51,9 @@ inline constexpr uint32_t camera_ip = 0xc6120001;
 
 // Puts an H x W x C u8 image request for UDP port `dport` on the port's rx ring, in fragments
 // of 1024 payload bytes.
-inline void enqueue_image(dp::dataplane& plane, rte_ring* rx, uint64_t id, uint16_t dport,
-                          const std::vector<uint8_t>& img, uint16_t h, uint16_t w, uint16_t c) {
+// One request (any format) as datagrams of `frag` payload bytes on the ring port's rx ring.
+inline void enqueue_request(dp::dataplane& plane, rte_ring* rx, uint64_t id, uint16_t dport,
+                            const reefgen::request_payload& payload, uint32_t frag = 1024) {
     reefgen::frame_addresses a;
     a.src_mac = {0x02, 0, 0, 0, 0, 0x01};
     a.dst_mac = {0x02, 0, 0, 0, 0, 0x02};
@@ -60,22 +61,26 @@ inline void enqueue_image(dp::dataplane& plane, rte_ring* rx, uint64_t id, uint1
     a.dst_ip = 0xc6120002;
     a.src_port = 40000;
     a.dst_port = dport;
-    reefgen::request_payload payload;
-    payload.format = wire::format::image_u8_hwc;
-    payload.dims[0] = h;
-    payload.dims[1] = w;
-    payload.dims[2] = c;
-    payload.bytes = img;
-    constexpr uint32_t frag = 1024;
     for (const wire::fields& f : reefgen::plan_fragments(payload, id, frag)) {
         std::vector<uint8_t> udp;
-        reefgen::append_udp_payload(udp, f, {img.data() + f.payload_offset, reefgen::fragment_length(f, frag)});
+        reefgen::append_udp_payload(udp, f, {payload.bytes.data() + f.payload_offset, reefgen::fragment_length(f, frag)});
         const auto frame = reefgen::build_frame(a, 1, udp);
         rte_mbuf* m = rte_pktmbuf_alloc(plane.eth().rx_pool());
         ASSERT_NE(m, nullptr);
         std::memcpy(rte_pktmbuf_append(m, uint16_t(frame.size())), frame.data(), frame.size());
         ASSERT_EQ(rte_ring_enqueue(rx, m), 0);
     }
+}
+
+inline void enqueue_image(dp::dataplane& plane, rte_ring* rx, uint64_t id, uint16_t dport,
+                          const std::vector<uint8_t>& img, uint16_t h, uint16_t w, uint16_t c) {
+    reefgen::request_payload payload;
+    payload.format = wire::format::image_u8_hwc;
+    payload.dims[0] = h;
+    payload.dims[1] = w;
+    payload.dims[2] = c;
+    payload.bytes = img;
+    enqueue_request(plane, rx, id, dport, payload);
 }
 
 inline std::vector<std::vector<uint8_t>> random_images(size_t n, size_t bytes, uint32_t seed) {

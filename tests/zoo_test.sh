@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Model zoo test: writes the tiny zoo, checks every model with onnx.checker (full_check) and
-# strict shape inference, runs it in ONNX Runtime (tests/ort/run_model.js, batch 2) and checks
-# that outputs are finite, input-dependent and not degenerate. Also: the zoo is deterministic
-# for a seed, --only and bad usage, and run_model.js's TensorProto files round-trip.
+# strict shape inference, runs it in ONNX Runtime (tests/ort/run_model.js, batch 2; sequence
+# models at length L=24) and checks that outputs are finite, input-dependent and not degenerate.
+# The sequence classifiers (distilbert, bert) mask padding: a padded batch gives each item the
+# logits it gets alone, unpadded; and they refuse a length past their position table. Also: the
+# zoo is deterministic for a seed, --only and bad usage, and run_model.js's TensorProto files
+# round-trip.
 #
 #   tests/zoo_test.sh BUILD/tools/zoo
 #
@@ -51,7 +54,8 @@ rc=$?
 set -e
 [[ $rc == 2 ]] && ok "unknown model name exits 2" || fail "unknown model name exit status $rc, want 2"
 names=$("$zoo" --list | cut -f1 | tr '\n' ' ')
-want="vgg19 resnet152 densenet201 inception_v3 distilbert resnet50 alexnet mobilenet_v2 "
+want="vgg19 resnet152 densenet201 inception_v3 distilbert bert resnet50 alexnet mobilenet_v2"
+want+=" sensor_tcn "
 [[ $names == "$want" ]] && ok "--list" || fail "--list gave '$names'"
 
 # ---- the tiny zoo; determinism ----
@@ -81,7 +85,7 @@ def dims(vi):
 
 bad = 0
 files = sorted(glob.glob(os.path.join(sys.argv[1], "*.onnx")))
-assert len(files) == 8, files
+assert len(files) == 10, files
 for f in files:
     name = os.path.basename(f)
     try:
@@ -96,6 +100,12 @@ for f in files:
             assert dims(vi)[0] == "N", "batch dimension must be symbolic"
         for i, vi in zip(meta["inputs"], m.graph.input):
             assert i["shape"] == dims(vi) and dims(vi)[0] == "N"
+            # Integer inputs say which values are valid (ids [0, vocab), masks [0, 2)).
+            assert (i["dtype"] == "int64") == ("range" in i), i
+        if "max_sequence_length" in meta:  # sequence models: [N, L] inputs, L symbolic
+            assert meta["max_sequence_length"] == 64, meta["max_sequence_length"]
+            assert all(i["shape"] == ["N", "L"] for i in meta["inputs"]), meta["inputs"]
+            assert [vi.name for vi in m.graph.input][:2] == ["input_ids", "attention_mask"]
         assert len(m.graph.node) == meta["nodes"]
         ops = {}
         for n in m.graph.node:
@@ -125,7 +135,12 @@ want = {
     "densenet201": {"Conv": 200, "Concat": 98, "AveragePool": 3, "BatchNormalization": 201},
     "inception_v3": {"Conv": 94, "Concat": 15, "AveragePool": 9, "MaxPool": 4},
     "mobilenet_v2": {"Conv": 52, "Clip": 35, "Add": 10},
-    "distilbert": {"Gather": 2, "LayerNormalization": 13, "Softmax": 6, "Erf": 6, "MatMul": 48},
+    # Gathers: word (+ token type) and position embeddings, Shape(ids)[1], hidden[:, 0].
+    "distilbert": {"Gather": 4, "LayerNormalization": 13, "Softmax": 6, "Erf": 6, "MatMul": 48,
+                   "Slice": 1, "Equal": 1, "Where": 6, "Gemm": 2, "Relu": 1},
+    "bert": {"Gather": 5, "LayerNormalization": 25, "Softmax": 12, "Erf": 12, "MatMul": 96,
+             "Slice": 1, "Cast": 1, "Sub": 1, "Gemm": 2, "Tanh": 1},
+    "sensor_tcn": {"Conv": 9, "Relu": 8, "Add": 4, "GlobalAveragePool": 1, "Gemm": 1},
 }
 bad = 0
 for arch, ops in want.items():
@@ -141,7 +156,10 @@ EOF
 for f in "$work"/zoo/*.onnx; do
   stem=$(basename "$f" .onnx)
   range=$("$py" -c 'import json,sys; i=json.load(open(sys.argv[1]))["inputs"][0]; r=i.get("range"); print(f"{r[0]},{r[1]}" if r else "0,100")' "$work/zoo/$stem.json")
-  if ! node "$run_model" "$f" --batch 2 --seed 3 --int-range "$range" --repeat 5 \
+  # Sequence models: length 24 (run_model.js makes attention_mask ones, token_type_ids zeros).
+  len_args=()
+  grep -q '"max_sequence_length"' "$work/zoo/$stem.json" && len_args=(--dim L=24)
+  if ! node "$run_model" "$f" --batch 2 "${len_args[@]}" --seed 3 --int-range "$range" --repeat 5 \
       --output-dir "$work/ort/$stem" --save-inputs --quiet; then
     fail "$stem: onnxruntime could not run it"
     continue
@@ -232,17 +250,103 @@ import json, sys
 import numpy as np
 from onnx import helper, TensorProto
 meta = json.load(open(sys.argv[2]))
-seq = meta["inputs"][0]["shape"][1]
+seq = 24  # the symbolic L, given to run_model.js as --dim L=24
 ids = (np.arange(2 * seq) * 7919 % meta["inputs"][0]["range"][1]).astype(np.int64)
 t = helper.make_tensor("input_ids", TensorProto.INT64, [2, seq], ids.tolist())  # int64_data
 open(sys.argv[1], "wb").write(t.SerializeToString())
 EOF
-if node "$run_model" "$work/zoo/distilbert_tiny.onnx" --input "$work/in_fd.pb" \
+if node "$run_model" "$work/zoo/distilbert_tiny.onnx" --input "$work/in_fd.pb" --dim L=24 \
     --output-dir "$work/ort/fd" --quiet; then
   ok "run_model.js reads int64_data TensorProto"
 else
   fail "run_model.js could not read an int64_data TensorProto"
 fi
+
+# ---- sequence classifiers: padding is masked; lengths past the position table are refused ----
+# A batch of 2 with lengths 24 and 9 padded to L=32 (ids past the length 0, mask 0; run_model.js
+# --lengths) must give each item the logits it gets alone at its own length, unpadded: padded keys
+# get exactly zero attention weight, so only rounding differs.
+for arch in distilbert bert; do
+  stem=${arch}_tiny
+  vocab=$("$py" -c 'import json,sys; print(json.load(open(sys.argv[1]))["inputs"][0]["range"][1])' \
+    "$work/zoo/$stem.json")
+  d=$work/mask/$stem
+  if ! node "$run_model" "$work/zoo/$stem.onnx" --batch 2 --dim L=32 --lengths 24,9 --seed 11 \
+      --int-range "0,$vocab" --output-dir "$d/padded" --save-inputs --quiet; then
+    fail "$stem: onnxruntime could not run the padded batch"
+    continue
+  fi
+  # Each item alone: its inputs cut to its length, as NAME.pb in item<b>/; and item 1 padded
+  # but with a mask of all ones (unmasked/), which must change its logits, else this test could
+  # not see a model that ignores its mask.
+  if ! "$py" - "$d" 24 9 <<'EOF'; then fail "$stem: the padded inputs"; continue; fi
+import glob, os, sys
+import numpy as np
+import onnx
+from onnx import numpy_helper
+d, lengths = sys.argv[1], [int(x) for x in sys.argv[2:]]
+for f in sorted(glob.glob(os.path.join(d, "padded", "input_*.pb"))):
+    t = onnx.load_tensor(f)
+    a = numpy_helper.to_array(t)
+    for b, n in enumerate(lengths):
+        assert (a[b, n:] == 0).all(), f"{t.name}: item {b} is not zero past {n}"
+        if t.name == "attention_mask":
+            assert (a[b, :n] == 1).all(), "the mask must be ones up to the length"
+        os.makedirs(os.path.join(d, f"item{b}"), exist_ok=True)
+        one = numpy_helper.from_array(np.ascontiguousarray(a[b:b + 1, :n]), t.name)
+        open(os.path.join(d, f"item{b}", t.name + ".pb"), "wb").write(one.SerializeToString())
+    u = np.ones_like(a[1:2]) if t.name == "attention_mask" else a[1:2]
+    os.makedirs(os.path.join(d, "unmasked"), exist_ok=True)
+    open(os.path.join(d, "unmasked", t.name + ".pb"), "wb").write(
+        numpy_helper.from_array(np.ascontiguousarray(u), t.name).SerializeToString())
+EOF
+  ran=1
+  for run in item0 item1 unmasked; do
+    inputs=()
+    for f in "$d/$run"/*.pb; do inputs+=(--input "$(basename "$f" .pb)=$f"); done
+    node "$run_model" "$work/zoo/$stem.onnx" "${inputs[@]}" --output-dir "$d/out_$run" --quiet ||
+      ran=0
+  done
+  [[ $ran == 1 ]] || { fail "$stem: onnxruntime could not run the unpadded items"; continue; }
+  if msg=$("$py" - "$d" <<'EOF'
+import sys
+import numpy as np
+import onnx
+from onnx import numpy_helper
+d = sys.argv[1]
+load = lambda f: numpy_helper.to_array(onnx.load_tensor(f)).astype(np.float64)
+padded = load(f"{d}/padded/output_0.pb")
+worst = 0.0
+for b in range(2):
+    alone = load(f"{d}/out_item{b}/output_0.pb")
+    assert alone.shape == (1, padded.shape[1]), alone.shape
+    worst = max(worst, np.abs(padded[b] - alone[0]).max() / np.abs(alone).max())
+# The two items must differ, else agreeing with them alone proves little.
+assert np.abs(padded[0] - padded[1]).max() > 1e-2 * np.abs(padded).max(), "the items agree"
+unmasked = load(f"{d}/out_unmasked/output_0.pb")[0]
+alone1 = load(f"{d}/out_item1/output_0.pb")[0]
+assert np.abs(unmasked - alone1).max() > 1e-3 * np.abs(alone1).max(), "the mask does nothing"
+print(f"lengths 24, 9 padded to 32: max |padded - alone| / max |logit| {worst:.1e}")
+sys.exit(0 if worst < 1e-5 else 1)
+EOF
+  ); then
+    ok "$stem: padding masked ($msg)"
+  else
+    fail "$stem: padding changes the logits ($msg)"
+  fi
+
+  # The position table has 64 rows: L=64 runs; L=65 cannot broadcast and must fail.
+  if node "$run_model" "$work/zoo/$stem.onnx" --dim L=64 --int-range "0,$vocab" --quiet; then
+    ok "$stem: L=64 (max_sequence_length) runs"
+  else
+    fail "$stem: L=64 (max_sequence_length) does not run"
+  fi
+  set +e
+  node "$run_model" "$work/zoo/$stem.onnx" --dim L=65 --int-range "0,$vocab" --quiet 2>/dev/null
+  rc=$?
+  set -e
+  [[ $rc == 1 ]] && ok "$stem: L=65 refused (exit 1)" || fail "$stem: L=65 exit status $rc, want 1"
+done
 
 echo "zoo: $passed passed, $failed failed"
 [[ $failed == 0 ]]

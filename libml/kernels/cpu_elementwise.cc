@@ -13,14 +13,10 @@ namespace reefline::ml::kernels {
 
 namespace {
 
-// Walks output elements [e0, e1) of `shape`, keeping the offsets of up to three strided views
-// incrementally (an odometer), so the inner loop has no divisions.
-template <int Views, typename F>
-void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int64_t* base,
-                 int64_t e0, int64_t e1, F&& f) {
-    if (e0 >= e1) return;
-    int64_t idx[max_dims] = {};
-    int64_t off[Views];
+// The odometer's start: the index of element e0 and each view's offset there.
+template <int Views>
+void nd_start(const nd_shape& shape, const int64_t* const* strides, const int64_t* base, int64_t e0, int64_t* idx,
+              int64_t* off) {
     int64_t rem = e0;
     for (int d = shape.rank - 1; d >= 0; --d) {
         idx[d] = rem % shape.dims[d];
@@ -30,6 +26,17 @@ void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int
         off[v] = base[v];
         for (int d = 0; d < shape.rank; ++d) off[v] += idx[d] * strides[v][d];
     }
+}
+
+// Walks output elements [e0, e1) of `shape`, keeping the offsets of up to three strided views
+// incrementally (an odometer), so the inner loop has no divisions.
+template <int Views, typename F>
+void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int64_t* base,
+                 int64_t e0, int64_t e1, F&& f) {
+    if (e0 >= e1) return;
+    int64_t idx[max_dims] = {};
+    int64_t off[Views];
+    nd_start<Views>(shape, strides, base, e0, idx, off);
     const int last = shape.rank - 1;
     for (int64_t e = e0; e < e1; ++e) {
         f(off);
@@ -41,6 +48,38 @@ void for_each_nd(const nd_shape& shape, const int64_t* const* strides, const int
             if (++idx[d] < shape.dims[d]) break;
             for (int v = 0; v < Views; ++v) off[v] -= strides[v][d] * shape.dims[d];
             idx[d] = 0;
+        }
+    }
+}
+
+// The same walk a row at a time: f(offsets, n) for runs of n consecutive elements along the
+// last dim (offsets of each view at the run's first element; the run steps by each view's
+// last-dim stride), so that the inner loop is a plain strided loop the compiler vectorises.
+template <int Views, typename F>
+void for_each_row(const nd_shape& shape, const int64_t* const* strides, const int64_t* base, int64_t e0, int64_t e1,
+                  F&& f) {
+    if (e0 >= e1) return;
+    if (shape.rank == 0) {
+        int64_t off[Views];
+        for (int v = 0; v < Views; ++v) off[v] = base[v];
+        f(off, e1 - e0);
+        return;
+    }
+    int64_t idx[max_dims] = {};
+    int64_t off[Views];
+    nd_start<Views>(shape, strides, base, e0, idx, off);
+    const int last = shape.rank - 1;
+    for (int64_t e = e0; e < e1;) {
+        const int64_t n = std::min(shape.dims[last] - idx[last], e1 - e);
+        f(off, n);
+        e += n;
+        for (int v = 0; v < Views; ++v) off[v] += n * strides[v][last];
+        idx[last] += n;
+        // Carry into the outer dims.
+        for (int d = last; d > 0 && idx[d] == shape.dims[d]; --d) {
+            for (int v = 0; v < Views; ++v) off[v] += strides[v][d - 1] - strides[v][d] * shape.dims[d];
+            idx[d] = 0;
+            ++idx[d - 1];
         }
     }
 }
@@ -78,8 +117,20 @@ bool copy_block(const void* p, const gpu::block_context& ctx) {
     const auto* x = static_cast<const uint8_t*>(a.x);
     auto* y = static_cast<uint8_t*>(a.y);
     const int64_t eb = a.element_bytes;
-    for_each_nd<2>(a.shape, strides, base, e0, e1, [&](const int64_t* o) {
-        std::memcpy(y + o[1] * eb, x + o[0] * eb, size_t(eb));
+    const int last = a.shape.rank - 1;
+    const int64_t sx = last >= 0 ? a.x_strides[last] : 1, sy = last >= 0 ? a.y_strides[last] : 1;
+    for_each_row<2>(a.shape, strides, base, e0, e1, [&](const int64_t* o, int64_t n) {
+        uint8_t* dst = y + o[1] * eb;
+        const uint8_t* src = x + o[0] * eb;
+        if (sx == 1 && sy == 1) {
+            std::memcpy(dst, src, size_t(n * eb));
+        } else if (eb == 4) {
+            const auto* s4 = reinterpret_cast<const uint32_t*>(src);
+            auto* d4 = reinterpret_cast<uint32_t*>(dst);
+            for (int64_t i = 0; i < n; ++i) d4[i * sy] = s4[i * sx];
+        } else {
+            for (int64_t i = 0; i < n; ++i) std::memcpy(dst + i * sy * eb, src + i * sx * eb, size_t(eb));
+        }
     });
     return true;
 }
@@ -98,6 +149,23 @@ inline float binary(binary_op op, float x, float y) {
     case binary_op::less: return x < y ? 1.0f : 0.0f;
     }
     return 0;
+}
+
+// y[i] = f(a[i * sa], b[i * sb]) for a run: the broadcast patterns of transformers and CNNs
+// (same shape, a row against a scalar or a vector) as unit-stride loops.
+template <typename F>
+inline void binary_run(float* y, const float* a, int64_t sa, const float* b, int64_t sb, int64_t n, F f) {
+    if (sa == 1 && sb == 1) {
+        for (int64_t i = 0; i < n; ++i) y[i] = f(a[i], b[i]);
+    } else if (sa == 1 && sb == 0) {
+        const float c = *b;
+        for (int64_t i = 0; i < n; ++i) y[i] = f(a[i], c);
+    } else if (sa == 0 && sb == 1) {
+        const float c = *a;
+        for (int64_t i = 0; i < n; ++i) y[i] = f(c, b[i]);
+    } else {
+        for (int64_t i = 0; i < n; ++i) y[i] = f(a[i * sa], b[i * sb]);
+    }
 }
 
 bool binary_block(const void* p, const gpu::block_context& ctx) {
@@ -135,8 +203,20 @@ bool binary_block(const void* p, const gpu::block_context& ctx) {
         return true;
     }
     float* y = a.y + e0;
-    for_each_nd<2>(a.shape, strides, base, e0, e1,
-                   [&](const int64_t* o) { *y++ = binary(op, a.a[o[0]], a.b[o[1]]); });
+    const int last = a.shape.rank - 1;
+    const int64_t sa = last >= 0 ? a.a_strides[last] : 0, sb = last >= 0 ? a.b_strides[last] : 0;
+    for_each_row<2>(a.shape, strides, base, e0, e1, [&](const int64_t* o, int64_t n) {
+        const float* pa = a.a + o[0];
+        const float* pb = a.b + o[1];
+        switch (op) {
+        case binary_op::add: binary_run(y, pa, sa, pb, sb, n, [](float u, float v) { return u + v; }); break;
+        case binary_op::sub: binary_run(y, pa, sa, pb, sb, n, [](float u, float v) { return u - v; }); break;
+        case binary_op::mul: binary_run(y, pa, sa, pb, sb, n, [](float u, float v) { return u * v; }); break;
+        case binary_op::div: binary_run(y, pa, sa, pb, sb, n, [](float u, float v) { return u / v; }); break;
+        default: binary_run(y, pa, sa, pb, sb, n, [op](float u, float v) { return binary(op, u, v); }); break;
+        }
+        y += n;
+    });
     if (a.ep.act != activation::none) apply_epilogue(a.y + e0, e1 - e0, a.ep);
     return true;
 }
@@ -149,7 +229,7 @@ inline float unary(unary_op op, float x) {
     case unary_op::sqrt: return std::sqrt(x);
     case unary_op::exp: return std::exp(x);
     case unary_op::log: return std::log(x);
-    case unary_op::erf: return std::erf(x);
+    case unary_op::erf: return erf_fast(x);
     case unary_op::sin: return std::sin(x);
     case unary_op::cos: return std::cos(x);
     case unary_op::reciprocal: return 1.0f / x;
@@ -220,8 +300,14 @@ bool where_block(const void* p, const gpu::block_context& ctx) {
         return true;
     }
     float* y = a.y + e0;
-    for_each_nd<3>(a.shape, strides, base, e0, e1,
-                   [&](const int64_t* o) { *y++ = a.cond[o[0]] != 0 ? a.a[o[1]] : a.b[o[2]]; });
+    const int last = a.shape.rank - 1;
+    const int64_t sc = last >= 0 ? a.c_strides[last] : 0, sa = last >= 0 ? a.a_strides[last] : 0,
+                  sb = last >= 0 ? a.b_strides[last] : 0;
+    for_each_row<3>(a.shape, strides, base, e0, e1, [&](const int64_t* o, int64_t n) {
+        const float *c = a.cond + o[0], *pa = a.a + o[1], *pb = a.b + o[2];
+        for (int64_t i = 0; i < n; ++i) y[i] = c[i * sc] != 0 ? pa[i * sa] : pb[i * sb];
+        y += n;
+    });
     return true;
 }
 
@@ -390,7 +476,7 @@ bool gather_axis_block(const void* p, const gpu::block_context& ctx) {
     auto* y = static_cast<uint8_t*>(a.y);
     for (int64_t r = r0; r < r1; ++r) {
         const int64_t o = r / a.count, j = r % a.count;
-        int64_t idx = a.indices[j];
+        int64_t idx = gather_axis_index(a, j);
         if (idx < 0) idx += a.axis;
         if (idx < 0 || idx >= a.axis) {  // out of range: zeros, never a wild read
             std::memset(y + size_t(r) * row, 0, row);

@@ -1,6 +1,9 @@
-// CPU implementation of the gather block: u8 HWC bytes straight from packet payloads (the
-// data plane's gather list) into the normalised f32 NCHW batch tensor, in one pass.
+// CPU implementations of the gather blocks: request payloads straight from the packets (the
+// data plane's gather list) into a model's input tensors, in one pass. Images: u8 HWC ->
+// normalised f32 NCHW; token sequences: ids, attention mask and token types of one length
+// bucket; tensors: f32 as they are.
 #include <algorithm>
+#include <cstring>
 
 #include "libml/kernels/kernels.h"
 
@@ -37,8 +40,65 @@ bool gather_block_cpu(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
+bool token_gather_block_cpu(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const token_gather_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t per_request = token_blocks_per_request(a);
+    const int64_t r = ctx.block / per_request;
+    const int64_t p0 = (ctx.block % per_request) * a.tokens_per_block;
+    const int64_t p1 = std::min(a.length, p0 + a.tokens_per_block);
+    const gather_segment* seg = a.segments + a.first[r];
+    const gather_segment* seg_end = a.segments + a.first[r + 1];
+    const int64_t tokens = std::min(a.length, payload_bytes(a.segments, a.first, r) / 4);
+    token_error err{-1, 0};
+    if (p0 < tokens) seg = payload_segment(seg, seg_end, p0 * 4);
+    for (int64_t i = p0; i < p1; ++i) {
+        const int64_t at = r * a.length + i;
+        int64_t id = 0;
+        if (i < tokens) {
+            while (seg + 1 < seg_end && i * 4 >= int64_t(seg->offset) + seg->length) ++seg;
+            const int32_t t = int32_t(payload_le32(seg, seg_end, i * 4));
+            if (t >= 0 && t < a.vocab) {
+                id = t;
+            } else if (err.position < 0) {
+                err = {int32_t(i), t};
+            }
+        }
+        store_int_as(a.ids, at, a.ids_type, id);
+        if (a.mask) store_int_as(a.mask, at, a.mask_type, i < tokens ? 1 : 0);
+        if (a.types) store_int_as(a.types, at, a.types_type, 0);
+    }
+    a.errors[ctx.block] = err;
+    return true;
+}
+
+bool tensor_gather_block_cpu(const void* p, const gpu::block_context& ctx) {
+    const auto& a = *static_cast<const tensor_gather_args*>(p);
+    if (ctx.preempted()) return false;
+    const int64_t per_request = tensor_blocks_per_request(a);
+    const int64_t r = ctx.block / per_request;
+    int64_t q = (ctx.block % per_request) * a.elements_per_block * 4;
+    const int64_t end = std::min(a.elements * 4, q + a.elements_per_block * 4);
+    const gather_segment* seg = a.segments + a.first[r];
+    const gather_segment* seg_end = a.segments + a.first[r + 1];
+    auto* y = reinterpret_cast<uint8_t*>(a.y + r * a.elements);
+    // Little-endian f32 on a little-endian host: the bytes as they are, a run per segment.
+    static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__);
+    if (seg == seg_end) return true;
+    seg = payload_segment(seg, seg_end, q);
+    while (q < end && seg < seg_end) {
+        const int64_t stop = std::min<int64_t>(end, int64_t(seg->offset) + seg->length);
+        if (stop > q) std::memcpy(y + q, seg->data + (q - seg->offset), size_t(stop - q));
+        q = std::max(q, stop);
+        ++seg;
+    }
+    return true;
+}
+
 }  // namespace
 
 const gpu::kernel_info gather_kernel = {"gather", gather_block_cpu, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info token_gather_kernel = {"token_gather", token_gather_block_cpu, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info tensor_gather_kernel = {"tensor_gather", tensor_gather_block_cpu, nullptr, 256, 32, 0, 0};
 
 }  // namespace reefline::ml::kernels

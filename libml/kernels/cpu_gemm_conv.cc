@@ -34,7 +34,7 @@ inline float act(float x, const epilogue& ep) {
         const float v = x / 6.0f + 0.5f;
         return x * (v < 0 ? 0 : (v > 1 ? 1 : v));
     }
-    case activation::gelu_erf: return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+    case activation::gelu_erf: return 0.5f * x * (1.0f + erf_fast(x * 0.70710678118654752f));
     case activation::gelu_tanh:
         return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
     }
@@ -258,8 +258,13 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
 }  // namespace
 
 void apply_epilogue(float* v, int64_t n, const epilogue& ep) {
-    if (ep.act == activation::relu) {  // the common case, kept vectorisable
+    // The common cases, kept vectorisable.
+    if (ep.act == activation::relu) {
         for (int64_t i = 0; i < n; ++i) v[i] = v[i] > 0 ? v[i] : 0;
+        return;
+    }
+    if (ep.act == activation::gelu_erf) {
+        for (int64_t i = 0; i < n; ++i) v[i] = 0.5f * v[i] * (1.0f + erf_fast(v[i] * 0.70710678118654752f));
         return;
     }
     for (int64_t i = 0; i < n; ++i) v[i] = act(v[i], ep);

@@ -229,6 +229,81 @@ struct where_args {
 };
 RL_HD inline int64_t where_grid(const where_args& a) { return ceil_div(nd_count(a.shape), a.per_block); }
 
+// ---- payload gathers of the other request formats ----------------------------------------
+// Both read requests the way the image gather does: request i's payload is the segments
+// [first[i], first[i+1]), in offset order, tiling its bytes; an element may straddle two
+// segments (fragments are cut at any byte). Elements are little-endian (docs/protocol.md).
+
+// The little-endian 32-bit word at byte q of a request whose segments are [seg, seg_end),
+// q + 4 <= the payload's length. `seg` is the segment holding byte q.
+RL_HD inline uint32_t payload_le32(const gather_segment* seg, const gather_segment* seg_end, int64_t q) {
+    uint32_t v = 0;
+    for (int k = 0; k < 4; ++k, ++q) {
+        while (seg + 1 < seg_end && q >= int64_t(seg->offset) + int64_t(seg->length)) ++seg;
+        v |= uint32_t(seg->data[q - int64_t(seg->offset)]) << (8 * k);
+    }
+    return v;
+}
+
+// The segment of [seg, seg_end) that holds byte q (segments in offset order, non-empty range).
+RL_HD inline const gather_segment* payload_segment(const gather_segment* seg, const gather_segment* seg_end, int64_t q) {
+    int64_t lo = 0, hi = seg_end - seg;  // the last segment whose offset <= q
+    while (hi - lo > 1) {
+        const int64_t mid = (lo + hi) / 2;
+        if (int64_t(seg[mid].offset) <= q) lo = mid; else hi = mid;
+    }
+    return seg + lo;
+}
+
+// Bytes of request i's payload: the end of its last segment (0 for an empty list).
+RL_HD inline int64_t payload_bytes(const gather_segment* segments, const uint32_t* first, int64_t i) {
+    if (first[i + 1] <= first[i]) return 0;
+    const gather_segment& last = segments[first[i + 1] - 1];
+    return int64_t(last.offset) + int64_t(last.length);
+}
+
+// tokens_i32 requests -> a sequence model's inputs for one length bucket: ids [batch, length]
+// (the request's tokens, then 0), attention mask (1 for each token, then 0) and token types
+// (0), each in the model's element type. A token outside [0, vocab) is never written (0 is,
+// so the model's embedding lookup stays in bounds); the block records the first one it saw
+// in errors[block] for the host to answer the request with bad_request.
+struct token_error {
+    int32_t position;  // in the request; -1: none in the block's range
+    int32_t token;
+};
+
+// Stores integer v as element i of an i64, i32 or f32 tensor.
+RL_HD inline void store_int_as(void* base, int64_t i, elem type, int64_t v) {
+    if (type == elem::i64) static_cast<int64_t*>(base)[i] = v;
+    else if (type == elem::i32) static_cast<int32_t*>(base)[i] = int32_t(v);
+    else static_cast<float*>(base)[i] = float(v);
+}
+
+struct token_gather_args {
+    const gather_segment* segments;
+    const uint32_t* first;  // batch + 1 entries
+    void* ids;              // [batch, length]
+    void* mask;             // [batch, length] or null
+    void* types;            // [batch, length] or null
+    token_error* errors;    // token_gather_grid() entries
+    int64_t batch, length, vocab;
+    int64_t tokens_per_block;  // positions of one request per block
+    elem ids_type, mask_type, types_type;  // i64 or i32 (the mask also f32)
+};
+RL_HD inline int64_t token_blocks_per_request(const token_gather_args& a) { return ceil_div(a.length, a.tokens_per_block); }
+RL_HD inline int64_t token_gather_grid(const token_gather_args& a) { return a.batch * token_blocks_per_request(a); }
+
+// tensor_f32 requests -> a model's f32 input [batch, elements...], bytes as they are.
+struct tensor_gather_args {
+    const gather_segment* segments;
+    const uint32_t* first;  // batch + 1 entries
+    float* y;               // [batch, elements]
+    int64_t batch, elements;
+    int64_t elements_per_block;
+};
+RL_HD inline int64_t tensor_blocks_per_request(const tensor_gather_args& a) { return ceil_div(a.elements, a.elements_per_block); }
+RL_HD inline int64_t tensor_gather_grid(const tensor_gather_args& a) { return a.batch * tensor_blocks_per_request(a); }
+
 // ---- Row kernels: tensor viewed as [outer, axis, inner] ------------------------------------
 enum class row_op : uint8_t { softmax, log_softmax, layer_norm, reduce_mean, reduce_sum, reduce_max };
 
@@ -345,14 +420,21 @@ struct lrn_args {
 RL_HD inline int64_t lrn_grid(const lrn_args& a) { return ceil_div(a.n * a.c, a.planes_per_block); }
 
 // ---- Gather along an axis: x viewed [outer, axis, inner], indices [count] -> y [outer, count, inner]
+// Indices are int64 or int32 (index_bytes 4); an index outside [-axis, axis) writes zeros
+// (ONNX calls it an error; a kernel must never turn it into a wild read).
 struct gather_axis_args {
     const void* x;
-    const int64_t* indices;
+    const void* indices;
     void* y;
     int64_t outer, axis, inner, count;
     int32_t element_bytes;
+    int32_t index_bytes;     // 4: int32 indices; anything else: int64
     int64_t rows_per_block;  // of outer*count
 };
+RL_HD inline int64_t gather_axis_index(const gather_axis_args& a, int64_t j) {
+    return a.index_bytes == 4 ? int64_t(static_cast<const int32_t*>(a.indices)[j])
+                              : static_cast<const int64_t*>(a.indices)[j];
+}
 RL_HD inline int64_t gather_axis_grid(const gather_axis_args& a) {
     return ceil_div(a.outer * a.count, a.rows_per_block);
 }

@@ -10,6 +10,8 @@ namespace reefline::ml::kernels {
 extern const gpu::kernel_info gemm_kernel;    // args: gemm_args, grid: gemm_grid()
 extern const gpu::kernel_info conv2d_kernel;  // args: conv2d_args, grid: conv2d_grid()
 extern const gpu::kernel_info gather_kernel;  // args: gather_args, grid: gather_grid()
+extern const gpu::kernel_info token_gather_kernel;   // token_gather_args, token_gather_grid()
+extern const gpu::kernel_info tensor_gather_kernel;  // tensor_gather_args, tensor_gather_grid()
 extern const gpu::kernel_info copy_kernel;         // copy_args, copy_grid()
 extern const gpu::kernel_info binary_kernel;       // binary_args, binary_grid()
 extern const gpu::kernel_info unary_kernel;        // unary_args, unary_grid()
@@ -23,6 +25,26 @@ extern const gpu::kernel_info gather_axis_kernel;  // gather_axis_args, gather_a
 // Scratch (bytes) a conv2d block needs on the cpu backend for its im2col tile.
 size_t conv2d_scratch_bytes(const conv2d_args& c);
 bool conv2d_is_pointwise(const conv2d_args& c);
+
+// erf for the cpu blocks: Eigen's rational approximation (generic_fast_erf_float), a few ulp on
+// [-4, 4] and +-1 beyond. Branch-free, so loops over it vectorise; std::erf is ~10x slower,
+// and GELU evaluates it once per element of a transformer's widest tensors.
+inline float erf_fast(float x) {
+    x = x < -4.0f ? -4.0f : (x > 4.0f ? 4.0f : x);
+    const float x2 = x * x;
+    float p = x2 * -2.72614225801306e-10f + 2.77068142495902e-08f;
+    p = x2 * p + -2.10102402082508e-06f;
+    p = x2 * p + -5.69250639462346e-05f;
+    p = x2 * p + -7.34990630326855e-04f;
+    p = x2 * p + -2.95459980854025e-03f;
+    p = x2 * p + -1.60960333262415e-02f;
+    p *= x;
+    float q = x2 * -1.45660718464996e-05f + -2.13374055278905e-04f;
+    q = x2 * q + -1.68282697438203e-03f;
+    q = x2 * q + -7.37332916720468e-03f;
+    q = x2 * q + -1.42647390514189e-02f;
+    return p / q;
+}
 
 // Applies the fused epilogue to n values in place.
 void apply_epilogue(float* v, int64_t n, const epilogue& ep);

@@ -10,6 +10,7 @@
 // whose top-k scores read back as the same floats.
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,7 @@ void check_results_line(const gen::assembled_message& m) {
     a.kind = m.head.kind;
     a.status = m.head.status;
     a.format = m.head.format;
+    std::copy(m.head.dims, m.head.dims + 4, a.dims);
     a.payload_bytes = m.payload;
     std::ostringstream out;
     gen::write_results(out, {a});
@@ -67,6 +69,21 @@ void check_results_line(const gen::assembled_message& m) {
                       double(score), double(back));
             } else {
                 FUZZ_CHECK(topk[i][1].is_null(), "non-finite score not null");
+            }
+        }
+    }
+    if (!error && a.format == uint8_t(wire::format::result_tensor_f32)) {
+        // Every whole little-endian f32 of the payload, read back exactly (or null if not finite).
+        const auto& data = j.at("tensor").at("data");
+        FUZZ_CHECK(data.size() == m.payload.size() / 4, "%zu tensor values for %zu bytes", data.size(), m.payload.size());
+        for (size_t i = 0; i < data.size(); ++i) {
+            const float v = gen::load_f32(m.payload.data() + i * 4);
+            if (std::isfinite(v)) {
+                const float back = data[i].get<float>();
+                FUZZ_CHECK(std::memcmp(&back, &v, 4) == 0 || (back == 0 && v == 0), "value %.9g read back as %.9g",
+                           double(v), double(back));
+            } else {
+                FUZZ_CHECK(data[i].is_null(), "non-finite value not null");
             }
         }
     }

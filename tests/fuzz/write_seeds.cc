@@ -90,6 +90,10 @@ void add_response(seed& s, uint64_t id, wire::kind kind, wire::format format, wi
         h.payload_offset = i * per;
         h.total_length = uint32_t(result.size());
         if (format == wire::format::result_topk) h.dims[0] = uint16_t(result.size() / 8);
+        if (format == wire::format::result_tensor_f32) {  // [n / 8, 2]
+            h.dims[0] = uint16_t(result.size() / 8);
+            h.dims[1] = 2;
+        }
         std::vector<uint8_t> udp;
         gen::append_udp_payload(udp, h, result.subspan(i * per, std::min<size_t>(per, result.size() - i * per)));
         if (datagram) s.add(udp, 1);
@@ -107,6 +111,13 @@ void write_response_seeds(const std::string& dir, const auto& write) {
         for (const uint32_t v : {k * 100, bits})
             for (int b = 3; b >= 0; --b) topk.push_back(uint8_t(v >> (8 * b)));
     }
+    std::vector<uint8_t> tensor;  // 24 little-endian f32: dims [12, 2]
+    for (uint32_t i = 0; i < 24; ++i) {
+        const float v = float(i) * 0.25f - 3.0f;
+        uint32_t bits;
+        std::memcpy(&bits, &v, 4);
+        for (int b = 0; b < 4; ++b) tensor.push_back(uint8_t(bits >> (8 * b)));
+    }
     const std::string message = "bad_request: payload is not 224x224x3";
     const std::span<const uint8_t> text(reinterpret_cast<const uint8_t*>(message.data()), message.size());
     for (const bool datagram : {false, true}) {
@@ -120,6 +131,9 @@ void write_response_seeds(const std::string& dir, const auto& write) {
         s = {};
         add_response(s, 3, wire::kind::error, wire::format::raw, wire::status::bad_request, text, 1024, datagram);
         write(dir, "error" + as, s);
+        s = {};
+        add_response(s, 5, wire::kind::response, wire::format::result_tensor_f32, wire::status::ok, tensor, 40, datagram);
+        write(dir, "tensor_fragments" + as, s);
     }
     seed s;  // fragments reordered and repeated, and one that disagrees with the first
     add_response(s, 4, wire::kind::response, wire::format::result_topk, wire::status::ok, topk, 8, false, {3, 1, 1});

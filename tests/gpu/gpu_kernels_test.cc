@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <limits>
 
 #include "libml/kernels/gpu/launcher.h"
@@ -683,6 +684,96 @@ GPU_TEST(lrn_batchnorm_gather_axis) {
         g.x = dx.get(); g.indices = di.get<int64_t>(); g.y = dy.get();
         both(k::gather_axis_kernel, h, g, k::gather_axis_grid(a), "gather_axis");
         expect_equal(dy.read<uint8_t>(), y, "gather_axis element_bytes " + std::to_string(eb));
+    }
+}
+
+// Token sequences and f32 tensors from fragmented payloads (elements straddle fragments): the
+// GPU's thread-per-element gathers against the cpu blocks, and the token errors they report.
+GPU_TEST(token_and_tensor_gathers) {
+    gpu::device& d = *the_device();
+    // Payloads of every request back to back in one buffer; fragments of 7 bytes.
+    const auto gather_lists = [](const std::vector<std::vector<uint8_t>>& payloads, const uint8_t* base,
+                                 std::vector<k::gather_segment>& segs, std::vector<uint32_t>& first) {
+        segs.clear();
+        first.assign(1, 0);
+        size_t at = 0;
+        for (const auto& p : payloads) {
+            for (uint32_t off = 0; off < p.size(); off += 7)
+                segs.push_back({base + at + off, uint32_t(std::min<size_t>(7, p.size() - off)), off});
+            at += p.size();
+            first.push_back(uint32_t(segs.size()));
+        }
+    };
+    {
+        const std::vector<std::vector<int32_t>> tokens = {{5, 1, 999, 3}, {}, {2, 2, -7, 4, 4, 4, 4, 4, 4, 2000}};
+        std::vector<std::vector<uint8_t>> payloads;
+        std::vector<uint8_t> all;
+        for (const auto& t : tokens) {
+            std::vector<uint8_t> b;
+            for (int32_t v : t)
+                for (int k = 0; k < 4; ++k) b.push_back(uint8_t(uint32_t(v) >> (8 * k)));
+            all.insert(all.end(), b.begin(), b.end());
+            payloads.push_back(std::move(b));
+        }
+        payloads[1] = {0, 0, 0, 0};  // a one-token request (token 0)
+        all.insert(all.begin() + 16, payloads[1].begin(), payloads[1].end());
+        dev_buffer dall(d, all);
+        std::vector<k::gather_segment> hs, gs;
+        std::vector<uint32_t> first;
+        gather_lists(payloads, all.data(), hs, first);
+        gather_lists(payloads, dall.get<uint8_t>(), gs, first);
+        k::token_gather_args a{};
+        a.batch = 3; a.length = 12; a.vocab = 1000; a.tokens_per_block = 5;
+        a.ids_type = k::elem::i64; a.mask_type = k::elem::f32; a.types_type = k::elem::i32;
+        const size_t n = size_t(a.batch * a.length), blocks = size_t(k::token_gather_grid(a));
+        std::vector<int64_t> ids(n, -1);
+        std::vector<float> mask(n, -1);
+        std::vector<int32_t> types(n, -1);
+        std::vector<k::token_error> errors(blocks, k::token_error{-2, -2});
+        dev_buffer dsegs(d, gs), dfirst(d, first), dids(d, n * 8), dmask(d, n * 4), dtypes(d, n * 4),
+            derr(d, blocks * sizeof(k::token_error));
+        k::token_gather_args h = a, g = a;
+        h.segments = hs.data(); h.first = first.data(); h.ids = ids.data(); h.mask = mask.data(); h.types = types.data();
+        h.errors = errors.data();
+        g.segments = dsegs.get<k::gather_segment>(); g.first = dfirst.get<uint32_t>(); g.ids = dids.get();
+        g.mask = dmask.get(); g.types = dtypes.get(); g.errors = derr.get<k::token_error>();
+        both(k::token_gather_kernel, h, g, k::token_gather_grid(a), "token_gather");
+        expect_equal(dids.read<int64_t>(), ids, "token_gather ids");
+        expect_equal(dmask.read<float>(), mask, "token_gather mask");
+        expect_equal(dtypes.read<int32_t>(), types, "token_gather types");
+        const auto ge = derr.read<k::token_error>();
+        for (size_t b = 0; b < blocks; ++b)
+            EXPECT(ge[b].position == errors[b].position && ge[b].token == errors[b].token)
+                << "token error of block " << b << ": gpu (" << ge[b].position << ", " << ge[b].token << "), cpu ("
+                << errors[b].position << ", " << errors[b].token << ")";
+        EXPECT(errors[6].position == 2 && errors[6].token == -7) << "request 2's first bad token";
+        EXPECT(ids[size_t(2 * 12 + 2)] == 0 && ids[size_t(2 * 12 + 9)] == 0 && ids[2] == 999) << "a bad token is written as 0";
+    }
+    {
+        const int64_t B = 3, E = 301;
+        std::vector<std::vector<uint8_t>> payloads(B);
+        std::vector<uint8_t> all;
+        auto f = random_floats(size_t(B * E), 31);
+        for (int64_t r = 0; r < B; ++r) {
+            payloads[size_t(r)].resize(size_t(E) * 4);
+            std::memcpy(payloads[size_t(r)].data(), f.data() + r * E, size_t(E) * 4);
+            all.insert(all.end(), payloads[size_t(r)].begin(), payloads[size_t(r)].end());
+        }
+        dev_buffer dall(d, all);
+        std::vector<k::gather_segment> hs, gs;
+        std::vector<uint32_t> first;
+        gather_lists(payloads, all.data(), hs, first);
+        gather_lists(payloads, dall.get<uint8_t>(), gs, first);
+        k::tensor_gather_args a{};
+        a.batch = B; a.elements = E; a.elements_per_block = 64;
+        std::vector<float> y(size_t(B * E), -1);
+        dev_buffer dsegs(d, gs), dfirst(d, first), dy(d, y.size() * 4);
+        k::tensor_gather_args h = a, g = a;
+        h.segments = hs.data(); h.first = first.data(); h.y = y.data();
+        g.segments = dsegs.get<k::gather_segment>(); g.first = dfirst.get<uint32_t>(); g.y = dy.get();
+        both(k::tensor_gather_kernel, h, g, k::tensor_gather_grid(a), "tensor_gather");
+        expect_equal(y, f, "tensor_gather cpu");
+        expect_equal(dy.read<float>(), f, "tensor_gather gpu");
     }
 }
 

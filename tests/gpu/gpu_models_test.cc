@@ -1,7 +1,8 @@
 // Whole models through libml's runtime on the GPU device against the cpu device: the ONNX
 // conformance suites (../shared/conformance: onnx-node and zoo, loaded as tools/reefconform
 // loads them), the tiny models of the project's zoo (fp32 and tensor-core math), batches of
-// images gathered from registered mbuf-like memory (runtime::infer_images), and the
+// requests gathered from registered mbuf-like memory (runtime::infer_requests: images, token
+// sequences, tensors), and the
 // preemption property on real model kernels (tests/libml_preempt_test.cc on the GPU): RT tasks
 // preempting a BE ResNet-50 leave every output bit-identical to an undisturbed GPU run.
 //
@@ -232,8 +233,10 @@ void zoo_models(gpu::device& gpu_dev, double atol_of_max, const char* label,
         if (e.path().extension() != ".onnx") continue;
         const bool check = std::find(report_only.begin(), report_only.end(), e.path().stem().string()) == report_only.end();
         ml::runtime rc(*cpu_device()), rg(gpu_dev);
-        auto mc = rc.load_model(e.path().string());
-        auto mg = rg.load_model(e.path().string());
+        ml::import_options o;
+        o.unbound_dim = 24;  // sequence models: a length that is not a bucket
+        auto mc = rc.load_model(e.path().string(), o);
+        auto mg = rg.load_model(e.path().string(), o);
         auto ic = rc.link_model(mc), ig = rg.link_model(mg);
         const auto x = random_inputs(ic->inputs(), 5);
         std::vector<ml::tensor> yc, yg;
@@ -297,7 +300,7 @@ GPU_TEST(infer_images_from_registered_mbufs_matches_cpu) {
     mbuf_arena arena(size_t(batch) * (bytes / 1000 + 2));
     REQUIRE(the_device()->ops().register_host(the_device().get(), arena.base(), arena.bytes()));
     const gather_list gl = scatter_images(arena, images, 1000, 9);
-    ml::runtime::image_batch ib;
+    ml::runtime::request_batch ib;
     ib.segments = gl.segments;
     ib.first = gl.first;
     for (int c = 0; c < 3; ++c) {
@@ -305,13 +308,69 @@ GPU_TEST(infer_images_from_registered_mbufs_matches_cpu) {
         ib.std[c] = 60.0f - float(c);
     }
     std::vector<ml::tensor> yc, yg;
-    rc.infer_images(*ic, ib, yc);
-    rg.infer_images(*ig, ib, yg);
+    rc.infer_requests(*ic, ib, yc);
+    rg.infer_requests(*ig, ib, yg);
     const diff r = compare(yg, yc, 1e-3, 1e-5, 1e-4);
     EXPECT(r.ok) << r.where;
     std::printf("  resnet50_tiny, %lld images of %zu bytes in %zu fragments: max |gpu - cpu| %.3g\n",
                 (long long)batch, bytes, gl.segments.size(), r.worst);
     the_device()->ops().unregister_host(the_device().get(), arena.base());
+}
+
+// Token sequences of mixed lengths in registered memory through the token gather kernel at a
+// length bucket, and sensor tensors through the tensor gather: GPU against cpu.
+GPU_TEST(infer_sequences_and_tensors_from_registered_mbufs_match_cpu) {
+    for (const char* name : {"distilbert_tiny", "bert_tiny", "sensor_tcn_tiny"}) {
+        const fs::path model = zoo_dir() / (std::string(name) + ".onnx");
+        ml::import_options o;
+        o.unbound_dim = ml::sequence_buckets[0];
+        ml::runtime rc(*cpu_device()), rg(*the_device());
+        auto mc = rc.load_model(model.string(), o);
+        auto mg = rg.load_model(model.string(), o);
+        const ml::request_input& r = mc->requests();
+        const std::vector<int64_t> lengths = r.kind == ml::request_kind::sequence ? r.lengths : std::vector<int64_t>{};
+        auto ic = rc.link_model(mc), ig = rg.link_model(mg);
+        rc.configure_batch(*ic, 4, lengths);
+        rg.configure_batch(*ig, 4, lengths);
+        std::mt19937 rng(12);
+        std::vector<std::vector<uint8_t>> payloads(4);
+        for (size_t i = 0; i < payloads.size(); ++i) {
+            if (r.kind == ml::request_kind::sequence) {
+                const size_t n = i == 0 ? size_t(r.max_length()) : 1 + rng() % size_t(r.max_length());
+                for (size_t t = 0; t < n; ++t) {
+                    const uint32_t id = rng() % uint32_t(r.vocab);
+                    for (int b = 0; b < 4; ++b) payloads[i].push_back(uint8_t(id >> (8 * b)));
+                }
+            } else {
+                std::normal_distribution<float> nd;
+                for (int64_t e = 0; e < ml::element_count(r.item); ++e) {
+                    const float v = nd(rng);
+                    uint32_t bits;
+                    std::memcpy(&bits, &v, 4);
+                    for (int b = 0; b < 4; ++b) payloads[i].push_back(uint8_t(bits >> (8 * b)));
+                }
+            }
+        }
+        mbuf_arena arena(256);
+        REQUIRE(the_device()->ops().register_host(the_device().get(), arena.base(), arena.bytes()));
+        const gather_list gl = scatter_images(arena, payloads, 37, 5);  // elements straddle fragments
+        ml::runtime::request_batch b;
+        b.segments = gl.segments;
+        b.first = gl.first;
+        b.length = r.kind == ml::request_kind::sequence ? r.max_length() : 0;
+        std::vector<ml::tensor> yc, yg;
+        rc.infer_requests(*ic, b, yc);
+        rg.infer_requests(*ig, b, yg);
+        const diff d = compare(yg, yc, 1e-3, 1e-5, 1e-4);
+        EXPECT(d.ok) << name << ": " << d.where;
+        if (r.kind == ml::request_kind::sequence) {
+            for (const auto& e : rg.token_errors(*ig)) {
+                EXPECT(e.position == -1) << name << ": a valid token reported bad";
+            }
+        }
+        std::printf("  %s, 4 requests in %zu fragments: max |gpu - cpu| %.3g\n", name, gl.segments.size(), d.worst);
+        the_device()->ops().unregister_host(the_device().get(), arena.base());
+    }
 }
 
 // ---- preemption on real model kernels (tests/libml_preempt_test.cc on the GPU) -------------------

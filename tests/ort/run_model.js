@@ -5,10 +5,13 @@
 //   node tests/ort/run_model.js MODEL.onnx [--input NAME=FILE.pb ...] [--output-dir DIR] ...
 //
 // Inputs not given with --input are generated from --seed (floats standard normal or uniform
-// in --float-range, integers uniform in --int-range); symbolic dimensions take --dim NAME=V,
-// else --batch. A JSON summary (inputs, outputs with statistics, timings) goes to stdout, or
-// to --json FILE. With --output-dir, writes output_<i>.pb (TensorProto named after the model's
-// i-th output), summary.json, and with --save-inputs input_<i>.pb (the exact inputs fed).
+// in --float-range, integers uniform in --int-range, except that an integer or bool input whose
+// name contains "mask" is all ones and one whose name contains "token_type" all zeros, as a
+// sequence model's attention_mask and token_type_ids; --lengths pads them); symbolic dimensions
+// take --dim NAME=V, else --batch. A JSON summary (inputs, outputs with statistics, timings)
+// goes to stdout, or to --json FILE. With --output-dir, writes output_<i>.pb (TensorProto named
+// after the model's i-th output), summary.json, and with --save-inputs input_<i>.pb (the exact
+// inputs fed).
 //
 // Install once: (cd tests/ort && npm install --ignore-scripts). Exit status: 0 success,
 // 1 the model failed to load or run, 2 bad usage or an unreadable or unwritable file.
@@ -23,7 +26,12 @@ const USAGE = `usage: node run_model.js MODEL.onnx [options]
   --seed S              seed for generated inputs (default 1)
   --batch B             size of every symbolic dimension (default 1)
   --dim NAME=V          size of the symbolic dimension NAME (overrides --batch)
-  --int-range LO,HI     generated integer inputs are uniform in [LO, HI) (default 0,100)
+  --int-range LO,HI     generated integer inputs are uniform in [LO, HI) (default 0,100);
+                        but a generated integer or bool input named *mask* is all ones and one
+                        named *token_type* all zeros
+  --lengths L0,L1,...   valid length of each batch item (one per item): generated integer and
+                        bool inputs of rank >= 2 are 0 past it along dimension 1 (padded ids
+                        0, the mask ones then zeros)
   --float-range LO,HI   generated float inputs are uniform in [LO, HI) (default: N(0, 1))
   --output-dir DIR      write output_<i>.pb (or .json), summary.json there
   --output-format F     pb (TensorProto, default) or json ({name, dtype, dims, data})
@@ -224,12 +232,28 @@ function generate(meta, dims, opts, index) {
     throw new Error(`generating float16 input '${meta.name}' is not supported; use --input`);
   } else {
     const [lo, hi] = opts.intRange;
+    const fixed = /mask/i.test(meta.name) ? 1 : /token_type/i.test(meta.name) ? 0 : null;
     for (let i = 0; i < count; ++i) {
-      const v = lo + Math.floor((hi - lo) * rand());
+      const v = fixed !== null ? fixed : lo + Math.floor((hi - lo) * rand());
       data[i] = dt.array === BigInt64Array || dt.array === BigUint64Array ? BigInt(v) : v;
     }
   }
+  if (meta.type === 'bool' && /mask/i.test(meta.name)) data.fill(1);
+  if (opts.lengths && !['float32', 'float64'].includes(meta.type) && dims.length >= 2)
+    padToLengths(meta.name, dims, data, opts.lengths);
   return data;
+}
+
+// Zeroes [b, t, ...] for t >= lengths[b]: padding as a tokenizer does it (pad id 0, mask 0).
+function padToLengths(name, dims, data, lengths) {
+  if (lengths.length !== dims[0])
+    usage(`--lengths gives ${lengths.length} lengths, input '${name}' has batch ${dims[0]}`);
+  const inner = dims.slice(2).reduce((a, b) => a * b, 1);
+  const zero = data instanceof BigInt64Array || data instanceof BigUint64Array ? 0n : 0;
+  lengths.forEach((len, b) => {
+    if (len > dims[1]) usage(`--lengths: ${len} is longer than input '${name}' (${dims[1]})`);
+    data.fill(zero, (b * dims[1] + len) * inner, (b + 1) * dims[1] * inner);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -290,7 +314,8 @@ function stats(type, dims, data) {
 
 function parseArgs(argv) {
   const o = { model: null, inputs: [], seed: 1, batch: 1, dims: {}, intRange: [0, 100],
-              floatRange: null, outputDir: null, format: 'pb', saveInputs: false, json: '-',
+              floatRange: null, lengths: null, outputDir: null, format: 'pb', saveInputs: false,
+              json: '-',
               repeat: 0, threads: 1, opt: 'all', quiet: false };
   const pair = (s, what) => {
     const v = s.split(',').map(Number);
@@ -326,6 +351,7 @@ function parseArgs(argv) {
       }
       case '--int-range': o.intRange = pair(val(), '--int-range'); break;
       case '--float-range': o.floatRange = pair(val(), '--float-range'); break;
+      case '--lengths': o.lengths = val().split(',').map((x) => int(x, '--lengths', 0)); break;
       case '--output-dir': o.outputDir = val(); break;
       case '--output-format': o.format = val(); if (!['pb', 'json'].includes(o.format)) usage('bad --output-format'); break;
       case '--save-inputs': o.saveInputs = true; break;

@@ -121,7 +121,7 @@ std::string check_model_name(const std::string& name) {
 // The IF tunables shared by add-model and set; only the options given are sent, so that the
 // daemon's defaults (add_model) or the IF's current values (set) apply to the rest.
 struct tunables {
-    std::string cls, batching, mean, std_dev;
+    std::string cls, batching, mean, std_dev, output;
     double slo_ms = 0;
     unsigned min_batch = 0, max_batch = 0, fixed_batch = 0, priority = 0, top_k = 0;
     std::vector<std::string> rt_sources;
@@ -164,6 +164,10 @@ struct tunables {
                 ->take_all()
                 ->allow_extra_args(false)
                 ->delimiter(',');
+        given["output"] = app.add_option("--output", output,
+                                         "Answers: topk (the best classes, default) or tensor (the model's "
+                                         "output for the request, format result_tensor_f32)")
+                              ->check(CLI::IsMember({"topk", "tensor"}));
         given["shed"] = app.add_flag("--shed,!--no-shed", shed,
                                      "Answer requests that can no longer meet the SLO with status "
                                      "overloaded (default) or, with --no-shed, serve them late");
@@ -201,6 +205,7 @@ struct tunables {
         if (is("rt_sources")) req["rt_sources"] = rt_sources;
         if (is("clear_rt_sources")) req["rt_sources"] = json::array();
         if (is("shed")) req["shed"] = shed;
+        if (is("output")) req["output"] = output;
         if (is("min_batch") && is("max_batch") && min_batch > max_batch)
             throw usage_error("--min-batch " + std::to_string(min_batch) + " is above --max-batch " +
                               std::to_string(max_batch));
@@ -432,7 +437,7 @@ int main(int argc, char** argv) {
             if (!set_t.any_given())
                 throw usage_error("set: nothing to change (give --class, --slo-ms, --batching, "
                                   "--min-batch, --max-batch, --fixed-batch, --priority, "
-                                  "--rt-source, --clear-rt-sources, --shed or --no-shed)");
+                                  "--rt-source, --clear-rt-sources, --output, --shed or --no-shed)");
             json req{{"op", "set"}, {"name", set_name}};
             set_t.fill(req);
             const json r = request(req);

@@ -221,22 +221,22 @@ std::string table::str() const {
 
 std::string render_list(const json& result) {
     using a = table::align;
-    table t({{"NAME"}, {"PORT", a::right}, {"CLASS"}, {"SLO_MS", a::right}, {"BATCHING"},
+    table t({{"NAME"}, {"PORT", a::right}, {"CLASS"}, {"INPUT"}, {"OUTPUT"}, {"SLO_MS", a::right}, {"BATCHING"},
              {"BATCH", a::right}, {"STATE"}, {"REQUESTS", a::right}});
     const json& models = member(result, "models");
     if (models.is_array())
         for (const auto& m : models)
-            t.add_row({cell(m, "name"), cell(m, "udp_port"), cell(m, "class"), cell(m, "slo_ms"),
-                       cell(m, "batching"), cell(m, "batch_size"), cell(m, "state"),
-                       cell(m, "requests_total")});
+            t.add_row({cell(m, "name"), cell(m, "udp_port"), cell(m, "class"), cell(m, "input_format"),
+                       cell(m, "output"), cell(m, "slo_ms"), cell(m, "batching"), cell(m, "batch_size"),
+                       cell(m, "state"), cell(m, "requests_total")});
     if (t.rows() == 0) return "no models loaded (add one with: reefctl add-model --name N --onnx FILE --port P)\n";
     return t.str();
 }
 
 std::string render_describe(const json& result) {
-    return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "batching",
-                               "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
-                               "shed", "rt_sources", "top_k", "mean", "std", "input", "outputs",
+    return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "input_format", "request",
+                               "output", "batching", "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
+                               "shed", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
                                "kernels", "weight_bytes", "arena_bytes", "memory", "instances",
                                "requests_total", "responses_total"});
 }

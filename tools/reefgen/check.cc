@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <string_view>
 #include <unordered_map>
 
 #include "dataplane/crc32c.h"
 #include "tools/reefgen/packet.h"
+#include "tools/reefgen/payload.h"
 #include "tools/reefgen/pcap_file.h"
 #include "tools/reefgen/send.h"
 
@@ -57,7 +59,56 @@ private:
     uint64_t _count = 0;
 };
 
+// "64x8": the first n extents.
+std::string dims_text(const uint16_t dims[4], size_t n) {
+    std::string s;
+    for (size_t d = 0; d < n; ++d) s += (d ? "x" : "") + std::to_string(dims[d]);
+    return s;
+}
+
 }  // namespace
+
+std::vector<uint32_t> tensor_result_dims(const uint16_t dims[4]) {
+    std::vector<uint32_t> out;
+    size_t d = 0;
+    for (; d < 4 && dims[d] != 0; ++d) out.push_back(dims[d]);
+    for (; d < 4; ++d)
+        if (dims[d] != 0) return {};
+    return out;
+}
+
+std::string describe_answer(const assembled_message& m) {
+    char buf[64];
+    const std::vector<uint8_t>& p = m.payload;
+    if (m.head.kind == uint8_t(wire::kind::error))
+        return "message='" + std::string(p.begin(), p.end()) + "'";
+    if (m.head.format == uint8_t(wire::format::result_crc32)) {
+        std::snprintf(buf, sizeof buf, "crc32c=%08x", p.size() == 8 ? load_be32(p.data() + 4) : 0u);
+        return buf;
+    }
+    if (m.head.format == uint8_t(wire::format::result_topk)) {
+        std::string s = "top:";
+        for (size_t j = 0; j + 8 <= p.size() && j < 24; j += 8) {
+            const uint32_t bits = load_be32(p.data() + j + 4);
+            float score;
+            std::memcpy(&score, &bits, 4);
+            std::snprintf(buf, sizeof buf, "%s class %u (%.2f)", j ? "," : "", load_be32(p.data() + j),
+                          double(score));
+            s += buf;
+        }
+        return s + (p.size() > 24 ? ", ..." : "");
+    }
+    if (m.head.format == uint8_t(wire::format::result_tensor_f32)) {
+        std::string s = "tensor " + dims_text(m.head.dims, std::max<size_t>(tensor_result_dims(m.head.dims).size(), 1)) + " [";
+        constexpr size_t shown = 4;
+        for (size_t i = 0; i < shown && i * 4 + 4 <= p.size(); ++i) {
+            std::snprintf(buf, sizeof buf, "%s%.4g", i ? ", " : "", double(load_f32(p.data() + i * 4)));
+            s += buf;
+        }
+        return s + (p.size() > shown * 4 ? ", ...]" : "]");
+    }
+    return "format " + std::to_string(m.head.format) + ", " + std::to_string(p.size()) + " bytes";
+}
 
 std::string response_problem(const assembled_message& m, uint32_t length, uint32_t crc,
                              bool require_crc32) {
@@ -70,6 +121,17 @@ std::string response_problem(const assembled_message& m, uint32_t length, uint32
         return p;
     }
     if (!m.tiles) return "response fragments do not tile its payload";
+    if (m.head.format == uint8_t(wire::format::result_tensor_f32)) {
+        const std::vector<uint32_t> dims = tensor_result_dims(m.head.dims);
+        if (dims.empty())
+            return "result_tensor_f32 with dims " + dims_text(m.head.dims, 4) +
+                   ": expected 1 to 4 non-zero extents, then zeros";
+        uint64_t want = 4;
+        for (uint32_t d : dims) want *= d;
+        if (m.payload.size() != want)
+            return "result_tensor_f32 of " + std::to_string(m.payload.size()) + " bytes, dims " +
+                   dims_text(m.head.dims, dims.size()) + " need " + std::to_string(want) + " (4 per f32)";
+    }
     if (m.head.format != uint8_t(wire::format::result_crc32))
         return require_crc32
                    ? "format=" + std::to_string(m.head.format) + ", expected result_crc32 (16)"
@@ -220,20 +282,15 @@ check_result run_check(const check_options& o, std::ostream& out) {
             a.kind = m.head.kind;
             a.status = m.head.status;
             a.format = m.head.format;
+            std::copy(std::begin(m.head.dims), std::end(m.head.dims), a.dims);
             a.payload_bytes = m.payload;
             answers.push_back(std::move(a));
         }
         if (problem.empty()) {
             ++res.ok;
-            if (shown++ < o.show) {
-                char line[200];
-                const uint32_t crc = m.payload.size() == 8
-                    ? uint32_t(m.payload[4]) << 24 | uint32_t(m.payload[5]) << 16 |
-                      uint32_t(m.payload[6]) << 8 | m.payload[7] : 0;
-                std::snprintf(line, sizeof line, "%s: %u B -> %s crc32c=%08x  [matches]",
-                              who.c_str(), req.length, std::string(wire::to_string(st)).c_str(), crc);
-                out << line << '\n';
-            }
+            if (shown++ < o.show)
+                out << who << ": " << req.length << " B -> " << wire::to_string(st) << ' ' << describe_answer(m)
+                    << (m.head.format == uint8_t(wire::format::result_crc32) ? "  [matches]" : "") << '\n';
         } else {
             ++res.bad;
             bad_lines.line("bad: response for " + who + ": " + problem);

@@ -15,8 +15,9 @@
 namespace reefline::reefgen {
 
 // What the responses are expected to contain: the crc32 diagnostic IF's answer (verified
-// here), or a model IF's (ok responses in any format; their results are checked against libml
-// by reefverify from check_options::results_file).
+// here), or a model IF's (ok responses in any format, top-k or tensor, consistent in
+// themselves; their results are checked against libml by reefverify from
+// check_options::results_file).
 enum class expectation : uint8_t { crc32, model };
 
 // One request as the capture presents it to a receiver.
@@ -49,8 +50,20 @@ request_capture read_request_capture(const std::string& path,
 // bytes and CRC32C `crc`; empty when it is. A result_crc32 response is always verified; with
 // require_crc32 false, an ok response in another format passes unverified (send's view: the
 // IF may be a model), with it true that is a problem (check --expect crc32).
+// A result_tensor_f32 (and a result_topk) response is checked for its own consistency: a
+// tensor's payload must hold exactly 4 * product(dims) bytes, its dims 1..4 leading non-zero
+// extents.
 std::string response_problem(const assembled_message& response, uint32_t length, uint32_t crc,
                              bool require_crc32);
+
+// The extents of a result_tensor_f32 answer: its leading non-zero dims, or empty when they
+// are not 1..4 such extents followed only by zeros.
+std::vector<uint32_t> tensor_result_dims(const uint16_t dims[4]);
+
+// A short description of an answer for --show lines: "crc32c=0123abcd", "top: class 3 (0.91),
+// class 1 (0.05)", "tensor 64x8 [0.12, -0.31, 0.5, 1.02, ...]" (the first values), or for an
+// error "message='...'".
+std::string describe_answer(const assembled_message& m);
 
 struct check_options {
     std::string requests;

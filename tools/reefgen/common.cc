@@ -66,4 +66,43 @@ image_shape parse_shape(std::string_view text) {
     return image_shape{uint16_t(v[0]), uint16_t(v[1]), uint16_t(v[2])};
 }
 
+token_range parse_token_range(std::string_view text) {
+    const auto fail = [&] {
+        return usage_error("--tokens: expected L or MIN-MAX with lengths 1..65535 and MIN <= MAX, got '" +
+                           std::string(text) + "'");
+    };
+    const auto number = [&](std::string_view t) {
+        uint32_t v = 0;
+        const auto r = std::from_chars(t.data(), t.data() + t.size(), v);
+        if (t.empty() || r.ec != std::errc() || r.ptr != t.data() + t.size() || v == 0 || v > 65535) throw fail();
+        return v;
+    };
+    const size_t dash = text.find('-');
+    if (dash == std::string_view::npos) {
+        const uint32_t n = number(text);
+        return {n, n};
+    }
+    const token_range r{number(text.substr(0, dash)), number(text.substr(dash + 1))};
+    if (r.min > r.max) throw fail();
+    return r;
+}
+
+std::vector<uint16_t> parse_dims(std::string_view text) {
+    std::vector<uint16_t> dims;
+    size_t pos = 0;
+    for (;;) {
+        uint32_t v = 0;
+        const auto r = std::from_chars(text.data() + pos, text.data() + text.size(), v);
+        if (r.ec != std::errc() || v == 0 || v > 65535 || dims.size() == 4)
+            throw usage_error("--dims: expected D1[,D2[,D3[,D4]]] with extents 1..65535, got '" +
+                              std::string(text) + "'");
+        dims.push_back(uint16_t(v));
+        pos = size_t(r.ptr - text.data());
+        if (pos == text.size()) return dims;
+        if (text[pos] != ',')
+            throw usage_error("--dims: expected D1[,D2[,D3[,D4]]], got '" + std::string(text) + "'");
+        ++pos;
+    }
+}
+
 }  // namespace reefline::reefgen

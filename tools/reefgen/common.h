@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace reefline::reefgen {
 
@@ -100,5 +101,16 @@ struct image_shape {
     uint64_t bytes() const { return uint64_t(height) * width * channels; }
 };
 image_shape parse_shape(std::string_view text);
+
+// --tokens: "L" (every request L tokens) or "MIN-MAX" (each request's length drawn in
+// [MIN, MAX]); lengths 1..65535 (tokens_i32 dims are 16 bits).
+struct token_range {
+    uint32_t min = 0;
+    uint32_t max = 0;
+};
+token_range parse_token_range(std::string_view text);
+
+// --dims: "D1[,D2[,D3[,D4]]]", the extents of a tensor_f32 request, each 1..65535.
+std::vector<uint16_t> parse_dims(std::string_view text);
 
 }  // namespace reefline::reefgen

@@ -23,9 +23,10 @@ using namespace reefline::reefgen;
 // Payload options shared by `pcap` and `send`.
 struct payload_cli {
     std::string shape = "224x224x3";
-    std::string format;  // empty: tokens if --tokens is given, else image
-    uint32_t tokens = 0;
-    uint32_t vocab = 30522;
+    std::string format;  // empty: tokens if --tokens is given, tensor if --dims, else image
+    std::string tokens;  // "L" or "MIN-MAX"
+    uint32_t vocab = default_vocab;
+    std::string dims;    // "D1[,D2[,D3[,D4]]]"
     std::string image;
     std::string raw;
     uint32_t frag_size = 1024;
@@ -37,19 +38,32 @@ struct payload_cli {
         shape_opt =
             app.add_option("--shape", shape, "Image shape HxWxC (u8 HWC)")->capture_default_str();
         app.add_option("--format", format,
-                       "Payload format: raw, image (image_u8_hwc) or tokens (tokens_i32)")
-            ->check(CLI::IsMember({"raw", "image", "tokens"}));
+                       "Payload format: raw, image (image_u8_hwc), tokens (tokens_i32) or tensor "
+                       "(tensor_f32); default: tokens with --tokens, tensor with --dims, else image")
+            ->check(CLI::IsMember({"raw", "image", "tokens", "tensor"}));
         auto* tok = app.add_option("--tokens", tokens,
-                                   "Token sequence length L (format tokens_i32, dims {L})")
-                        ->check(CLI::Range(1u, 65535u));
-        app.add_option("--vocab", vocab, "Token ids are drawn below this")
+                                   "Tokens per request (format tokens_i32, dims {L}): L, or MIN-MAX for "
+                                   "a length drawn uniformly per request (deterministic in --seed and "
+                                   "the request number), e.g. 8-64");
+        app.add_option("--vocab", vocab,
+                       "Token ids are drawn uniformly below this. The default, 1000, is valid in "
+                       "every vocabulary of the zoo's models (1024) and of real tokenizers "
+                       "(BERT's 30522, ...); a larger value can draw ids a model refuses")
             ->capture_default_str()
             ->check(CLI::Range(1u, 2147483647u));
+        auto* dims_opt = app.add_option("--dims", dims,
+                                        "Tensor extents D1[,D2[,D3[,D4]]] (format tensor_f32: "
+                                        "little-endian f32, 4*product bytes, each extent 1..65535). "
+                                        "Synthetic payloads look like sensor windows: the last "
+                                        "extent is channels, the others time; each channel a few "
+                                        "sines of per-request phase and frequency plus noise");
         auto* img = app.add_option("--image", image,
                                    "Binary PPM (P6) or PGM (P5) image sent by every request");
         auto* raw_opt =
-            app.add_option("--raw", raw, "File whose bytes every request carries (in --format)");
-        img->excludes(shape_opt)->excludes(tok)->excludes(raw_opt);
+            app.add_option("--raw", raw, "File whose bytes every request carries (in --format; "
+                                         "with --dims it must hold 4*product bytes)");
+        img->excludes(shape_opt)->excludes(tok)->excludes(raw_opt)->excludes(dims_opt);
+        dims_opt->excludes(tok);
         app.add_option("--frag-size", frag_size, "Payload bytes per fragment (last may be shorter)")
             ->capture_default_str()
             ->check(CLI::Range(1u, max_frag_size));
@@ -59,14 +73,26 @@ struct payload_cli {
 
     payload_options resolve() const {
         payload_options p;
-        std::string f = format.empty() ? (tokens > 0 ? "tokens" : "image") : format;
+        const std::string f = !format.empty() ? format
+                              : !tokens.empty() ? "tokens"
+                              : !dims.empty()   ? "tensor"
+                                                : "image";
         if (!image.empty() && f != "image") throw usage_error("--image: only with --format image");
-        if (tokens > 0 && f != "tokens") throw usage_error("--tokens: only with --format tokens");
+        if (!tokens.empty() && f != "tokens") throw usage_error("--tokens: only with --format tokens");
+        if (!dims.empty() && f != "tensor") throw usage_error("--dims: only with --format tensor");
+        if (f == "tensor" && shape_opt->count() > 0)
+            throw usage_error("--shape: not with --format tensor (its extents are --dims)");
         p.format = f == "raw"      ? wire::format::raw
                    : f == "tokens" ? wire::format::tokens_i32
+                   : f == "tensor" ? wire::format::tensor_f32
                                    : wire::format::image_u8_hwc;
         p.shape = parse_shape(shape);
-        p.tokens = tokens;
+        if (!tokens.empty()) {
+            const token_range r = parse_token_range(tokens);
+            p.tokens = r.min;
+            p.tokens_max = r.max;
+        }
+        if (!dims.empty()) p.dims = parse_dims(dims);
         p.vocab = vocab;
         p.image_file = image;
         p.raw_file = raw;
@@ -146,8 +172,9 @@ int main(int argc, char** argv) {
     check_cmd->add_option("--responses", co.responses, "Responses pcap (as reefline sent them)")
         ->required();
     check_cmd->add_option("--expect", expect,
-                          "What responses carry: crc32 (verified here) or model (any ok result; "
-                          "reefverify checks --results)")
+                          "What responses carry: crc32 (verified here) or model (any well-formed ok "
+                          "result: top-k, or a tensor of 4*product(dims) bytes; reefverify checks "
+                          "--results)")
         ->capture_default_str()
         ->check(CLI::IsMember({"crc32", "model"}));
     check_cmd->add_option("--results", co.results_file,
@@ -157,7 +184,9 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     check_cmd->add_option("--report", co.max_report, "Detail lines per kind of problem")
         ->capture_default_str();
-    check_cmd->add_option("--show", co.show, "Print the first N verified responses");
+    check_cmd->add_option("--show", co.show,
+                          "Print the first N good responses (crc32, top-k classes, or a tensor's dims "
+                          "and first values)");
 
     // send
     auto* send_cmd =
@@ -195,11 +224,13 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(0.0, 1.0));
     send_cmd->add_flag("--json", json, "Print the result as one JSON object");
-    send_cmd->add_option("--show", so.show, "Print the first N requests' results, one line each");
+    send_cmd->add_option("--show", so.show,
+                         "Print the first N requests' results, one line each (crc32, top-k classes, or "
+                         "a tensor's dims and first values, e.g. tensor 8 [0.1, -0.3, ...])");
     send_cmd->add_option("--results", so.results_file,
                          "After the run, write every answered request to this file as JSON lines "
-                         "(id, payload index, kind, status, format, topk or message, latency_us); "
-                         "reefverify checks model answers from it");
+                         "(id, payload index, kind, status, format, topk, tensor {dims, data} or "
+                         "message, latency_us); reefverify checks model answers from it");
 
     try {
         app.parse(argc, argv);

@@ -107,8 +107,9 @@ pcap_summary write_request_pcap(const pcap_options& o) {
     if (!(o.pps > 0) || !std::isfinite(o.pps)) throw usage_error("--pps: must be > 0");
 
     const payload_source source(o.payload);
-    if (o.frag_size == 0 || o.frag_size > max_frag_size)
-        throw usage_error("--frag-size: must be 1.." + std::to_string(max_frag_size));
+    // The largest request (--tokens MIN-MAX varies them) must fit the fragment limit before
+    // a byte is written, not fail the run half-way through the file.
+    check_fragment_plan(source.total_length(), o.frag_size);
 
     std::unique_ptr<pcap_t, pcap_closer> dead(pcap_open_dead(DLT_EN10MB, 65535));
     if (!dead) throw usage_error("pcap_open_dead failed");

@@ -102,6 +102,7 @@ struct request_state {
     bool released = false;  // no longer counted as outstanding (answered or timed out)
     // Kept for --results only: the first answer's header fields and its payload.
     uint8_t kind = 0, status = 0, format = 0;
+    uint16_t dims[4] = {0, 0, 0, 0};
     std::vector<uint8_t> answer;
 };
 
@@ -124,37 +125,17 @@ constexpr size_t max_problem_lines = 5;
 // One line for --show: what was sent, what came back, and whether it checked out.
 std::string describe_result(const assembled_message& msg, const prepared_request& sent,
                             const request_state& rs, const std::string& problem) {
-    char line[256];
-    const auto status = static_cast<wire::status>(msg.head.status);
-    uint32_t crc = 0;
-    if (msg.head.format == uint8_t(wire::format::result_crc32) && msg.payload.size() == 8)
-        crc = uint32_t(msg.payload[4]) << 24 | uint32_t(msg.payload[5]) << 16 |
-              uint32_t(msg.payload[6]) << 8 | msg.payload[7];
-    if (msg.head.format == uint8_t(wire::format::result_topk) && msg.payload.size() >= 8) {
-        std::string classes;
-        for (size_t j = 0; j + 8 <= msg.payload.size() && j < 24; j += 8) {
-            const uint32_t cls = uint32_t(msg.payload[j]) << 24 | uint32_t(msg.payload[j + 1]) << 16 |
-                                 uint32_t(msg.payload[j + 2]) << 8 | msg.payload[j + 3];
-            const uint32_t bits = uint32_t(msg.payload[j + 4]) << 24 | uint32_t(msg.payload[j + 5]) << 16 |
-                                  uint32_t(msg.payload[j + 6]) << 8 | msg.payload[j + 7];
-            float score;
-            std::memcpy(&score, &bits, 4);
-            char one[48];
-            std::snprintf(one, sizeof one, "%sclass %u (%.2f)", j ? ", " : "", cls, score);
-            classes += one;
-        }
-        std::snprintf(line, sizeof line, "request %llu: %u B in %zu fragments -> %s top: %s in %.0f us",
-                      static_cast<unsigned long long>(msg.head.request_id), sent.total_length, sent.offsets.size(),
-                      std::string(wire::to_string(status)).c_str(), classes.c_str(), double(rs.done_ns - rs.sent_ns) / 1e3);
-        return line;
-    }
-    std::snprintf(line, sizeof line,
-                  "request %llu: %u B in %zu fragments -> %s crc32c=%08x in %.0f us  %s",
+    char head[160];
+    std::snprintf(head, sizeof head, "request %llu: %u B in %zu fragments -> %s ",
                   static_cast<unsigned long long>(msg.head.request_id), sent.total_length,
-                  sent.offsets.size(), std::string(wire::to_string(status)).c_str(), crc,
-                  double(rs.done_ns - rs.sent_ns) / 1e3,
-                  problem.empty() ? "[matches]" : ("[WRONG: " + problem + "]").c_str());
-    return line;
+                  sent.offsets.size(), std::string(wire::to_string(static_cast<wire::status>(msg.head.status))).c_str());
+    char tail[48];
+    std::snprintf(tail, sizeof tail, " in %.0f us", double(rs.done_ns - rs.sent_ns) / 1e3);
+    // Only a crc32 answer is verified here; a model's answer is checked for its form alone.
+    const bool verified = msg.head.format == uint8_t(wire::format::result_crc32) &&
+                          msg.head.kind == uint8_t(wire::kind::response);
+    return head + describe_answer(msg) + tail +
+           (!problem.empty() ? "  [WRONG: " + problem + "]" : verified ? "  [matches]" : "");
 }
 
 // Receives and reassembles responses until `stop`, and judges each completed one.
@@ -236,10 +217,12 @@ void receive_loop(int fd, const send_options& o, uint64_t id_base,
                 rs.kind = msg.head.kind;
                 rs.status = msg.head.status;
                 rs.format = msg.head.format;
-                // A crc32 result is fully judged here; only top-k lists and error messages
-                // are worth keeping for a later check.
+                std::copy(std::begin(msg.head.dims), std::end(msg.head.dims), rs.dims);
+                // A crc32 result is fully judged here; only top-k lists, tensors and error
+                // messages are worth keeping for a later check.
                 if (msg.head.kind == uint8_t(wire::kind::error) ||
-                    msg.head.format == uint8_t(wire::format::result_topk))
+                    msg.head.format == uint8_t(wire::format::result_topk) ||
+                    msg.head.format == uint8_t(wire::format::result_tensor_f32))
                     rs.answer.assign(msg.payload.begin(), msg.payload.end());
             }
             ++st.answered;
@@ -379,6 +362,7 @@ send_result run_send(const send_options& o, std::ostream& log) {
             throw usage_error("--results: cannot create '" + o.results_file +
                               "': " + std::strerror(errno));
     }
+    check_fragment_plan(source.total_length(), o.frag_size);
     std::vector<prepared_request> pool;
     for (uint64_t i = 0; i < std::min(o.requests, payload_pool_size); ++i)
         pool.push_back(prepare(source.make(i), o.frag_size));
@@ -402,7 +386,10 @@ send_result run_send(const send_options& o, std::ostream& log) {
         ((splitmix64(uint64_t(now_ns()) ^ splitmix64(o.seed)) >> 24) << 16) + 1;
 
     log << "send: " << format_ipv4(o.dst_ip) << ':' << o.dst_port << " requests=" << o.requests
-        << " bytes/request=" << pool[0].total_length
+        << " bytes/request="
+        << (source.min_total_length() == source.total_length()
+                ? std::to_string(source.total_length())
+                : std::to_string(source.min_total_length()) + ".." + std::to_string(source.total_length()))
         << " fragments/request=" << pool[0].offsets.size() << " mode="
         << (o.closed_loop ? "closed-loop(" + std::to_string(o.closed_loop) + ")"
                           : std::string("open-loop"))
@@ -506,6 +493,7 @@ send_result run_send(const send_options& o, std::ostream& log) {
             a.kind = rs.kind;
             a.status = rs.status;
             a.format = rs.format;
+            std::copy(std::begin(rs.dims), std::end(rs.dims), a.dims);
             a.payload_bytes = std::move(rs.answer);
             a.latency_us = double(rs.done_ns - rs.sent_ns) / 1e3;
             records.push_back(std::move(a));
@@ -540,6 +528,15 @@ send_result run_send(const send_options& o, std::ostream& log) {
 void write_results(std::ostream& out, const std::vector<answer_record>& records) {
     std::string line;
     char num[64];
+    // %.9g: enough digits that the text reads back as the same float.
+    const auto append_float = [&](float v) {
+        if (std::isfinite(v)) {
+            std::snprintf(num, sizeof num, "%.9g", double(v));
+            line += num;
+        } else {
+            line += "null";
+        }
+    };
     for (const answer_record& a : records) {
         const bool error = a.kind == uint8_t(wire::kind::error);
         line = "{\"id\":" + std::to_string(a.request) + ",\"payload\":" + std::to_string(a.payload) +
@@ -558,16 +555,20 @@ void write_results(std::ostream& out, const std::vector<answer_record>& records)
                 std::memcpy(&score, &bits, 4);
                 if (j) line += ',';
                 line += "[" + std::to_string(cls) + ',';
-                if (std::isfinite(score)) {
-                    // %.9g: enough digits that the text reads back as the same float.
-                    std::snprintf(num, sizeof num, "%.9g", double(score));
-                    line += num;
-                } else {
-                    line += "null";
-                }
+                append_float(score);
                 line += ']';
             }
             line += ']';
+        } else if (a.format == uint8_t(wire::format::result_tensor_f32)) {
+            line += ",\"tensor\":{\"dims\":[";
+            for (size_t d = 0; d < 4 && a.dims[d]; ++d) line += (d ? "," : "") + std::to_string(a.dims[d]);
+            line += "],\"data\":[";
+            line.reserve(line.size() + a.payload_bytes.size() / 4 * 16);
+            for (size_t j = 0; j + 4 <= a.payload_bytes.size(); j += 4) {
+                if (j) line += ',';
+                append_float(load_f32(a.payload_bytes.data() + j));
+            }
+            line += "]}";
         }
         std::snprintf(num, sizeof num, ",\"latency_us\":%.1f}\n", a.latency_us);
         line += num;

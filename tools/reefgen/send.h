@@ -52,14 +52,17 @@ struct answer_record {
     uint8_t kind = 0;      // wire::kind::response or wire::kind::error
     uint8_t status = 0;
     uint8_t format = 0;
+    uint16_t dims[4] = {0, 0, 0, 0};     // the answer's header dims (result_tensor_f32: its extents)
     std::vector<uint8_t> payload_bytes;  // the reassembled result or error message
     double latency_us = 0;
 };
 
 // Writes `records` as JSON lines: {"id":I,"payload":P,"kind":"response"|"error","status":S,
-// "format":F,"topk":[[class,score],...] (result_topk only),"message":"..." (errors only),
-// "latency_us":X}. Scores are printed with 9 significant digits, so they read back as the
-// same float; a non-finite score is written as null (JSON has no NaN).
+// "format":F,"topk":[[class,score],...] (result_topk only),"tensor":{"dims":[D1,..],
+// "data":[v,...]} (result_tensor_f32 only: the non-zero header dims, and every little-endian
+// f32 of the payload in order, a trailing partial value dropped),"message":"..." (errors
+// only),"latency_us":X}. Scores and values are printed with 9 significant digits, so they read
+// back as the same float; a non-finite one is written as null (JSON has no NaN).
 void write_results(std::ostream& out, const std::vector<answer_record>& records);
 
 // Runs the exchange; detail lines (configuration, first problems, latency summary) go to

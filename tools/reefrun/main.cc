@@ -46,16 +46,19 @@ int main(int argc, char** argv) {
         ml::runtime rt(*device);
         ml::import_options opts;
         if (batch > 0) opts.batch = batch;
+        std::vector<ml::tensor> xs;
+        for (const auto& f : inputs) {
+            std::string name;
+            xs.push_back(ml::read_tensor_file(f, &name));
+            if (batch > 1 && !xs.back().shape.empty() && xs.back().shape[0] == 1) xs.back() = repeat_batch(xs.back(), batch);
+            // The inputs' own shapes give symbolic dims (a sequence model's length) their size.
+            if (!name.empty()) opts.input_shapes[name] = xs.back().shape;
+        }
         auto m = rt.load_model(model, opts);
         auto in = rt.link_model(m);
         // Every plan must keep the idempotence invariant (restore re-executes kernels).
         if (const std::string v = in->current_plan().check_idempotence(); !v.empty())
             throw std::runtime_error("plan violates idempotence: " + v);
-        std::vector<ml::tensor> xs;
-        for (const auto& f : inputs) xs.push_back(ml::read_tensor_file(f));
-        if (batch > 1)
-            for (auto& x : xs)
-                if (!x.shape.empty() && x.shape[0] == 1) x = repeat_batch(x, batch);
         std::vector<ml::tensor> ys;
         const auto t0 = std::chrono::steady_clock::now();
         for (int r = 0; r < repeat; ++r) rt.infer_batch(*in, xs, ys);

@@ -1,7 +1,9 @@
-// reefverify: whether a top-k answer is what the model's scores say it should be. Header-only
-// so that tests/reefverify_test.cc checks the rule itself as well as the tool around it.
+// reefverify: whether a top-k or tensor answer is what the model's output says it should be.
+// Header-only so that tests/reefverify_test.cc checks the rules themselves as well as the tool
+// around them.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -81,6 +83,53 @@ inline std::string topk_problem(std::span<const float> scores, std::span<const t
                    format_score(answer[j].score) + ", reference " + format_score(scores[c]);
     }
     return {};
+}
+
+// The dims of a request's tensor answer, from `item`, the shape of its slice of output 0 (the
+// batch dim removed), as a model IF answers: a sequence model's [N, L, ...] output, run at
+// `length` tokens, is cut to the request's own `tokens` positions (the rest is padding); any
+// other output is answered whole.
+inline std::vector<int64_t> tensor_answer_dims(std::span<const int64_t> item, bool sequence, int64_t length,
+                                               int64_t tokens) {
+    std::vector<int64_t> dims(item.begin(), item.end());
+    if (sequence && dims.size() >= 2 && dims[0] == length) dims[0] = tokens;
+    return dims;
+}
+
+inline std::string dims_text(std::span<const int64_t> dims) {
+    std::string s;
+    for (size_t d = 0; d < dims.size(); ++d) s += (d ? "x" : "") + std::to_string(dims[d]);
+    return s.empty() ? "(none)" : s;
+}
+
+// Empty when `got` with dims `got_dims` is the tensor answer for the reference `want` (row-major,
+// dims `want_dims`), else why not. Correct means: the same dims, as many values as they hold,
+// and every value within tolerance * (1 + |reference|). A null in the results file (NaN here:
+// the writer's mark for any non-finite value) agrees with a non-finite reference value only.
+inline std::string tensor_problem(std::span<const int64_t> want_dims, std::span<const float> want,
+                                  std::span<const int64_t> got_dims, std::span<const float> got, double tolerance) {
+    if (!std::equal(want_dims.begin(), want_dims.end(), got_dims.begin(), got_dims.end()))
+        return "dims " + dims_text(got_dims) + ", the reference has " + dims_text(want_dims);
+    if (got.size() != want.size())
+        return std::to_string(got.size()) + " values for dims " + dims_text(got_dims) + ", which hold " +
+               std::to_string(want.size());
+    size_t wrong = 0, first = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+        const bool ok = std::isnan(got[i]) ? !std::isfinite(want[i]) : close(got[i], want[i], tolerance);
+        if (!ok && wrong++ == 0) first = i;
+    }
+    if (wrong == 0) return {};
+    // The first wrong value's index in every dim, e.g. [12, 3].
+    std::string at;
+    size_t rest = first;
+    for (size_t d = want_dims.size(); d-- > 0;) {
+        const size_t extent = size_t(std::max<int64_t>(want_dims[d], 1));
+        at = std::to_string(rest % extent) + (at.empty() ? "" : ", ") + at;
+        rest /= extent;
+    }
+    return std::to_string(wrong) + " of " + std::to_string(got.size()) + " values differ; the first at [" + at +
+           "]: " + (std::isnan(got[first]) ? std::string("null") : format_score(got[first])) + ", reference " +
+           format_score(want[first]);
 }
 
 }  // namespace reefline::reefverify

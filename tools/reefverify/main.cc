@@ -1,13 +1,22 @@
 // reefverify: proves that a model IF's answers equal libml run directly on the same inputs.
 //
-//   reefgen send ... --seed S --shape HxWxC --results answers.jsonl
+//   reefgen send ... --seed S --shape HxWxC --results answers.jsonl          (image model)
 //   reefverify --model model.onnx --results answers.jsonl --seed S --shape HxWxC
+//   reefgen send ... --seed S --tokens 8-64 --results answers.jsonl          (sequence model)
+//   reefverify --model model.onnx --results answers.jsonl --seed S --tokens 8-64
+//   reefgen send ... --seed S --dims 64,6 --results answers.jsonl            (tensor model)
+//   reefverify --model model.onnx --results answers.jsonl --seed S --dims 64,6
 //
-// Every answered request's payload is rebuilt with reefgen's payload_source (same options,
-// same seed: the same bytes that went on the wire), normalised on the host the way the IF's
-// gather kernel does, and run through libml on the cpu device; each distinct payload runs
-// once. Each top-k answer must match the reference (compare.h). Output: detail lines for the
-// first mismatches, then as the LAST line exactly "verified=N mismatched=M errors=E".
+// What requests carry follows from the model (ml::model::requests()): u8 HWC images, token
+// sequences or f32 tensors. Every answered request's payload is rebuilt with reefgen's
+// payload_source (same options, same seed: the same bytes that went on the wire), turned into
+// the model's inputs on the host (images normalised as the IF's gather kernel does; tokens as
+// ids padded with 0 to the request's length bucket, a mask of 1s then 0s and token types 0,
+// independently of the runtime's token gather kernel; tensors as they are) and run through
+// libml on the cpu device; each distinct payload runs once. Each top-k or tensor answer must
+// match the reference (compare.h); a request the IF must refuse (a token outside the
+// vocabulary, a length the model does not take) must not have a result. Output: detail lines
+// for the first mismatches, then as the LAST line exactly "verified=N mismatched=M errors=E".
 //
 // Exit status: 0 every response verified (and at least one did; with --no-errors also no
 // error answers), 1 otherwise, 2 bad usage or an unreadable results file or model.
@@ -23,6 +32,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "libml/libml.h"
@@ -35,7 +45,8 @@ namespace {
 namespace ml = reefline::ml;
 namespace wire = reefline::wire;
 namespace gen = reefline::reefgen;
-using reefline::reefverify::topk_entry;
+namespace rv = reefline::reefverify;
+using rv::topk_entry;
 using gen::usage_error;
 
 // "R,G,B": three finite numbers.
@@ -68,6 +79,9 @@ struct answer_line {
     int status = 0;
     int format = 0;
     std::vector<topk_entry> topk;
+    bool has_tensor = false;
+    std::vector<int64_t> tensor_dims;
+    std::vector<float> tensor_data;  // NaN where the file has null (a non-finite value)
     std::string message;
 };
 
@@ -105,7 +119,10 @@ std::vector<answer_line> read_results(const std::string& path) {
         a.format = int(unsigned_field(j, "format", where));
         if (a.error) {
             if (const auto m = j.find("message"); m != j.end() && m->is_string()) a.message = *m;
-        } else if (const auto t = j.find("topk"); t != j.end()) {
+            out.push_back(std::move(a));
+            continue;
+        }
+        if (const auto t = j.find("topk"); t != j.end()) {
             if (!t->is_array()) throw usage_error(where + ": \"topk\" is not an array");
             for (const auto& e : *t) {
                 if (!e.is_array() || e.size() != 2 || !e[0].is_number_unsigned() ||
@@ -115,116 +132,265 @@ std::vector<answer_line> read_results(const std::string& path) {
                                   e[1].is_null() ? NAN : e[1].get<float>()});
             }
         }
+        if (const auto t = j.find("tensor"); t != j.end()) {
+            const auto dims = t->is_object() ? t->find("dims") : t->end();
+            const auto data = t->is_object() ? t->find("data") : t->end();
+            if (dims == t->end() || data == t->end() || !dims->is_array() || !data->is_array())
+                throw usage_error(where + ": \"tensor\" must be {\"dims\": [...], \"data\": [...]}");
+            for (const auto& d : *dims) {
+                if (!d.is_number_unsigned() || d.get<uint64_t>() > 65535)
+                    throw usage_error(where + ": \"tensor\" dims must be integers 0..65535");
+                a.tensor_dims.push_back(int64_t(d.get<uint64_t>()));
+            }
+            a.tensor_data.reserve(data->size());
+            for (const auto& v : *data) {
+                if (!(v.is_number() || v.is_null()))
+                    throw usage_error(where + ": \"tensor\" data must be numbers or null");
+                a.tensor_data.push_back(v.is_null() ? NAN : v.get<float>());
+            }
+            a.has_tensor = true;
+        }
         out.push_back(std::move(a));
     }
     if (in.bad()) throw usage_error("--results: cannot read '" + path + "'");
     return out;
 }
 
-// The model and an instance for the reference runs, with the input layout checked against
-// the payload shape (a model IF answers only images of its own input size).
+// What a request's reference run gave: output 0 for it, the batch dim removed.
+struct reference {
+    std::vector<float> values;  // row-major; a top-k answer ranks all of them (as the IF does)
+    std::vector<int64_t> item;  // their shape
+    int64_t tokens = 0;         // sequences: the request's token count and the length it ran at
+    int64_t length = 0;
+    std::string refused;  // non-empty: why the IF must refuse the request (then nothing ran)
+};
+
+// The model and an instance for the reference runs, on inputs built on the host.
 class reference_model {
 public:
-    reference_model(ml::runtime& rt, const std::string& path, uint32_t batch) : _runtime(rt) {
-        _model = rt.load_model(path);
+    reference_model(ml::runtime& rt, const std::string& path) : _runtime(rt) {
+        // As model_if::import_options() (reefverify does not link the IF manager): a sequence
+        // model's symbolic length is bound for the import and planned per bucket below.
+        ml::import_options o;
+        o.unbound_dim = ml::sequence_buckets[0];
+        _model = rt.load_model(path, o);
+        try {
+            _input = _model->requests();
+        } catch (const std::invalid_argument& e) {
+            throw usage_error("--model: " + std::string(e.what()));
+        }
         _in = rt.link_model(_model);
-        const auto ins = _in->inputs();
-        if (ins.size() != 1 || ins[0].type != ml::dtype::f32 || ins[0].shape.size() != 4 ||
-            ins[0].shape[1] < 1 || ins[0].shape[1] > 3)
-            throw usage_error("--model: expected one f32 [N, C<=3, H, W] image input, got " +
-                              (ins.empty() ? std::string("none") : ml::shape_str(ins[0].shape)));
-        _c = ins[0].shape[1];
-        _h = ins[0].shape[2];
-        _w = ins[0].shape[3];
-        if (_in->batch() != batch) rt.configure_batch(*_in, batch);
-        _batch = batch;
     }
-    int64_t height() const { return _h; }
-    int64_t width() const { return _w; }
-    int64_t channels() const { return _c; }
+    const ml::request_input& input() const { return _input; }
+    const ml::graph& graph() const { return _model->imported(); }
+    bool sequence() const { return _input.kind == ml::request_kind::sequence; }
     uint32_t batch() const { return _batch; }
 
-    // Scores per image for up to batch() u8 HWC images; a short batch repeats its last image
-    // in the spare slots (as the model IF pads), and those rows are dropped.
-    std::vector<std::vector<float>> run(const std::vector<const std::vector<uint8_t>*>& images,
-                                        const std::array<float, 3>& mean,
-                                        const std::array<float, 3>& sd) {
-        const int64_t plane = _h * _w;
-        ml::bytes_t b(size_t(_batch * _c * plane) * sizeof(float));
+    // Plans `batch` requests per run (images, tensors); a sequence runs alone, at its bucket.
+    void plan(uint32_t batch) {
+        if (sequence()) {
+            _runtime.configure_batch(*_in, 1, _input.lengths);
+            _batch = 1;
+            return;
+        }
+        if (_in->batch() != batch) _runtime.configure_batch(*_in, batch);
+        _batch = batch;
+    }
+
+    // Up to batch() u8 HWC images; a short batch repeats its last image in the spare slots (as
+    // the model IF pads), and those rows are dropped.
+    std::vector<reference> run_images(const std::vector<const std::vector<uint8_t>*>& images,
+                                      const std::array<float, 3>& mean, const std::array<float, 3>& sd) {
+        const int64_t c = _input.channels, h = _input.height, w = _input.width, plane = h * w;
+        ml::bytes_t b(size_t(_batch * c * plane) * sizeof(float));
         auto* x = reinterpret_cast<float*>(b.data());
         for (int64_t i = 0; i < _batch; ++i) {
             const std::vector<uint8_t>& img = *images[std::min<size_t>(size_t(i), images.size() - 1)];
-            float* y = x + i * _c * plane;
+            float* y = x + i * c * plane;
             // The same arithmetic as the gather kernel and tests/model_if_test.cc:
             // (u8 - mean) * (1 / std), HWC to CHW.
-            for (int64_t ch = 0; ch < _c; ++ch) {
+            for (int64_t ch = 0; ch < c; ++ch) {
                 const float m = mean[size_t(ch)], inv = 1.0f / sd[size_t(ch)];
                 for (int64_t p = 0; p < plane; ++p)
-                    y[ch * plane + p] = (float(img[size_t(p * _c + ch)]) - m) * inv;
+                    y[ch * plane + p] = (float(img[size_t(p * c + ch)]) - m) * inv;
             }
         }
-        std::vector<ml::tensor> ys;
-        _runtime.infer_batch(*_in, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {_batch, _c, _h, _w}, std::move(b))},
-                             ys);
-        if (ys.empty() || ys[0].type != ml::dtype::f32)
-            throw usage_error("--model: expected an f32 score output (the model IF reads output 0 as f32)");
-        const auto v = ys[0].view<float>();
-        const size_t per = v.size() / size_t(_batch);
-        std::vector<std::vector<float>> out;
-        for (size_t i = 0; i < images.size(); ++i) out.emplace_back(v.begin() + i * per, v.begin() + (i + 1) * per);
-        return out;
+        return infer({ml::tensor::make(ml::dtype::f32, {_batch, c, h, w}, std::move(b))}, images.size());
+    }
+
+    // Up to batch() tensor_f32 payloads (little-endian f32) as the input [batch, dims...].
+    std::vector<reference> run_tensors(const std::vector<const std::vector<uint8_t>*>& payloads) {
+        ml::shape_t shape{_batch};
+        shape.insert(shape.end(), _input.item.begin(), _input.item.end());
+        const size_t per = payloads[0]->size() / 4;
+        ml::bytes_t b(size_t(_batch) * per * sizeof(float));
+        auto* x = reinterpret_cast<float*>(b.data());
+        for (int64_t i = 0; i < _batch; ++i) {
+            const std::vector<uint8_t>& p = *payloads[std::min<size_t>(size_t(i), payloads.size() - 1)];
+            for (size_t j = 0; j < per; ++j) x[size_t(i) * per + j] = gen::load_f32(p.data() + j * 4);
+        }
+        return infer({ml::tensor::make(ml::dtype::f32, shape, std::move(b))}, payloads.size());
+    }
+
+    // One token sequence at its bucket `length`: ids padded with 0, the mask 1 over the tokens
+    // and 0 past them, token types 0; each in its input's integer type.
+    reference run_tokens(const std::vector<int32_t>& tokens, int64_t length) {
+        const ml::graph& g = graph();
+        std::vector<ml::tensor> inputs;
+        for (size_t i = 0; i < g.inputs.size(); ++i) {
+            std::vector<int64_t> v(size_t(length), 0);
+            if (int(i) == _input.ids)
+                std::copy(tokens.begin(), tokens.end(), v.begin());
+            else if (int(i) == _input.mask)
+                std::fill(v.begin(), v.begin() + int64_t(tokens.size()), 1);
+            inputs.push_back(ml::tensor::from_i64(v, {1, length}, g.values[size_t(g.inputs[i])].type));
+        }
+        reference r = infer(inputs, 1).at(0);
+        r.tokens = int64_t(tokens.size());
+        r.length = length;
+        return r;
     }
 
 private:
+    std::vector<reference> infer(const std::vector<ml::tensor>& inputs, size_t rows) {
+        std::vector<ml::tensor> ys;
+        _runtime.infer_batch(*_in, inputs, ys);
+        if (ys.empty() || ys[0].type != ml::dtype::f32)
+            throw usage_error("--model: expected an f32 first output (the model IF answers from output 0 as f32)");
+        const auto v = ys[0].view<float>();
+        const size_t per = v.size() / size_t(_batch);
+        std::vector<reference> out(rows);
+        for (size_t i = 0; i < rows; ++i) {
+            out[i].values.assign(v.begin() + i * per, v.begin() + (i + 1) * per);
+            out[i].item.assign(ys[0].shape.begin() + 1, ys[0].shape.end());
+        }
+        return out;
+    }
+
     ml::runtime& _runtime;
     std::shared_ptr<ml::model> _model;
+    ml::request_input _input;
     std::unique_ptr<ml::instance> _in;
-    int64_t _c = 0, _h = 0, _w = 0;
-    uint32_t _batch = 1;
+    int64_t _batch = 1;
 };
 
 std::string topk_json(std::span<const topk_entry> t) {
     std::string s = "[";
     for (size_t j = 0; j < t.size(); ++j) {
         s += (j ? ",[" : "[") + std::to_string(t[j].cls) + "," +
-             (std::isnan(t[j].score) ? std::string("null") : reefline::reefverify::format_score(t[j].score)) + "]";
+             (std::isnan(t[j].score) ? std::string("null") : rv::format_score(t[j].score)) + "]";
     }
     return s + "]";
 }
 
 std::string reference_json(const std::vector<float>& scores, size_t k) {
-    const auto order = reefline::reefverify::reference_order(scores);
+    const auto order = rv::reference_order(scores);
     std::vector<topk_entry> t;
     for (size_t j = 0; j < std::min(k, order.size()); ++j) t.push_back({order[j], scores[order[j]]});
     return topk_json(t);
+}
+
+// "tensor 8 [0.1, -0.3, ...]": dims and the first values, for mismatch details.
+std::string tensor_text(std::span<const int64_t> dims, std::span<const float> v) {
+    std::string s = "tensor " + rv::dims_text(dims) + " [";
+    for (size_t i = 0; i < std::min<size_t>(v.size(), 8); ++i)
+        s += (i ? ", " : "") + (std::isnan(v[i]) ? std::string("null") : rv::format_score(v[i]));
+    return s + (v.size() > 8 ? ", ...]" : "]");
+}
+
+// What a model IF says when it refuses a request for a token outside the vocabulary:
+// "token T at position P is outside the vocabulary [0, V)".
+struct vocabulary_claim {
+    long long token = 0, position = 0, vocab = 0;
+};
+std::optional<vocabulary_claim> parse_vocabulary_claim(const std::string& message) {
+    vocabulary_claim c;
+    char close = 0;
+    int end = 0;
+    if (std::sscanf(message.c_str(), "token %lld at position %lld is outside the vocabulary [0, %lld%c%n", &c.token,
+                    &c.position, &c.vocab, &close, &end) != 4 ||
+        close != ')' || size_t(end) != message.size())
+        return std::nullopt;
+    return c;
+}
+
+// The first token of `tokens` outside [0, vocab), as "token T at position P ...", or empty.
+std::string out_of_vocabulary(const std::vector<int32_t>& tokens, int64_t vocab) {
+    for (size_t i = 0; i < tokens.size(); ++i)
+        if (tokens[i] < 0 || tokens[i] >= vocab)
+            return "token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                   " is outside the vocabulary [0, " + std::to_string(vocab) + ")";
+    return {};
+}
+
+std::string takes_text(const ml::request_input& in) {
+    switch (in.kind) {
+    case ml::request_kind::image:
+        return "image_u8_hwc requests of " + std::to_string(in.height) + "x" + std::to_string(in.width) + "x" +
+               std::to_string(in.channels) + " images (reefgen --shape " + std::to_string(in.height) + "x" +
+               std::to_string(in.width) + "x" + std::to_string(in.channels) + ", or --image)";
+    case ml::request_kind::sequence: {
+        std::string lengths;
+        for (size_t i = 0; i < in.lengths.size(); ++i) lengths += (i ? "," : "") + std::to_string(in.lengths[i]);
+        return "tokens_i32 requests of " +
+               (in.exact_length ? "exactly " + lengths : "1.." + std::to_string(in.max_length())) + " tokens" +
+               (in.vocab_known ? ", vocabulary [0, " + std::to_string(in.vocab) + ")" : std::string()) +
+               " (reefgen --tokens L or MIN-MAX, --vocab V)";
+    }
+    case ml::request_kind::tensor: {
+        std::string dims;
+        for (size_t i = 0; i < in.item.size(); ++i) dims += (i ? "," : "") + std::to_string(in.item[i]);
+        return "tensor_f32 requests of dims " + rv::dims_text(in.item) + " (reefgen --dims " + dims + ")";
+    }
+    }
+    return "?";
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"reefverify: check a model IF's answers (reefgen send --results) against libml"};
-    std::string model, results, shape = "224x224x3", image, raw, mean_text, std_text;
+    app.footer("What the requests carried follows from the model: images (--shape or --image, --mean, --std), "
+               "token sequences (--tokens, --vocab) or f32 tensors (--dims); pass the payload options and --seed "
+               "given to reefgen. Top-k and tensor answers are compared with libml run on the same inputs; "
+               "error answers are counted apart (a refusal of a token outside the vocabulary is checked against "
+               "the rebuilt request). Last line: verified=N mismatched=M errors=E. Exit status: 0 all verified, "
+               "1 a mismatch (or nothing verified, or --no-errors and an error answer), 2 bad usage.");
+    std::string model, results, shape = "224x224x3", image, raw, mean_text, std_text, format, tokens_text, dims_text;
     uint64_t seed = 1;
+    uint32_t vocab = gen::default_vocab;
     double tolerance = 1e-4;
     uint32_t max_errors = 10, batch = 1;
     bool no_errors = false;
-    app.add_option("--model", model, "The ONNX model the IF serves")->required();
-    app.add_option("--results", results, "JSON lines written by reefgen send --results")->required();
-    auto* shape_opt = app.add_option("--shape", shape, "Image shape HxWxC, as given to reefgen send")
+    app.add_option("--model", model, "The ONNX model the IF serves; what requests carry follows from it")->required();
+    app.add_option("--results", results, "JSON lines written by reefgen send --results or check --results")->required();
+    auto* shape_opt = app.add_option("--shape", shape, "Image models: image shape HxWxC, as given to reefgen")
                           ->capture_default_str();
-    auto* image_opt = app.add_option("--image", image, "PPM/PGM image, as given to reefgen send --image");
-    auto* raw_opt = app.add_option("--raw", raw, "File, as given to reefgen send --raw");
+    auto* image_opt = app.add_option("--image", image, "Image models: PPM/PGM image, as given to reefgen --image");
+    auto* raw_opt = app.add_option("--raw", raw, "File, as given to reefgen --raw (image, tokens or tensor bytes)");
     image_opt->excludes(shape_opt)->excludes(raw_opt);
-    app.add_option("--seed", seed, "Seed, as given to reefgen send")->capture_default_str();
-    app.add_option("--mean", mean_text, "Per-channel mean R,G,B in u8 scale, as the IF is configured "
-                                        "(default: ImageNet 123.675,116.28,103.53)");
-    app.add_option("--std", std_text, "Per-channel std R,G,B in u8 scale, as the IF is configured "
-                                      "(default: ImageNet 58.395,57.12,57.375)");
-    app.add_option("--tolerance", tolerance, "Scores agree within tolerance * (1 + |reference|)")
+    auto* format_opt = app.add_option("--format", format,
+                                      "As given to reefgen (optional): must be what the model takes")
+                           ->check(CLI::IsMember({"image", "tokens", "tensor"}));
+    auto* tokens_opt = app.add_option("--tokens", tokens_text,
+                                      "Sequence models: L or MIN-MAX tokens per request, as given to reefgen");
+    auto* vocab_opt = app.add_option("--vocab", vocab, "Sequence models: token ids were drawn below this, as given "
+                                                       "to reefgen")
+                          ->capture_default_str()
+                          ->check(CLI::Range(1u, 2147483647u));
+    auto* dims_opt = app.add_option("--dims", dims_text, "Tensor models: extents D1[,D2[,D3[,D4]]], as given to reefgen");
+    app.add_option("--seed", seed, "Seed, as given to reefgen")->capture_default_str();
+    auto* mean_opt = app.add_option("--mean", mean_text, "Image models: per-channel mean R,G,B in u8 scale, as the IF "
+                                                         "is configured (default: ImageNet 123.675,116.28,103.53)");
+    auto* std_opt = app.add_option("--std", std_text, "Image models: per-channel std R,G,B in u8 scale, as the IF is "
+                                                      "configured (default: ImageNet 58.395,57.12,57.375)");
+    app.add_option("--tolerance", tolerance,
+                   "Scores and tensor values agree within tolerance * (1 + |reference|)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
     app.add_option("--max-errors", max_errors, "Detail lines for the first N mismatches")->capture_default_str();
-    app.add_option("--batch", batch, "Reference runs batch this many distinct payloads")
+    app.add_option("--batch", batch, "Image and tensor models: reference runs batch this many distinct payloads "
+                                     "(sequences run one at a time, each at its own length bucket)")
         ->capture_default_str()
         ->check(CLI::Range(1u, 256u));
     app.add_flag("--no-errors", no_errors, "Fail on any error answer (default: count them apart)");
@@ -241,16 +407,72 @@ int main(int argc, char** argv) {
         if (!std_text.empty()) sd = parse_triple(std_text, "--std");
         for (float s : sd)
             if (s == 0) throw usage_error("--std: must be non-zero");
+        const std::vector<answer_line> answers = read_results(results);
 
-        // The same payload options reefgen send resolves for an image run.
+        auto device = reefline::gpu::make_cpu_device();
+        ml::runtime rt(*device);
+        reference_model ref(rt, model);
+        const ml::request_input& in = ref.input();
+
+        // The payload options reefgen resolved for this model's format; options for another
+        // format mean the traffic was not made for this model.
+        const auto refuse = [&](const std::string& what) {
+            return usage_error(what + ": the model takes " + takes_text(in));
+        };
         gen::payload_options po;
-        po.format = wire::format::image_u8_hwc;
-        po.shape = gen::parse_shape(shape);
-        po.image_file = image;
         po.raw_file = raw;
         po.seed = seed;
+        const char* kind_option = in.kind == ml::request_kind::image      ? "image"
+                                  : in.kind == ml::request_kind::sequence ? "tokens"
+                                                                          : "tensor";
+        if (format_opt->count() && format != kind_option) throw refuse("--format " + format);
+        if (in.kind != ml::request_kind::image) {
+            for (const CLI::Option* o : {shape_opt, image_opt, mean_opt, std_opt})
+                if (o->count()) throw refuse(o->get_name() + " is for image models");
+        }
+        if (in.kind != ml::request_kind::sequence)
+            for (const CLI::Option* o : {tokens_opt, vocab_opt})
+                if (o->count()) throw refuse(o->get_name() + " is for sequence models");
+        if (in.kind != ml::request_kind::tensor && dims_opt->count()) throw refuse("--dims is for tensor models");
+        switch (in.kind) {
+        case ml::request_kind::image:
+            po.format = wire::format::image_u8_hwc;
+            po.shape = gen::parse_shape(shape);
+            po.image_file = image;
+            break;
+        case ml::request_kind::sequence: {
+            po.format = wire::format::tokens_i32;
+            po.vocab = vocab;
+            if (!tokens_opt->count() && raw.empty()) throw refuse("--tokens L or MIN-MAX is needed");
+            if (tokens_opt->count()) {
+                const gen::token_range r = gen::parse_token_range(tokens_text);
+                po.tokens = r.min;
+                po.tokens_max = r.max;
+                bool any = false;
+                for (uint32_t n = r.min; n <= r.max && !any; ++n) any = in.bucket_for(n) != 0;
+                if (!any) throw refuse("no request of --tokens " + tokens_text + " fits");
+            }
+            break;
+        }
+        case ml::request_kind::tensor: {
+            po.format = wire::format::tensor_f32;
+            if (!dims_opt->count()) throw refuse("--dims is needed");
+            po.dims = gen::parse_dims(dims_text);
+            if (!std::equal(po.dims.begin(), po.dims.end(), in.item.begin(), in.item.end()))
+                throw refuse("--dims " + dims_text + " is not what the model takes");
+            break;
+        }
+        }
         const gen::payload_source source(po);
-        const std::vector<answer_line> answers = read_results(results);
+        if (in.kind == ml::request_kind::image) {
+            const gen::request_payload probe = source.make(0);
+            if (probe.dims[0] != in.height || probe.dims[1] != in.width || probe.dims[2] != in.channels)
+                throw usage_error("the payloads are " + std::to_string(probe.dims[0]) + "x" +
+                                  std::to_string(probe.dims[1]) + "x" + std::to_string(probe.dims[2]) +
+                                  " but the model takes " + std::to_string(in.height) + "x" +
+                                  std::to_string(in.width) + "x" + std::to_string(in.channels) +
+                                  " images: pass the --shape (or --image) given to reefgen send");
+        }
 
         // Distinct payloads that some response needs a reference for.
         std::vector<uint64_t> needed;
@@ -259,34 +481,84 @@ int main(int argc, char** argv) {
         std::sort(needed.begin(), needed.end());
         needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
 
-        std::map<uint64_t, std::vector<float>> reference;
+        // A sequence request's tokens, rebuilt (error answers that blame one are checked too).
+        std::map<uint64_t, std::vector<int32_t>> token_cache;
+        const auto tokens_of = [&](uint64_t p) -> const std::vector<int32_t>& {
+            auto it = token_cache.find(p);
+            if (it == token_cache.end()) {
+                const gen::request_payload r = source.make(p);
+                std::vector<int32_t> t(r.bytes.size() / 4);
+                for (size_t i = 0; i < t.size(); ++i) t[i] = gen::load_token(r.bytes.data() + i * 4);
+                it = token_cache.emplace(p, std::move(t)).first;
+            }
+            return it->second;
+        };
+
+        std::map<uint64_t, reference> refs;
         if (!needed.empty()) {
-            auto device = reefline::gpu::make_cpu_device();
-            ml::runtime rt(*device);
-            reference_model ref(rt, model, uint32_t(std::min<size_t>(batch, needed.size())));
-            const gen::request_payload probe = source.make(0);
-            if (probe.dims[0] != ref.height() || probe.dims[1] != ref.width() || probe.dims[2] != ref.channels())
-                throw usage_error("the payloads are " + std::to_string(probe.dims[0]) + "x" +
-                                  std::to_string(probe.dims[1]) + "x" + std::to_string(probe.dims[2]) +
-                                  " but the model takes " + std::to_string(ref.height()) + "x" +
-                                  std::to_string(ref.width()) + "x" + std::to_string(ref.channels()) +
-                                  " images: pass the --shape (or --image) given to reefgen send");
-            for (size_t at = 0; at < needed.size(); at += ref.batch()) {
-                const size_t n = std::min<size_t>(ref.batch(), needed.size() - at);
-                std::vector<std::vector<uint8_t>> bytes;
-                for (size_t i = 0; i < n; ++i) bytes.push_back(source.make(needed[at + i]).bytes);
-                std::vector<const std::vector<uint8_t>*> images;
-                for (const auto& b : bytes) images.push_back(&b);
-                auto scores = ref.run(images, mean, sd);
-                for (size_t i = 0; i < n; ++i) reference[needed[at + i]] = std::move(scores[i]);
+            ref.plan(uint32_t(std::min<size_t>(batch, needed.size())));
+            if (ref.sequence()) {
+                for (uint64_t p : needed) {
+                    const std::vector<int32_t>& t = tokens_of(p);
+                    reference r;
+                    const int64_t length = in.bucket_for(int64_t(t.size()));
+                    if (length == 0)
+                        r.refused = "the request has " + std::to_string(t.size()) + " tokens; the model takes " +
+                                    takes_text(in);
+                    else if (std::string bad = out_of_vocabulary(t, in.vocab); !bad.empty())
+                        r.refused = "the request's " + bad;
+                    else
+                        r = ref.run_tokens(t, length);
+                    refs[p] = std::move(r);
+                }
+            } else {
+                for (size_t at = 0; at < needed.size(); at += ref.batch()) {
+                    const size_t n = std::min<size_t>(ref.batch(), needed.size() - at);
+                    std::vector<std::vector<uint8_t>> bytes;
+                    for (size_t i = 0; i < n; ++i) bytes.push_back(source.make(needed[at + i]).bytes);
+                    std::vector<const std::vector<uint8_t>*> items;
+                    for (const auto& b : bytes) items.push_back(&b);
+                    auto out = in.kind == ml::request_kind::image ? ref.run_images(items, mean, sd) : ref.run_tensors(items);
+                    for (size_t i = 0; i < n; ++i) refs[needed[at + i]] = std::move(out[i]);
+                }
             }
         }
 
-        uint64_t verified = 0, mismatched = 0, errors = 0, shown = 0;
+        uint64_t verified = 0, mismatched = 0, errors = 0, shown = 0, vocabulary_refusals = 0;
         std::map<int, uint64_t> errors_by_status;
+        const auto mismatch = [&](const answer_line& a, const std::string& who, const std::string& problem,
+                                  const std::string& details) {
+            ++mismatched;
+            if (shown < max_errors) {
+                ++shown;
+                std::cout << "mismatch " << who << " (line " << a.line << "): " << problem << '\n' << details;
+            }
+        };
         for (const answer_line& a : answers) {
             const std::string who = "id=" + std::to_string(a.id) + " payload=" + std::to_string(a.payload);
             if (a.error) {
+                // A refusal for a token outside the vocabulary is an error answer like any other,
+                // provided the request has that token: a refusal of a valid request is wrong.
+                if (ref.sequence() && a.status == int(wire::status::bad_request)) {
+                    if (const auto c = parse_vocabulary_claim(a.message)) {
+                        const std::vector<int32_t>& t = tokens_of(a.payload);
+                        std::string wrong;
+                        if (c->position < 0 || size_t(c->position) >= t.size())
+                            wrong = "the request has " + std::to_string(t.size()) + " tokens";
+                        else if (t[size_t(c->position)] != c->token)
+                            wrong = "the request's token at position " + std::to_string(c->position) + " is " +
+                                    std::to_string(t[size_t(c->position)]);
+                        else if (c->vocab != in.vocab)
+                            wrong = "the model's vocabulary is [0, " + std::to_string(in.vocab) + ")";
+                        else if (c->token >= 0 && c->token < in.vocab)
+                            wrong = "token " + std::to_string(c->token) + " is inside the vocabulary";
+                        if (!wrong.empty()) {
+                            mismatch(a, who, "refused with '" + a.message + "', but " + wrong, "");
+                            continue;
+                        }
+                        ++vocabulary_refusals;
+                    }
+                }
                 ++errors;
                 ++errors_by_status[a.status];
                 if (no_errors && shown < max_errors) {
@@ -296,25 +568,37 @@ int main(int argc, char** argv) {
                 }
                 continue;
             }
-            std::string problem;
-            if (a.status != 0)
+            const reference& r = refs.at(a.payload);
+            std::string problem, details;
+            if (a.status != 0) {
                 problem = "response with status " + std::to_string(a.status);
-            else if (a.format != int(wire::format::result_topk))
+            } else if (!r.refused.empty()) {
+                problem = "answered with a result, but " + r.refused + ": it must be refused (bad_request)";
+            } else if (a.format == int(wire::format::result_topk)) {
+                problem = rv::topk_problem(r.values, a.topk, tolerance);
+                details = "  answered  " + topk_json(a.topk) + "\n  reference " +
+                          reference_json(r.values, std::max<size_t>(a.topk.size(), 1)) + '\n';
+            } else if (a.format == int(wire::format::result_tensor_f32)) {
+                const std::vector<int64_t> dims = rv::tensor_answer_dims(r.item, ref.sequence(), r.length, r.tokens);
+                int64_t count = 1;
+                for (int64_t d : dims) count *= d;
+                const std::span<const float> want(r.values.data(), size_t(count));
+                if (!a.has_tensor)
+                    problem = "result_tensor_f32 without a \"tensor\" field";
+                else
+                    problem = rv::tensor_problem(dims, want, a.tensor_dims, a.tensor_data, tolerance);
+                details = "  answered  " + tensor_text(a.tensor_dims, a.tensor_data) + "\n  reference " +
+                          tensor_text(dims, want) + '\n';
+            } else {
                 problem = "format " + std::to_string(a.format) + ", expected result_topk (" +
-                          std::to_string(int(wire::format::result_topk)) + ")";
-            else
-                problem = reefline::reefverify::topk_problem(reference.at(a.payload), a.topk, tolerance);
+                          std::to_string(int(wire::format::result_topk)) + ") or result_tensor_f32 (" +
+                          std::to_string(int(wire::format::result_tensor_f32)) + ")";
+            }
             if (problem.empty()) {
                 ++verified;
                 continue;
             }
-            ++mismatched;
-            if (shown < max_errors) {
-                ++shown;
-                std::cout << "mismatch " << who << " (line " << a.line << "): " << problem << "\n  answered  "
-                          << topk_json(a.topk) << "\n  reference "
-                          << reference_json(reference.at(a.payload), std::max<size_t>(a.topk.size(), 1)) << '\n';
-            }
+            mismatch(a, who, problem, details);
         }
         if (shown == max_errors && mismatched + (no_errors ? errors : 0) > shown)
             std::cout << "... and " << (mismatched + (no_errors ? errors : 0) - shown) << " more\n";
@@ -322,6 +606,9 @@ int main(int argc, char** argv) {
             std::cout << "error answers by status:";
             for (const auto& [status, count] : errors_by_status)
                 std::cout << ' ' << wire::to_string(static_cast<wire::status>(status)) << '=' << count;
+            if (vocabulary_refusals)
+                std::cout << " (" << vocabulary_refusals
+                          << " refused a token outside the vocabulary, confirmed on the rebuilt request)";
             std::cout << (no_errors ? " (--no-errors: they fail the check)\n" : " (not counted as mismatches)\n");
         }
         if (answers.empty()) std::cout << "no answers in " << results << '\n';

@@ -1,12 +1,19 @@
-// DistilBERT encoder (distilbert-base-uncased shapes): token ids int64 [N, 128] -> word
-// embedding Gather + position embedding Gather (constant position ids) -> LayerNorm -> 6
-// transformer layers -> last hidden state [N, 128, 768]. Post-LN layers as in the model:
+// DistilBERT sequence classifier (DistilBertForSequenceClassification, distilbert-base-uncased
+// shapes), exported as torch.onnx exports HuggingFace's model: input_ids and attention_mask int64
+// [N, L] (L symbolic, at most max_pos) -> word embedding Gather + position embedding Gather
+// (position ids sliced to L, see position_embeddings) -> LayerNorm -> 6 transformer layers ->
+// hidden[:, 0] -> pre_classifier Linear + ReLU -> classifier Linear -> logits [N, labels].
+// Post-LN layers as in the model:
 //   sa = LN(x + Wo * Attention(Wq x, Wk x, Wv x)),  out = LN(sa + W2 * GELU(W1 sa)),
-// with 12 heads of 64 (Reshape / Transpose to [N, heads, seq, 64], q / sqrt(64) with Div,
-// MatMul, Softmax over the last axis), Linear layers as MatMul + Add and GELU in its exact Erf
-// form 0.5 x (1 + erf(x / sqrt 2)) (opset 17 has no Gelu op; LayerNormalization it has).
-// There is no attention mask input: every token attends to every token.
+// with 12 heads of 64 (Reshape / Transpose to [N, heads, L, 64], q / sqrt(64) with Div,
+// MatMul, masked_fill of the padded keys, Softmax over the last axis), Linear layers as MatMul +
+// Add on [N, L, hidden] (Gemm on the 2-D head) and GELU in its exact Erf form.
+//
+// Masking as HF DistilBERT: Equal(mask, 0) -> Unsqueeze to [N, 1, 1, L] -> Where(that, float32
+// lowest, scores). A padded key's score is then exactly the lowest float and its softmax weight
+// exactly 0, so a padded sequence's logits equal the unpadded sequence's (up to rounding).
 #include <cmath>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -15,34 +22,35 @@
 namespace reefline::zoo {
 
 void build_distilbert(graph_builder& g, const variant_options& v, model_meta& m) {
-    const int64_t vocab = v.tiny ? 1024 : 30522, seq = v.tiny ? 16 : 128;
+    const int64_t vocab = v.tiny ? 1024 : 30522, max_pos = v.tiny ? 64 : 512;
     const int64_t hidden = v.tiny ? 64 : 768, heads = v.tiny ? 4 : 12;
-    const int64_t ffn = 4 * hidden, layers = 6, dh = hidden / heads;
+    const int64_t ffn = 4 * hidden, layers = 6, dh = hidden / heads, labels = 8;
     const float eps = 1e-12f;
 
-    const std::string ids =
-        g.input("input_ids", onnx::TensorProto::INT64, {shape_dim{"N"}, shape_dim{seq}});
-    m.inputs.push_back({ids, onnx::TensorProto::INT64, {shape_dim{"N"}, shape_dim{seq}}});
-    m.int_range_hi = vocab;
+    const std::string ids = sequence_input(g, m, "input_ids", vocab);
+    const std::string mask = sequence_input(g, m, "attention_mask", 2);
+    m.max_sequence_length = max_pos;
 
-    // Embeddings: unit-scale tables (LayerNorm follows), summed.
+    // Embeddings: unit-scale tables (LayerNorm follows), summed: [N, L, H] + [1, L, H].
     const std::string word = g.normal("embeddings.word_embeddings.weight", {vocab, hidden}, 1.0);
-    const std::string pos = g.normal("embeddings.position_embeddings.weight", {seq, hidden}, 1.0);
-    std::vector<int64_t> pos_ids(seq);
-    for (int64_t i = 0; i < seq; ++i) pos_ids[i] = i;
-    const std::string pos_idx = g.const_i64("embeddings.position_ids", {seq}, pos_ids);
+    const std::string pos =
+        g.normal("embeddings.position_embeddings.weight", {max_pos, hidden}, 1.0);
     std::string x = g.add(g.op("Gather", {word, ids}, "embeddings.word", {attr("axis", 0)}),
-                          g.op("Gather", {pos, pos_idx}, "embeddings.position", {attr("axis", 0)}),
-                          "embeddings.add");
+                          position_embeddings(g, ids, pos, max_pos), "embeddings.add");
     x = g.layernorm(x, "embeddings.LayerNorm", hidden, eps);
 
-    // [N, seq, hidden] <-> [N, seq, heads, dh]; 0 copies the batch dimension.
+    // True where a key is padding: [N, 1, 1, L], broadcast over heads and queries by Where.
+    std::string padded =
+        g.op("Equal", {mask, g.const_i64("const.zero_i64", {}, {0})}, "mask.is_padding");
+    padded = g.op("Unsqueeze", {padded, g.const_i64("const.axes_1_2", {2}, {1, 2})},
+                  "mask.unsqueeze");
+    const std::string lowest =
+        g.scalar("const.float_lowest", std::numeric_limits<float>::lowest());
+
+    // [N, L, hidden] <-> [N, L, heads, dh]; 0 copies the batch dimension.
     const std::string split = g.const_i64("shape.split_heads", {4}, {0, -1, heads, dh});
     const std::string merge = g.const_i64("shape.merge_heads", {3}, {0, -1, hidden});
     const std::string scale = g.scalar("const.sqrt_head_dim", std::sqrt(static_cast<float>(dh)));
-    const std::string sqrt2 = g.scalar("const.sqrt2", std::sqrt(2.0f));
-    const std::string one = g.scalar("const.one", 1.0f);
-    const std::string half = g.scalar("const.half", 0.5f);
 
     for (int64_t l = 0; l < layers; ++l) {
         const std::string p = "transformer.layer." + std::to_string(l);
@@ -54,11 +62,12 @@ void build_distilbert(graph_builder& g, const variant_options& v, model_meta& m)
             t = g.op("Reshape", {t, split}, a + "." + name + ".reshape");
             return g.op("Transpose", {t}, a + "." + name + ".transpose", {attr("perm", perm)});
         };
-        std::string q = heads_of("q_lin", {0, 2, 1, 3});  // [N, heads, seq, dh]
-        std::string k = heads_of("k_lin", {0, 2, 3, 1});  // [N, heads, dh, seq]
+        std::string q = heads_of("q_lin", {0, 2, 1, 3});  // [N, heads, L, dh]
+        std::string k = heads_of("k_lin", {0, 2, 3, 1});  // [N, heads, dh, L]
         std::string vv = heads_of("v_lin", {0, 2, 1, 3});
         q = g.op("Div", {q, scale}, a + ".q_scale");
-        std::string s = g.op("MatMul", {q, k}, a + ".scores");
+        std::string s = g.op("MatMul", {q, k}, a + ".scores");  // [N, heads, L, L]
+        s = g.op("Where", {padded, lowest, s}, a + ".masked_fill");
         s = g.op("Softmax", {s}, a + ".softmax", {attr("axis", -1)});
         std::string ctx = g.op("MatMul", {s, vv}, a + ".context");
         ctx = g.op("Transpose", {ctx}, a + ".context.transpose", {attr("perm", {0, 2, 1, 3})});
@@ -68,17 +77,18 @@ void build_distilbert(graph_builder& g, const variant_options& v, model_meta& m)
 
         const std::string f = p + ".ffn";
         std::string h = g.linear(x, f + ".lin1", hidden, ffn, 1.41421356);
-        // GELU(h) = h * 0.5 * (1 + erf(h / sqrt 2)), as torch.onnx exports nn.GELU().
-        std::string e = g.op("Erf", {g.op("Div", {h, sqrt2}, f + ".gelu.div")}, f + ".gelu.erf");
-        e = g.op("Add", {e, one}, f + ".gelu.add");
-        h = g.op("Mul", {g.op("Mul", {h, e}, f + ".gelu.mul"), half}, f + ".gelu");
+        h = gelu(g, h, f + ".gelu");
         h = g.linear(h, f + ".lin2", ffn, hidden, 1.0);
         x = g.layernorm(g.add(h, x, p + ".ffn_residual"), p + ".output_layer_norm", hidden, eps);
     }
-    const std::string out = g.rename(x, "last_hidden_state");
-    const std::vector<shape_dim> oshape{shape_dim{"N"}, shape_dim{seq}, shape_dim{hidden}};
-    g.output(out, onnx::TensorProto::FLOAT, oshape);
-    m.outputs.push_back({out, onnx::TensorProto::FLOAT, oshape});
+
+    // Head: the first token's hidden state (hidden_state[:, 0], a Gather with a scalar index),
+    // Linear + ReLU, Linear. The ReLU's output has mean square ~1, so a gain of kLogitRms gives
+    // logits of rms ~kLogitRms.
+    std::string h = g.op("Gather", {x, g.const_i64("const.index_0", {}, {0})}, "pooled",
+                         {attr("axis", 1)});  // [N, hidden]
+    h = g.relu(g.gemm(h, "pre_classifier", hidden, hidden, 1.41421356), "pre_classifier.relu");
+    image_output(g, m, g.gemm(h, "classifier", hidden, labels, kLogitRms), labels);
 }
 
 }  // namespace reefline::zoo

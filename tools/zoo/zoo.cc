@@ -1,6 +1,7 @@
 #include "tools/zoo/zoo.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -26,10 +27,15 @@ const std::vector<zoo_entry>& registry() {
          "Inception-v3: modules A/B/C/D/E, 299x299, 1000 classes (no auxiliary classifier)",
          "Inception-v3 tiny: modules A/B/C/D/E, widths / 8, 139x139, 10 classes"},
         {"distilbert", build_distilbert,
-         "DistilBERT encoder: 6 layers, hidden 768, 12 heads, FFN 3072, sequence 128, "
-         "vocabulary 30522",
-         "DistilBERT encoder tiny: 6 layers, hidden 64, 4 heads, FFN 256, sequence 16, "
-         "vocabulary 1024"},
+         "DistilBERT sequence classifier: 6 layers, hidden 768, 12 heads, FFN 3072, vocabulary "
+         "30522, sequence L <= 512 with attention mask, 8 labels",
+         "DistilBERT sequence classifier tiny: 6 layers, hidden 64, 4 heads, FFN 256, vocabulary "
+         "1024, sequence L <= 64 with attention mask, 8 labels"},
+        {"bert", build_bert,
+         "BERT-base sequence classifier: 12 layers, hidden 768, 12 heads, FFN 3072, vocabulary "
+         "30522, sequence L <= 512 with attention mask and token types, pooler, 8 labels",
+         "BERT sequence classifier tiny: 12 layers, hidden 64, 4 heads, FFN 256, vocabulary 1024, "
+         "sequence L <= 64 with attention mask and token types, pooler, 8 labels"},
         {"resnet50", build_resnet50,
          "ResNet-50 v1.5: bottleneck blocks [3, 4, 6, 3], 224x224, 1000 classes",
          "ResNet-50 tiny: bottleneck blocks [3, 4, 6, 3], widths / 8, 64x64, 10 classes"},
@@ -38,6 +44,11 @@ const std::vector<zoo_entry>& registry() {
         {"mobilenet_v2", build_mobilenet_v2,
          "MobileNet-v2: inverted residuals, depthwise convs, ReLU6 as Clip, 224x224, 1000 classes",
          "MobileNet-v2 tiny: widths / 4 (last conv 320), 64x64, 10 classes"},
+        {"sensor_tcn", build_sensor_tcn,
+         "Sensor TCN: 6 residual blocks of dilated causal 1-D convs (64 channels, dilations 1 .. "
+         "32), windows of 256 steps x 12 features, 8 classes",
+         "Sensor TCN tiny: 4 residual blocks of dilated causal 1-D convs (16 channels, dilations "
+         "1 .. 8), windows of 64 steps x 6 features, 8 classes"},
     };
     return r;
 }
@@ -63,6 +74,43 @@ void image_output(graph_builder& g, model_meta& m, const std::string& logits, in
     const std::vector<shape_dim> shape{shape_dim{"N"}, shape_dim{classes}};
     g.output(out, onnx::TensorProto::FLOAT, shape);
     m.outputs.push_back({out, onnx::TensorProto::FLOAT, shape});
+}
+
+std::string sequence_input(graph_builder& g, model_meta& m, const std::string& name,
+                           int64_t range_hi) {
+    const std::vector<shape_dim> shape{shape_dim{"N"}, shape_dim{"L"}};
+    const std::string x = g.input(name, onnx::TensorProto::INT64, shape);
+    io_desc d{x, onnx::TensorProto::INT64, shape};
+    d.range_hi = range_hi;
+    m.inputs.push_back(d);
+    return x;
+}
+
+std::string position_embeddings(graph_builder& g, const std::string& ids, const std::string& table,
+                                int64_t max_pos) {
+    std::vector<int64_t> pos(static_cast<size_t>(max_pos));
+    for (int64_t i = 0; i < max_pos; ++i) pos[static_cast<size_t>(i)] = i;
+    const std::string all = g.const_i64("embeddings.position_ids", {1, max_pos}, pos);
+    // L as a 1-element tensor: Shape -> Gather(scalar 1) -> Unsqueeze, as torch traces
+    // input_ids.size(1) used as a slice bound.
+    std::string len = g.op("Shape", {ids}, "embeddings.shape");
+    len = g.op("Gather", {len, g.const_i64("const.index_1", {}, {1})}, "embeddings.seq_len",
+               {attr("axis", int64_t{0})});
+    len = g.op("Unsqueeze", {len, g.const_i64("const.axes_0", {1}, {0})},
+               "embeddings.seq_len.unsqueeze");
+    const std::string ids_l =
+        g.op("Slice",
+             {all, g.const_i64("const.starts_0", {1}, {0}), len,
+              g.const_i64("const.axes_1", {1}, {1})},
+             "embeddings.position_ids.slice");  // [1, L]
+    return g.op("Gather", {table, ids_l}, "embeddings.position", {attr("axis", int64_t{0})});
+}
+
+std::string gelu(graph_builder& g, const std::string& x, const std::string& name) {
+    const std::string sqrt2 = g.scalar("const.sqrt2", std::sqrt(2.0f));
+    std::string e = g.op("Erf", {g.op("Div", {x, sqrt2}, name + ".div")}, name + ".erf");
+    e = g.op("Add", {e, g.scalar("const.one", 1.0f)}, name + ".add");
+    return g.op("Mul", {g.op("Mul", {x, e}, name + ".mul"), g.scalar("const.half", 0.5f)}, name);
 }
 
 std::string file_stem(const std::string& name, bool tiny) { return tiny ? name + "_tiny" : name; }
@@ -93,7 +141,7 @@ std::string num(float f) {
     return buf;
 }
 
-std::string io_json(const std::vector<io_desc>& v, int64_t int_range_hi) {
+std::string io_json(const std::vector<io_desc>& v) {
     std::ostringstream o;
     o << "[";
     for (size_t i = 0; i < v.size(); ++i) {
@@ -107,8 +155,8 @@ std::string io_json(const std::vector<io_desc>& v, int64_t int_range_hi) {
                 o << quote(std::get<std::string>(v[i].shape[d]));
         }
         o << "]";
-        if (v[i].dtype == onnx::TensorProto::INT64 && int_range_hi > 0)
-            o << ", \"range\": [0, " << int_range_hi << "]";
+        if (v[i].range_hi > 0)
+            o << ", \"range\": [" << v[i].range_lo << ", " << v[i].range_hi << "]";
         o << "}";
     }
     o << "]";
@@ -138,8 +186,10 @@ std::string meta_json(const model_meta& m, const std::string& stem, const varian
         first = false;
     }
     o << "},\n";
-    o << "  \"inputs\": " << io_json(m.inputs, m.int_range_hi) << ",\n";
-    o << "  \"outputs\": " << io_json(m.outputs, 0) << ",\n";
+    o << "  \"inputs\": " << io_json(m.inputs) << ",\n";
+    o << "  \"outputs\": " << io_json(m.outputs) << ",\n";
+    if (m.max_sequence_length > 0)
+        o << "  \"max_sequence_length\": " << m.max_sequence_length << ",\n";
     if (m.mean.empty()) {
         o << "  \"normalization\": null\n";
     } else {

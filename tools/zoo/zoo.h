@@ -15,6 +15,9 @@ struct io_desc {
     std::string name;
     int32_t dtype;  // onnx::TensorProto::DataType
     std::vector<shape_dim> shape;
+    // Integer inputs: valid values are [range_lo, range_hi) (token ids [0, vocab), an attention
+    // mask or token type ids [0, 2)); range_hi 0 says nothing.
+    int64_t range_lo = 0, range_hi = 0;
 };
 
 // What the .json beside each .onnx says about the model.
@@ -24,8 +27,10 @@ struct model_meta {
     std::vector<io_desc> inputs, outputs;
     // Images: NCHW float, pixel values scaled to [0, 1] then (x - mean[c]) / std[c].
     std::vector<float> mean, std;
-    // Integer inputs (token ids): valid values are [0, int_range_hi).
-    int64_t int_range_hi = 0;
+    // Sequence models (symbolic length "L"): the longest L the model takes, the size of its
+    // position embedding table; past it the word and position embeddings cannot broadcast, so
+    // the run fails (and shape inference, where it folds Shape -> Slice for a fixed L). 0: none.
+    int64_t max_sequence_length = 0;
 };
 
 struct variant_options {
@@ -63,11 +68,29 @@ void build_mobilenet_v2(graph_builder&, const variant_options&, model_meta&);
 void build_densenet201(graph_builder&, const variant_options&, model_meta&);
 void build_inception_v3(graph_builder&, const variant_options&, model_meta&);
 void build_distilbert(graph_builder&, const variant_options&, model_meta&);
+void build_bert(graph_builder&, const variant_options&, model_meta&);
+void build_sensor_tcn(graph_builder&, const variant_options&, model_meta&);
 
 // Declares the image classifier's graph input "input" [N, 3, size, size] (float, ImageNet
-// normalisation) and returns its name; image_output declares "logits" [N, classes].
+// normalisation) and returns its name; image_output declares "logits" [N, classes] (any
+// classifier's output, not only an image model's).
 std::string image_input(graph_builder& g, model_meta& m, int64_t size);
 void image_output(graph_builder& g, model_meta& m, const std::string& logits, int64_t classes);
+
+// ---- sequence classifiers (distilbert.cc, bert.cc), exported as torch.onnx exports
+// HuggingFace's models ----
+// Declares the int64 graph input NAME [N, "L"] with values in [0, range_hi) and returns it.
+std::string sequence_input(graph_builder& g, model_meta& m, const std::string& name,
+                           int64_t range_hi);
+// HF's position embeddings for input_ids [N, L]: the constant buffer embeddings.position_ids
+// [1, max_pos] (0 .. max_pos - 1) sliced to [1, L] with L = Shape(ids)[1], then gathered from
+// table [max_pos, hidden]: [1, L, hidden]. L > max_pos cannot broadcast against the word
+// embeddings [N, L, hidden], so the model itself refuses lengths past its table.
+std::string position_embeddings(graph_builder& g, const std::string& ids, const std::string& table,
+                                int64_t max_pos);
+// GELU in its exact Erf form x * 0.5 * (1 + erf(x / sqrt 2)), as torch.onnx exports nn.GELU()
+// (opset 17 has no Gelu op).
+std::string gelu(graph_builder& g, const std::string& x, const std::string& name);
 
 // File stem of a variant: "resnet50" or "resnet50_tiny".
 std::string file_stem(const std::string& name, bool tiny);

@@ -208,6 +208,8 @@ int launch_kernel(const gpu_launch_params& p, void (*kernel)(Args, launch_ctx), 
 int launch_gemm(const gpu_launch_params& p);
 int launch_conv2d(const gpu_launch_params& p);
 int launch_gather(const gpu_launch_params& p);
+int launch_token_gather(const gpu_launch_params& p);
+int launch_tensor_gather(const gpu_launch_params& p);
 int launch_copy(const gpu_launch_params& p);
 int launch_binary(const gpu_launch_params& p);
 int launch_unary(const gpu_launch_params& p);

@@ -381,7 +381,7 @@ __device__ bool gather_axis_block_gpu(const gather_axis_args& a, int64_t block) 
     for (int64_t e = threadIdx.x; e < total; e += kThreads) {
         const int64_t r = r0 + e / a.inner, i = e % a.inner;
         const int64_t o = r / a.count, j = r % a.count;
-        int64_t idx = a.indices[j];
+        int64_t idx = gather_axis_index(a, j);
         if (idx < 0) idx += a.axis;
         uint8_t* dst = y + (r * a.inner + i) * eb;
         if (idx < 0 || idx >= a.axis) {  // out of range: zeros, never a wild read

@@ -90,3 +90,81 @@ __global__ void __launch_bounds__(kThreads) gather_kernel(gather_args g, launch_
 int launch_gather(const gpu_launch_params& p) { return launch_kernel<gather_args>(p, gather_kernel); }
 
 }  // namespace reefline::ml::kernels::gpu_impl
+
+// ---- token sequences and f32 tensors --------------------------------------------------------
+// Requests of a few hundred tokens or a sensor window: small next to images, so a thread per
+// element finds its segment by binary search over the request's gather list and reads its 4
+// bytes (which may straddle two packets).
+namespace reefline::ml::kernels::gpu_impl {
+
+namespace {
+
+__device__ bool token_gather_block_gpu(const token_gather_args& a, int64_t block) {
+    __shared__ uint32_t s_pos;
+    const int64_t per_request = token_blocks_per_request(a);
+    const int64_t r = block / per_request;
+    const int64_t p0 = (block % per_request) * a.tokens_per_block;
+    const int64_t p1 = p0 + a.tokens_per_block < a.length ? p0 + a.tokens_per_block : a.length;
+    const gather_segment* seg0 = a.segments + a.first[r];
+    const gather_segment* seg_end = a.segments + a.first[r + 1];
+    const int64_t bytes = payload_bytes(a.segments, a.first, r) / 4;
+    const int64_t tokens = bytes < a.length ? bytes : a.length;
+    if (threadIdx.x == 0) s_pos = 0xffffffffu;
+    __syncthreads();
+    for (int64_t i = p0 + threadIdx.x; i < p1; i += kThreads) {
+        const int64_t at = r * a.length + i;
+        int64_t id = 0;
+        if (i < tokens) {
+            const int32_t t = int32_t(payload_le32(payload_segment(seg0, seg_end, i * 4), seg_end, i * 4));
+            if (t >= 0 && t < a.vocab) id = t;
+            else atomicMin(&s_pos, uint32_t(i));
+        }
+        store_int_as(a.ids, at, a.ids_type, id);
+        if (a.mask) store_int_as(a.mask, at, a.mask_type, i < tokens ? 1 : 0);
+        if (a.types) store_int_as(a.types, at, a.types_type, 0);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        token_error e{-1, 0};
+        if (s_pos != 0xffffffffu) {
+            const int64_t q = int64_t(s_pos) * 4;
+            e.position = int32_t(s_pos);
+            e.token = int32_t(payload_le32(payload_segment(seg0, seg_end, q), seg_end, q));
+        }
+        a.errors[block] = e;
+    }
+    return true;
+}
+
+__device__ bool tensor_gather_block_gpu(const tensor_gather_args& a, int64_t block) {
+    const int64_t per_request = tensor_blocks_per_request(a);
+    const int64_t r = block / per_request;
+    const int64_t e0 = (block % per_request) * a.elements_per_block;
+    const int64_t e1 = e0 + a.elements_per_block < a.elements ? e0 + a.elements_per_block : a.elements;
+    const gather_segment* seg0 = a.segments + a.first[r];
+    const gather_segment* seg_end = a.segments + a.first[r + 1];
+    if (seg0 == seg_end) return true;
+    auto* y = reinterpret_cast<uint32_t*>(a.y + r * a.elements);
+    for (int64_t i = e0 + threadIdx.x; i < e1; i += kThreads)
+        y[i] = payload_le32(payload_segment(seg0, seg_end, i * 4), seg_end, i * 4);
+    return true;
+}
+
+__global__ void __launch_bounds__(kThreads) token_gather_kernel(token_gather_args a, launch_ctx ctx) {
+    bool ok = block_begin(ctx);
+    if (ok) ok = token_gather_block_gpu(a, int64_t(blockIdx.x) + ctx.offset);
+    block_end(ctx, ok);
+}
+
+__global__ void __launch_bounds__(kThreads) tensor_gather_kernel(tensor_gather_args a, launch_ctx ctx) {
+    bool ok = block_begin(ctx);
+    if (ok) ok = tensor_gather_block_gpu(a, int64_t(blockIdx.x) + ctx.offset);
+    block_end(ctx, ok);
+}
+
+}  // namespace
+
+int launch_token_gather(const gpu_launch_params& p) { return launch_kernel<token_gather_args>(p, token_gather_kernel); }
+int launch_tensor_gather(const gpu_launch_params& p) { return launch_kernel<tensor_gather_args>(p, tensor_gather_kernel); }
+
+}  // namespace reefline::ml::kernels::gpu_impl

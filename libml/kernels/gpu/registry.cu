@@ -41,6 +41,8 @@ constexpr entry builtin[] = {
     {"gemm", gpu_impl::launch_gemm},
     {"conv2d", gpu_impl::launch_conv2d},
     {"gather", gpu_impl::launch_gather},
+    {"token_gather", gpu_impl::launch_token_gather},
+    {"tensor_gather", gpu_impl::launch_tensor_gather},
     {"copy", gpu_impl::launch_copy},
     {"binary", gpu_impl::launch_binary},
     {"unary", gpu_impl::launch_unary},
