@@ -1,5 +1,7 @@
 #include "ifmanager/manager.h"
 
+#include "dkp/profile.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <rte_ethdev.h>
@@ -342,6 +344,47 @@ json if_manager::persisted_config(const model_if& mif) const {
             {"std", {c.std[0], c.std[1], c.std[2]}}};
 }
 
+void if_manager::profile(model_if& mif, const std::string& name, bool keep) {
+    if (!(_info.profile_budget_ms > 0)) return;
+    dkp::model_profile stored, out;
+    out.device = _info.backend;
+    bool have = false;
+    if (_repo && _repo->contains(name)) {
+        const std::string text = _repo->load_profile(name);
+        if (!text.empty()) {
+            try {
+                stored = dkp::model_profile::parse(text);
+                have = stored.device == _info.backend;  // another device's profile is recomputed
+            } catch (const std::exception&) {
+                have = false;  // a damaged profile is measured again
+            }
+        }
+    }
+    // Each launch alone, as a BE task through the scheduler: RT traffic on the other IFs
+    // preempts profiling; a preempted measurement is taken again.
+    const auto run_alone = [this](std::vector<gpu::task_launch> launches) {
+        double us = 0;
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            gpu::task t;
+            t.cls = gpu::task_class::be;
+            t.launches = launches;
+            const gpu::task_result r = _scheduler.wait(_scheduler.submit(std::move(t)));
+            if (r.status != gpu::task_status::completed) throw std::runtime_error("a profiling task did not complete");
+            us = double(r.end_ns - r.start_ns) / 1e3;
+            if (r.preemptions == 0) break;
+        }
+        return us;
+    };
+    mif.profile(have ? &stored : nullptr, run_alone, _info.profile_budget_ms, out);
+    if (keep && _repo && _repo->contains(name)) {
+        try {
+            _repo->save_profile(name, out.to_json());
+        } catch (const std::exception&) {
+            // The profile is an optimisation: measured again at the next start.
+        }
+    }
+}
+
 json if_manager::add_model(const json& f, bool persist) {
     std::lock_guard<std::recursive_mutex> g(_ops_mu);
     if (!f.is_object()) bad("add_model fields must be an object");
@@ -440,6 +483,12 @@ json if_manager::add_model(const json& f, bool persist) {
             throw control_error("io_error", std::string("model repository: ") + e.what());
         }
     }
+    // Kernel profiles before the port is published (the repository's when they match).
+    try {
+        profile(*mif, name, true);  // kept when the model is in the repository (added or loaded from it)
+    } catch (const std::exception& e) {
+        throw control_error("internal_error", "model '" + name + "': profiling: " + e.what());
+    }
     {
         std::lock_guard<std::mutex> t(_tables_mu);
         _models[name] = mif;
@@ -512,6 +561,7 @@ json if_manager::set(const json& f) {
     } catch (const std::invalid_argument& e) {
         bad(e.what());
     }
+    if (!sizes.empty()) profile(*mif, name, true);  // the new batch sizes' plans
     if (_repo && _repo->contains(name)) {
         try {
             _repo->save_config(name, persisted_config(*mif));
@@ -577,6 +627,7 @@ json if_manager::health() const {
             {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - _start).count()},
             {"backend", _info.backend},
             {"policy", _info.policy},
+            {"dkp", _info.dkp ? "on" : "off"},
             {"models", models},
             {"memory", memory_json()},
             {"port", {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"link_up", link.link_status != 0}}}};
@@ -637,7 +688,29 @@ json if_manager::stats(const std::string& only) const {
             {"scheduler",
              {{"policy", _info.policy}, {"submitted", ss.submitted}, {"completed_rt", ss.completed_rt},
               {"completed_be", ss.completed_be}, {"preemptions", ss.preemptions}, {"restores", ss.restores},
-              {"reexecuted_kernels", ss.reexecuted_kernels}}}};
+              {"reexecuted_kernels", ss.reexecuted_kernels}, {"dkp", dkp_json()}}}};
+}
+
+json if_manager::dkp_json() const {
+    const gpu::scheduler_stats ss = _scheduler.stats();
+    json d = {{"enabled", ss.padding}, {"padded_launches", ss.padded_launches}, {"pads_issued", ss.pads_issued}};
+    gpu::device& dev = _runtime.device();
+    if (dev.ops().padding_stats) {
+        const auto c = dev.ops().padding_stats(&dev);
+        d["pads_completed"] = c.pads_completed;
+        d["pads_cut"] = c.pads_cut;
+        d["pads_skipped"] = c.pads_skipped;
+        d["pad_blocks"] = c.pad_blocks;
+    }
+    json le = json::array(), counts = json::array();
+    uint64_t cumulative = 0;
+    for (size_t b = 0; b < std::size(gpu::select_ns_buckets); ++b) {
+        cumulative += ss.select_ns_hist[b];
+        le.push_back(double(gpu::select_ns_buckets[b]) / 1e9);
+        counts.push_back(cumulative);
+    }
+    d["selection_seconds"] = {{"le", le}, {"counts", counts}, {"sum", double(ss.select_ns_sum) / 1e9}, {"count", ss.select_count}};
+    return d;
 }
 
 void if_manager::add_if_counters(dp::counter_snapshot& s) const {

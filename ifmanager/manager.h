@@ -44,6 +44,10 @@ struct manager_info {
     // largest model file add_model reads (docs/control.md, "Memory budget").
     uint64_t memory_budget_bytes = 0;
     uint64_t max_model_file_bytes = uint64_t(1) << 30;
+    // Kernel profiles (kprof) of every model added, for DKP's rules and PREMA's estimates:
+    // measured as BE tasks through the scheduler for at most this long per add (0: none).
+    double profile_budget_ms = 0;
+    bool dkp = false;  // the scheduler pads RT kernels (health shows it)
 };
 
 // Limits on a request (docs/control.md, "Limits"). Nesting is bounded by max_json_depth
@@ -112,6 +116,10 @@ private:
     void admit(uint64_t need, const std::string& what) const;
     // The repository entry's config: every setting of the IF, compact and bounded.
     nlohmann::json persisted_config(const model_if& mif) const;
+    // Profiles the IF's plans (repository first, then measured as BE tasks) and keeps them in
+    // its repository entry when `keep`.
+    void profile(model_if& mif, const std::string& name, bool keep);
+    nlohmann::json dkp_json() const;
     // The IF's describe object with its memory (weights, host copy, instances).
     nlohmann::json describe(const model_if& mif) const;
     // health's "memory": budget, used, free, file limit.

@@ -210,11 +210,10 @@ constexpr field_spec scheduler_fields[] = {
 // always satisfies the format's invariants (buckets non-decreasing, +Inf equal to _count) even
 // when the input does not, since one inconsistent histogram would otherwise make Prometheus
 // reject the whole scrape. `counts` may carry one more entry than `le`: the +Inf bucket.
-void histogram(exposition& out, const json& h, const labels& ls) {
+void histogram(exposition& out, const json& h, const labels& ls,
+               const std::string& family = "reefline_if_latency_seconds",
+               const char* help = "Time from a request's completion in the data plane to its answer being queued.") {
     if (!h.is_object()) return;
-    static const std::string family = "reefline_if_latency_seconds";
-    static const char* help =
-        "Time from a request's completion in the data plane to its answer being queued.";
     const json& le = member(h, "le");
     const json& counts = member(h, "counts");
     std::vector<std::pair<double, double>> buckets;  // (le, cumulative count)
@@ -314,6 +313,22 @@ std::string prometheus_text(const json& stats) {
                            "Tasks completed, by class.", "", {{"class", cls}}, *v);
         for (const auto& f : scheduler_fields)
             if (std::strcmp(f.key, "submitted") != 0) out.field(s, f.key, f.family, f.type, f.help, {});
+        if (const json& d = member(s, "dkp"); d.is_object()) {
+            if (const json& on = member(d, "enabled"); on.is_boolean())
+                out.sample("reefline_dkp_enabled", "gauge", "Dynamic kernel padding is on (1) or off (0).", "", {},
+                           on.get<bool>() ? "1" : "0");
+            out.field(d, "padded_launches", "reefline_dkp_padded_launches_total", "counter",
+                      "RT kernel launches padded with BE kernels.", {});
+            out.field(d, "pad_blocks", "reefline_dkp_pad_blocks_total", "counter",
+                      "BE blocks run to their end as padding.", {});
+            for (const auto& [key, state] : {std::pair{"pads_issued", "issued"}, std::pair{"pads_completed", "completed"},
+                                             std::pair{"pads_cut", "cut"}, std::pair{"pads_skipped", "skipped"}})
+                if (auto v = value_text(member(d, key)))
+                    out.sample("reefline_dkp_pads_total", "counter",
+                               "BE kernels given as padding, by what became of them.", "", {{"state", state}}, *v);
+            histogram(out, member(d, "selection_seconds"), {}, "reefline_dkp_selection_seconds",
+                      "Time to choose the pads of one RT launch.");
+        }
     }
 
     if (auto v = value_text(member(stats, "uptime_s")))

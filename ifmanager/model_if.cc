@@ -5,6 +5,7 @@
 #include <rte_errno.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -258,6 +259,41 @@ void model_if::plan_sizes(lane& l, uint32_t max_batch) {
     l.publish_targets();
 }
 
+nlohmann::json model_if::profile(const dkp::model_profile* stored, const ml::runtime::launch_runner& run_alone,
+                                 double budget_ms, dkp::model_profile& out) {
+    std::lock_guard<std::mutex> g(_mu);
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto elapsed_ms = [&] {
+        return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    };
+    uint32_t plans = 0, reused = 0, measured = 0, skipped = 0;
+    const std::vector<int64_t> lengths = planned_lengths(_input);
+    const std::vector<int64_t> each = lengths.empty() ? std::vector<int64_t>{0} : lengths;
+    for (auto& l : _lanes)
+        for (auto& [b, in] : l->instances)
+            for (const int64_t len : each) {
+                if (len) _runtime.select_length(*in, len);
+                ++plans;
+                const auto [name, key] = _runtime.profile_name(*in);
+                const dkp::plan_profile* have = out.find(name, key);
+                if (!have && stored) have = stored->find(name, key);
+                if (have && _runtime.apply_profile(*in, *have)) {
+                    out.put(*have);
+                    ++reused;
+                    continue;
+                }
+                if (elapsed_ms() > budget_ms) {
+                    ++skipped;
+                    continue;
+                }
+                out.put(_runtime.profile(*in, 5, run_alone));
+                ++measured;
+            }
+    _profile_summary = {{"device", out.device}, {"plans", plans}, {"profiled", reused + measured}, {"measured", measured},
+                        {"from_repository", reused}, {"not_profiled", skipped}, {"ms", elapsed_ms()}};
+    return _profile_summary;
+}
+
 uint32_t model_if::queued() const {
     return rte_ring_count(_ring) + _pending.load(std::memory_order_relaxed);
 }
@@ -489,6 +525,8 @@ void model_if::dispatch(lane& l) {
     }
     t.cls = l.cls;
     t.priority = _config.settings.priority;
+    // PREMA's job length: the profiled kernels' times when the plan was profiled.
+    for (const gpu::task_launch& k : t.launches) t.est_us += k.est_us;
     lane* lp = &l;
     t.on_done = [lp](const gpu::task_result& r) {
         lp->result = r;
@@ -690,6 +728,7 @@ nlohmann::json model_if::describe() const {
     for (uint32_t ip : s.rt_sources_be) sources.push_back(ip_str(ip));
     j["rt_sources"] = sources;
     std::lock_guard<std::mutex> g(_mu);
+    j["profile"] = _profile_summary.is_null() ? nlohmann::json("not profiled") : _profile_summary;
     const lane& own = *_lanes[s.cls == gpu::task_class::rt ? 0 : 1];
     if (!own.instances.empty()) {
         const ml::instance& one = *own.instances.begin()->second;

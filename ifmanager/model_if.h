@@ -37,6 +37,7 @@
 #include "dataplane/engine.h"
 #include "dataplane/if_service.h"
 #include "dataplane/response.h"
+#include "dkp/profile.h"
 #include "libml/batching.h"
 #include "libml/libml.h"
 #include "preempt/scheduler.h"
@@ -124,6 +125,15 @@ public:
     nlohmann::json describe() const;
     nlohmann::json stats() const;
 
+    // Kernel profiles (kprof) of every planned plan: taken from `stored` (the repository's,
+    // when its device and plans match) or measured with `run_alone` (the daemon: BE tasks
+    // through the scheduler) while `budget_ms` lasts; the rest stays unprofiled (never padded
+    // nor padded with). Every profile in use is put into `out` (what the repository keeps).
+    // Returns the summary describe() shows. Call before the IF serves, or under load: it holds
+    // the IF's lock (serving skips the IF meanwhile).
+    nlohmann::json profile(const dkp::model_profile* stored, const ml::runtime::launch_runner& run_alone,
+                           double budget_ms, dkp::model_profile& out);
+
 private:
     struct lane;
     void intake(uint32_t& work);
@@ -152,6 +162,7 @@ private:
     ml::request_input _input;
     uint64_t _tsc_hz = 1;
     std::vector<rte_mbuf*> _tx_burst;  // a response's datagrams (up to the protocol's fragments)
+    nlohmann::json _profile_summary;   // the last profile() (guarded by _mu)
 
     // Settings: written by update() under _mu; the serving thread holds _mu while it polls
     // (try_lock: a long update() skips this IF for a round instead of stalling the others).

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "dataplane/crc32_if.h"
+#include "dkp/selector.h"
 #include "ifmanager/control.h"
 #include "ifmanager/byte_size.h"
 #include "ifmanager/curve_keys.h"
@@ -178,6 +179,16 @@ int main(int argc, char** argv) {
                    "file with the Z85 public keys of the clients allowed in, one per line (with --curve-secret-key)");
     app.add_option("--repo", repo_dir, "model repository directory, created if missing (default /var/lib/reefline/models as root, else ~/.reefline/models)");
     app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema")->capture_default_str();
+    std::string dkp_mode = "auto";
+    double profile_budget_ms = 10000;
+    app.add_option("--dkp", dkp_mode,
+                   "dynamic kernel padding: on, off, or auto (on with policy reef on a device that pads)")
+        ->capture_default_str()
+        ->check(CLI::IsMember({"on", "off", "auto"}));
+    app.add_option("--profile-budget-ms", profile_budget_ms,
+                   "kernel profiling (kprof, for DKP and prema) per model added: at most this long")
+        ->capture_default_str()
+        ->check(CLI::Range(0.0, 3.6e6));
     app.add_option("--backend", backend, std::string("device backend: ") + built_backends())->capture_default_str();
     int gpu_ordinal = 0;
     std::string gpu_math_name = "fp32";
@@ -250,6 +261,8 @@ int main(int argc, char** argv) {
         for (const auto& m : models) model_fields.push_back(parse_model(m, max_batch));
         if (!reefline::gpu::parse_policy(policy_name.c_str(), policy))
             throw CLI::ValidationError("--policy", "unknown policy '" + policy_name + "' (reef, rt_only, seq, streams, prema)");
+        if (dkp_mode == "on" && policy != reefline::gpu::policy::reef)
+            throw CLI::ValidationError("--dkp", "padding is part of the reef policy (--policy reef), not " + policy_name);
         if (backend != "cpu" && backend != gpu_backend)
             throw CLI::ValidationError("--backend", "backend '" + backend + "' is not built in (this build has: " + built_backends() +
                                                         (gpu_backend.empty() ? "; build with -Dcuda=enabled or -Dhip=enabled" : "") + ")");
@@ -389,7 +402,16 @@ int main(int argc, char** argv) {
             runtime = std::make_unique<reefline::ml::runtime>(*device);
             reefline::gpu::scheduler_options sopt;
             sopt.pol = policy;
+            if (dkp_mode != "off" && policy == reefline::gpu::policy::reef) {
+                if (!device->ops().launch_padded) {
+                    if (dkp_mode == "on")
+                        throw std::runtime_error("--dkp on: the " + backend + " backend does not pad launches (yet)");
+                } else {
+                    sopt.padding = std::make_shared<reefline::dkp::rules_selector>();
+                }
+            }
             scheduler = std::make_unique<reefline::gpu::scheduler>(*device, sopt);
+            const bool padding = scheduler->stats().padding;
             if (offline.empty()) repo = std::make_unique<reefline::ifm::model_repository>(repo_dir);
             if (memory_budget == 0) {
                 // Measured after the data plane took its memory. A quarter stays out of the
@@ -405,6 +427,11 @@ int main(int argc, char** argv) {
             }
             reefline::ifm::manager_info info{"0.1.0", device->caps().name, reefline::gpu::policy_name(policy)};
             info.memory_budget_bytes = memory_budget;
+            info.dkp = padding;
+            // Profiles feed DKP's rules and prema's estimates; with one compute unit nothing
+            // is ever padded (an RT kernel holds the unit), so nothing is profiled for it.
+            if ((padding && device->caps().compute_units > 1) || policy == reefline::gpu::policy::prema)
+                info.profile_budget_ms = profile_budget_ms;
             if (max_model_file) info.max_model_file_bytes = max_model_file;
             manager = std::make_unique<reefline::ifm::if_manager>(*plane, *runtime, *scheduler, repo.get(), info);
             uint16_t slot = 0;
@@ -443,9 +470,10 @@ int main(int argc, char** argv) {
             dp::eal_cleanup();
             return status;
         }
-        std::fprintf(stderr, "reefline: port %u (%s), %u rx queue(s), backend %s, policy %s%s\n", plane->eth().id(),
+        std::fprintf(stderr, "reefline: port %u (%s), %u rx queue(s), backend %s, policy %s%s%s\n", plane->eth().id(),
                      plane->eth().driver().c_str(), plane->rx_queues(), device->caps().name.c_str(),
-                     reefline::gpu::policy_name(policy), offline.empty() ? "" : ", offline");
+                     reefline::gpu::policy_name(policy), scheduler->stats().padding ? " with DKP" : "",
+                     offline.empty() ? "" : ", offline");
         const nlohmann::json started = manager->stats();
         for (const auto& f : started["ifs"])
             std::fprintf(stderr, "reefline: IF %s on UDP port %u\n", f["name"].get<std::string>().c_str(),

@@ -63,6 +63,20 @@ void model_repository::save_config(const std::string& name, const nlohmann::json
     write_atomically(model_dir(name) / "config.json", text + "\n");
 }
 
+void model_repository::save_profile(const std::string& name, const std::string& json) {
+    if (json.size() > max_profile_bytes) return;  // a profile is an optimisation: not kept when absurd
+    write_atomically(model_dir(name) / "profile.json", json);
+}
+
+std::string model_repository::load_profile(const std::string& name) const {
+    std::ifstream in(model_dir(name) / "profile.json", std::ios::binary);
+    if (!in) return {};
+    std::string text(max_profile_bytes + 1, '\0');
+    in.read(text.data(), std::streamsize(text.size()));
+    text.resize(size_t(in.gcount()));
+    return text.size() > max_profile_bytes ? std::string() : text;
+}
+
 void model_repository::remove(const std::string& name) {
     std::error_code ec;
     fs::remove_all(model_dir(name), ec);

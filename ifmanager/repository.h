@@ -1,5 +1,6 @@
 // The model repository: one directory per model, `<repo>/<model>/config.json` (the add_model
-// request that created it, as the control plane took it) and `model.onnx`. Models added
+// request that created it, as the control plane took it), `model.onnx` and `profile.json` (its
+// kernel profiles on this device, when it was profiled). Models added
 // through the control plane are written here, so a restart brings them back; removing one
 // deletes its directory. Writes go to a temporary name first and are renamed into place, so
 // a crash never leaves a half-written config that would stop the next start.
@@ -36,6 +37,11 @@ public:
                                const std::filesystem::path& onnx, std::string_view bytes);
     // Rewrites only the config (after `set`).
     void save_config(const std::string& name, const nlohmann::json& config);
+    // The entry's kernel profiles (`profile.json`, dkp/profile.h), written atomically; read
+    // back as text (empty when there is none), at most max_profile_bytes.
+    void save_profile(const std::string& name, const std::string& json);
+    std::string load_profile(const std::string& name) const;
+    static constexpr size_t max_profile_bytes = 16 << 20;
     void remove(const std::string& name);
     // Every entry with a readable config and model file; the others are reported in `problems`.
     std::vector<repository_entry> entries(std::vector<std::string>& problems) const;

@@ -3,6 +3,7 @@
 #include "libml/kernels/kernels.h"
 
 #include <chrono>
+#include <tuple>
 #include <cstring>
 #include <set>
 
@@ -302,14 +303,107 @@ void runtime::write_inputs(instance& in, std::span<const tensor> inputs) {
 
 std::vector<gpu::task_launch> runtime::task_launches(const instance& in) const {
     std::vector<gpu::task_launch> out;
-    for (const planned_launch& l : in.current_plan().launches()) {
+    const instance::variant& v = in.selected();
+    const auto& launches = in.current_plan().launches();
+    for (size_t i = 0; i < launches.size(); ++i) {
+        const planned_launch& l = launches[i];
         gpu::task_launch t;
         t.kernel = l.kernel;
         t.args = l.args;
         t.grid = l.grid;
+        if (i < v.est_us.size()) {
+            t.est_us = v.est_us[i];
+            t.occupancy = v.occupancy[i];
+        }
         out.push_back(std::move(t));
     }
     return out;
+}
+
+std::pair<std::string, std::string> runtime::profile_name(const instance& in) const {
+    const plan& p = in.current_plan();
+    std::vector<std::pair<std::string, uint32_t>> kg;
+    std::vector<size_t> sizes;
+    for (const planned_launch& l : p.launches()) {
+        kg.emplace_back(l.kernel->name ? l.kernel->name : "?", l.grid);
+        sizes.push_back(l.args.size());
+    }
+    std::string name = "b" + std::to_string(in.batch());
+    if (in.length()) name += "_l" + std::to_string(in.length());
+    return {name, dkp::plan_key(kg, sizes)};
+}
+
+dkp::plan_profile runtime::profile(instance& in, int runs, const launch_runner& run_alone) {
+    runs = std::max(1, runs);
+    const plan& p = in.current_plan();
+    // Zero inputs: kernel times do not depend on the values (no data-dependent control flow).
+    std::vector<tensor> zeros;
+    for (const tensor_location& loc : p.inputs())
+        zeros.push_back(tensor::make(loc.type, loc.shape, bytes_t(dtype_size(loc.type) * size_t(element_count(loc.shape)))));
+    write_inputs(in, zeros);
+    const std::vector<gpu::task_launch> launches = task_launches(in);
+    const gpu::device_caps caps = _device.caps();
+    dkp::plan_profile out;
+    std::tie(out.plan, out.key) = profile_name(in);
+    gpu::task_words* task = in._task;
+    for (size_t i = 0; i < launches.size(); ++i) {
+        const gpu::task_launch& l = launches[i];
+        std::vector<double> us;
+        if (run_alone) {
+            us.push_back(run_alone(std::vector<gpu::task_launch>(size_t(runs), l)) / runs);
+        } else {
+            if (task->preempt.load() != 0) _device.set_task_flag(task, 0);
+            for (int r = 0; r < runs; ++r) {
+                const auto t0 = std::chrono::steady_clock::now();
+                _device.launch(in._stream, gpu::launch{l.kernel, l.args.data(), uint32_t(l.args.size()), l.grid, 0, l.grid,
+                                                       nullptr, uint32_t(i)});
+                _device.synchronize(in._stream);
+                us.push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+            }
+        }
+        std::sort(us.begin(), us.end());
+        dkp::kernel_profile k;
+        k.kernel = l.kernel->name ? l.kernel->name : "?";
+        k.node = p.launches()[i].node;
+        k.time_us = us[us.size() / 2];
+        k.blocks = l.grid;
+        k.threads = l.kernel->threads_per_block;
+        k.registers = l.kernel->registers;
+        k.shared_bytes = l.kernel->shared_bytes;
+        k.occupancy = dkp::occupancy(*l.kernel, caps);
+        out.launches.push_back(std::move(k));
+    }
+    apply_profile(in, out);
+    return out;
+}
+
+bool runtime::select_length(instance& in, int64_t length) {
+    for (size_t k = 0; k < in._variants.size(); ++k)
+        if (in._variants[k].length == length) {
+            in._selected = k;
+            return true;
+        }
+    return false;
+}
+
+bool runtime::apply_profile(instance& in, const dkp::plan_profile& p) {
+    for (size_t k = 0; k < in._variants.size(); ++k) {
+        const size_t was = in._selected;
+        in._selected = k;
+        const auto [name, key] = profile_name(in);
+        in._selected = was;
+        if (name != p.plan) continue;
+        instance::variant& v = in._variants[k];
+        if (key != p.key || p.launches.size() != v.p->launches().size()) return false;
+        v.est_us.clear();
+        v.occupancy.clear();
+        for (const dkp::kernel_profile& l : p.launches) {
+            v.est_us.push_back(float(l.time_us));
+            v.occupancy.push_back(l.occupancy);
+        }
+        return true;
+    }
+    return false;
 }
 
 std::vector<tensor> runtime::read_outputs(const instance& in) {

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "dkp/profile.h"
 #include "libml/graph.h"
 #include "libml/kernels/decomp.h"
 #include "libml/onnx_import.h"
@@ -118,6 +120,9 @@ private:
         std::unique_ptr<plan> p;
         void* inputs = nullptr;  // host-mapped: the gather kernel or the caller fills it
         size_t inputs_size = 0;
+        // From the plan's kernel profile (apply_profile), per launch; empty: not profiled.
+        std::vector<float> est_us;
+        std::vector<uint32_t> occupancy;
     };
     const variant& selected() const { return _variants[_selected]; }
     void free_variants();
@@ -186,6 +191,23 @@ public:
     // After a sequence batch: per request, the first token outside the vocabulary (position
     // -1: none).
     std::vector<kernels::token_error> token_errors(const instance& in) const;
+    // Kernel profiles (kprof; dkp/profile.h). profile_name: the name and key the selected plan
+    // of `in` is profiled under ("b4" or "b4_l32"; the key changes when the plan does).
+    std::pair<std::string, std::string> profile_name(const instance& in) const;
+    // Measures every launch of the selected plan alone on the device: each launch `runs`
+    // times back to back after the launches before it ran once (a kernel reads what they
+    // wrote), median per launch. `run_alone`, when given, runs launches instead of the
+    // device directly and returns their time in microseconds: the daemon submits them to the
+    // scheduler as BE tasks, so that RT traffic preempts profiling.
+    using launch_runner = std::function<double(std::vector<gpu::task_launch>)>;
+    dkp::plan_profile profile(instance& in, int runs = 5, const launch_runner& run_alone = {});
+    // Gives the instance's plan of that name its launches' profiled time and occupancy, which
+    // task_launches() then carries (DKP's rules, PREMA's estimates). False (nothing applied)
+    // when the profile's key or launch count does not match the plan.
+    bool apply_profile(instance& in, const dkp::plan_profile& p);
+    // Selects the plan of a sequence instance at `length` (what profile() and task_launches()
+    // use). False when the instance has no plan at that length.
+    bool select_length(instance& in, int64_t length);
     // The same, synchronising after every launch: `launch_ms[i]` is launch i's time. For
     // profiles (kprof) and finding hot kernels; slower than infer_batch.
     void infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,

@@ -157,8 +157,42 @@ struct alignas(64) slot {
     uint32_t kernel_index = 0;
     std::unique_ptr<unsigned char, aligned_deleter> heap;  // args above kInlineArgs, reused
     size_t heap_cap = 0;
+    // DKP: the pads of this launch (entries of the device's pad pool and their generations).
+    uint32_t n_pads = 0;
+    uint32_t pad_ids[4] = {};
+    uint32_t pad_gens[4] = {};
     alignas(64) unsigned char inline_args[kInlineArgs];
 };
+
+constexpr uint32_t kMaxPadsPerLaunch = 4;
+constexpr uint32_t kPadPool = 64;
+
+// A pad (DKP) in the device's pool. Its life: allocated by launch_padded (generation + 1, the
+// owner's `pads` + 1), blocks claimed by workers that find its RT launch with nothing left to
+// hand out, ended by its RT launch's end (cut) or by its last block (finished), freed by
+// whoever sees it ended with no worker inside (the owner's `pads` - 1). `state` packs the
+// generation, the workers inside and the ended bits, so that a worker holding a stale id can
+// never enter a reused entry, and the entry is never reused while a worker is inside.
+struct alignas(64) pad_entry {
+    // (generation << 32) | (workers inside << 3) | freed (4) | finished (2) | cut (1)
+    std::atomic<uint64_t> state{0};
+    std::atomic<uint32_t> next{0};     // blocks handed out
+    std::atomic<uint32_t> done{0};     // blocks that ran to their end
+    std::atomic<uint32_t> check{0};    // 0: not yet decided, 1: runs, 2: skipped, 3: deciding
+    std::atomic<uint32_t> failed{0};   // a block stopped at a check point
+    std::atomic<uint32_t> running{0};  // counted in the owner's pads_running (1 until it can run no block)
+    task_words words{};                // the blocks' flag: raised when the pad is cut
+    cpu_block_fn fn = nullptr;
+    task_words* owner = nullptr;
+    uint32_t grid = 0, offset = 0, count = 0, kernel_index = 0;
+    std::unique_ptr<unsigned char, aligned_deleter> heap;
+    size_t heap_cap = 0;
+    const void* args = nullptr;
+    alignas(64) unsigned char inline_args[kInlineArgs];
+};
+
+constexpr uint64_t kPadCut = 1, kPadFinished = 2, kPadFreed = 4, kPadOne = 8;
+constexpr uint64_t kPadInside = 0xffffffffull & ~uint64_t{7};
 
 struct cpu_device_state;
 
@@ -200,6 +234,7 @@ struct claimed {
     cpu_stream* s;
     slot* sl;
     uint32_t unit;
+    pad_entry* pad = nullptr;  // a pad block: unit is the block within the pad's slice
 };
 
 struct cpu_device_state {
@@ -222,6 +257,12 @@ struct cpu_device_state {
     // launch's task pointer just before the launch finished may still load its flag, so the
     // memory must stay valid (a stale flag is harmless: the claim CAS then fails).
     std::vector<task_words*> recycled;
+
+    // DKP: the pad pool (entries are never freed before the device) and its free list.
+    std::unique_ptr<pad_entry[]> pads;
+    std::vector<uint32_t> free_pads;  // guarded by mu
+    std::atomic<uint64_t> padded_launches{0}, pads_accepted{0}, pads_completed{0}, pads_cut{0},
+        pads_skipped{0}, pad_blocks{0};
 };
 
 cpu_device_state* state_of(const device* d) { return static_cast<cpu_device_state*>(d->state()); }
@@ -258,8 +299,142 @@ void account(cpu_device_state* d, cpu_stream* s, slot& sl, uint32_t n) {
     if (sl.done.fetch_add(n, std::memory_order_acq_rel) + n == units) finish_launch(d, s, &sl);
 }
 
+// ---- DKP pads ----
+
+// The pad can run no block any more (finished, or freed after a cut): its owner's next pad
+// may start.
+void pad_stop_running(pad_entry& p) {
+    if (p.running.exchange(0, std::memory_order_acq_rel) == 1) p.owner->pads_running.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+// Frees an ended entry with no worker inside, once (the owner may restore after this).
+void pad_maybe_free(cpu_device_state* d, uint32_t id, uint64_t st) {
+    pad_entry& p = d->pads[id];
+    for (;;) {
+        if ((st & (kPadCut | kPadFinished)) == 0 || (st & kPadInside) != 0 || (st & kPadFreed)) return;
+        if (p.state.compare_exchange_weak(st, st | kPadFreed, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+    }
+    pad_stop_running(p);
+    p.owner->pads.fetch_sub(1, std::memory_order_acq_rel);
+    std::lock_guard lk(d->mu);
+    d->free_pads.push_back(id);
+}
+
+// Ends a pad (its RT launch ended): no more blocks; running ones stop at their next check.
+void pad_cut(cpu_device_state* d, uint32_t id, uint32_t gen) {
+    pad_entry& p = d->pads[id];
+    uint64_t st = p.state.load(std::memory_order_acquire);
+    for (;;) {
+        if ((st >> 32) != gen || (st & (kPadCut | kPadFinished))) return;
+        if (p.state.compare_exchange_weak(st, st | kPadCut, std::memory_order_acq_rel, std::memory_order_acquire)) break;
+    }
+    p.words.preempt.store(1, std::memory_order_release);
+    if (p.check.load(std::memory_order_acquire) == 1 && p.done.load(std::memory_order_acquire) < p.count)
+        d->pads_cut.fetch_add(1, std::memory_order_relaxed);
+    pad_maybe_free(d, id, st | kPadCut);
+}
+
+// A worker leaves an entry it entered.
+void pad_leave(cpu_device_state* d, uint32_t id) {
+    const uint64_t st = d->pads[id].state.fetch_sub(kPadOne, std::memory_order_acq_rel) - kPadOne;
+    pad_maybe_free(d, id, st);
+}
+
+// Claims a block of one of the slot's pads (the slot's launch `id` has no block left to hand
+// out). False when none is available.
+bool try_claim_pad(cpu_device_state* d, slot& sl, uint32_t launch_id, claimed& c) {
+    const uint32_t n = std::min(sl.n_pads, kMaxPadsPerLaunch);
+    uint32_t ids[kMaxPadsPerLaunch], gens[kMaxPadsPerLaunch];
+    for (uint32_t i = 0; i < n; ++i) {
+        ids[i] = sl.pad_ids[i];
+        gens[i] = sl.pad_gens[i];
+    }
+    // The slot may have moved on while we read: its claim word names the launch it holds.
+    if ((sl.claim.load(std::memory_order_acquire) >> 32) != launch_id) return false;
+    for (uint32_t i = 0; i < n; ++i) {
+        pad_entry& p = d->pads[ids[i]];
+        uint64_t st = p.state.load(std::memory_order_acquire);
+        bool inside = false;
+        for (;;) {
+            if ((st >> 32) != gens[i] || (st & (kPadCut | kPadFinished | kPadFreed))) break;
+            if (p.state.compare_exchange_weak(st, st + kPadOne, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                inside = true;
+                break;
+            }
+        }
+        if (!inside) continue;
+        // Decided once, by the first worker in: the owner must be at this kernel, with no
+        // other pad of it still able to run a block (an earlier one, cut, whose blocks are on
+        // their way out). Pads of one owner ride different RT launches, and only the head
+        // launch's pads are claimed: two never decide at once.
+        uint32_t chk = p.check.load(std::memory_order_acquire);
+        if (chk == 0) {
+            uint32_t expect = 0;
+            if (p.check.compare_exchange_strong(expect, 3, std::memory_order_acq_rel)) {  // 3: deciding
+                const bool ok = p.owner->pads_running.load(std::memory_order_acquire) == 0 &&
+                                p.owner->completed.load(std::memory_order_acquire) == p.kernel_index;
+                if (ok) {
+                    p.running.store(1, std::memory_order_relaxed);
+                    p.owner->pads_running.fetch_add(1, std::memory_order_acq_rel);
+                } else {
+                    d->pads_skipped.fetch_add(1, std::memory_order_relaxed);
+                    uint64_t s2 = p.state.load(std::memory_order_acquire);
+                    while (!(s2 & kPadCut) &&
+                           !p.state.compare_exchange_weak(s2, s2 | kPadCut, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                    }
+                }
+                chk = ok ? 1u : 2u;
+                p.check.store(chk, std::memory_order_release);
+            } else {
+                chk = expect;  // 1 runs, 2 skipped, 3 another worker is deciding: not yet
+            }
+        }
+        if (chk == 1) {
+            const uint32_t b = p.next.fetch_add(1, std::memory_order_acq_rel);
+            if (b < p.count && p.words.preempt.load(std::memory_order_acquire) == 0) {
+                c.pad = &p;
+                c.unit = b;
+                return true;
+            }
+        }
+        pad_leave(d, ids[i]);
+    }
+    return false;
+}
+
+void run_pad_block(cpu_device_state* d, worker& w, const claimed& c) {
+    pad_entry& p = *c.pad;
+    const uint32_t id = static_cast<uint32_t>(&p - d->pads.get());
+    block_context ctx{p.offset + c.unit, p.grid, w.id, &p.words, w.scratch, w.scratch ? d->options.scratch_per_unit : 0};
+    const bool ok = !ctx.preempted() && p.fn(p.args, ctx);
+    if (!ok) {
+        p.failed.store(1, std::memory_order_release);
+    } else {
+        d->pad_blocks.fetch_add(1, std::memory_order_relaxed);
+        if (p.done.fetch_add(1, std::memory_order_acq_rel) + 1 == p.count && p.failed.load(std::memory_order_acquire) == 0) {
+            // Every block ran: the pad ends finished unless its cut came first.
+            uint64_t st = p.state.load(std::memory_order_acquire);
+            bool finished = false;
+            while (!(st & kPadCut)) {
+                if (p.state.compare_exchange_weak(st, st | kPadFinished, std::memory_order_acq_rel, std::memory_order_acquire)) {
+                    finished = true;
+                    break;
+                }
+            }
+            if (finished) {
+                // No block is left to run: the owner's next pad may start once the counter moved.
+                d->pads_completed.fetch_add(1, std::memory_order_relaxed);
+                pad_stop_running(p);
+                p.owner->completed.store(p.kernel_index + 1, std::memory_order_release);
+            }
+        }
+    }
+    pad_leave(d, id);
+}
+
 // Claims one block of the stream's head launch, if it has one left. Head launches of flagged
-// tasks met on the way are evicted.
+// tasks met on the way are evicted. When the head launch has no block left to hand out but
+// carries pads, a pad block instead (DKP).
 bool try_claim(cpu_device_state* d, cpu_stream* s, claimed& c) {
     for (;;) {
         const uint64_t h = s->head.load(std::memory_order_seq_cst);
@@ -274,12 +449,18 @@ bool try_claim(cpu_device_state* d, cpu_stream* s, claimed& c) {
         for (;;) {
             if ((cw >> 32) != id) return false;  // stale head: the slot moved on
             const uint32_t left = static_cast<uint32_t>(cw);
-            if (left == 0) return false;         // all dispatched; the next launch waits for it
+            if (left == 0) {                     // all dispatched; the next launch waits for it
+                if (sl.n_pads == 0 || !try_claim_pad(d, sl, static_cast<uint32_t>(id), c)) return false;
+                c.s = s;
+                c.sl = &sl;
+                return true;
+            }
             if (sl.claim.compare_exchange_weak(cw, cw - 1, std::memory_order_acq_rel,
                                                std::memory_order_acquire)) {
                 c.s = s;
                 c.sl = &sl;
                 c.unit = sl.units.load(std::memory_order_relaxed) - left;
+                c.pad = nullptr;
                 return true;
             }
         }
@@ -313,6 +494,9 @@ bool scan(cpu_device_state* d, worker& w, claimed& c) {
 // head. Queued launches of flagged tasks behind it are evicted at once, in the same loop.
 void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl) {
     for (;;) {
+        // DKP: the pads end with their launch, before anyone can see it completed (a task
+        // restored once the RT work is seen done must find no pad that could still start).
+        for (uint32_t i = 0; i < sl->n_pads; ++i) pad_cut(d, sl->pad_ids[i], sl->pad_gens[i]);
         task_words* task = sl->task.load(std::memory_order_relaxed);
         if (task && sl->failed.load(std::memory_order_relaxed) == 0)
             task->completed.store(sl->kernel_index + 1, std::memory_order_release);
@@ -333,7 +517,8 @@ void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl) {
         }
         // The next launch became runnable. This worker takes one block itself when it scans
         // again; wake sleepers for the others.
-        const uint32_t units = next.units.load(std::memory_order_relaxed);
+        // (A padded launch wakes them all: its pads take the units its own blocks leave.)
+        const uint32_t units = next.n_pads ? UINT32_MAX : next.units.load(std::memory_order_relaxed);
         d->work_seq.fetch_add(1, std::memory_order_seq_cst);
         const uint32_t sleeping = d->sleepers.load(std::memory_order_seq_cst);
         if (sleeping != 0 && units > 1) wake_word(d->work_seq, std::min(sleeping, units - 1));
@@ -342,6 +527,7 @@ void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl) {
 }
 
 void run_claimed(cpu_device_state* d, worker& w, const claimed& c) {
+    if (c.pad) return run_pad_block(d, w, c);
     slot& sl = *c.sl;
     uint32_t accounted = 1;
     bool ok = true;
@@ -550,17 +736,91 @@ void op_stream_destroy(device* dev, stream* st) {
     publish_list(d);
 }
 
-void op_launch(device* dev, stream* st, const launch& l) {
-    cpu_device_state* d = state_of(dev);
-    cpu_stream* s = as_cpu(st);
-    if (!s || !l.kernel || !l.kernel->cpu)
-        throw std::invalid_argument("cpu device: launch without a stream or a cpu kernel");
+void check_launch(const cpu_device_state* d, const launch& l) {
+    if (!l.kernel || !l.kernel->cpu) throw std::invalid_argument("cpu device: launch without a cpu kernel");
     if (l.block_offset > l.grid || l.block_count > l.grid - l.block_offset)
         throw std::invalid_argument(std::string("cpu device: block slice outside the grid of ") +
                                     (l.kernel->name ? l.kernel->name : "?"));
     if (l.args_size != 0 && !l.args) throw std::invalid_argument("cpu device: args_size without args");
     if (l.kernel->scratch_bytes > d->options.scratch_per_unit)
         throw std::invalid_argument("cpu device: kernel needs more scratch than a compute unit has");
+}
+
+// Copies a launch's argument bytes into inline storage or a reused heap buffer.
+const void* keep_args(const launch& l, unsigned char* inline_args,
+                      std::unique_ptr<unsigned char, aligned_deleter>& heap, size_t& heap_cap) {
+    if (l.args_size <= kInlineArgs) {
+        if (l.args_size) std::memcpy(inline_args, l.args, l.args_size);
+        return inline_args;
+    }
+    if (heap_cap < l.args_size) {
+        heap.reset(static_cast<unsigned char*>(aligned_bytes(l.args_size)));
+        heap_cap = round_up(l.args_size, kAlign);
+    }
+    std::memcpy(heap.get(), l.args, l.args_size);
+    return heap.get();
+}
+
+void enqueue(cpu_device_state* d, cpu_stream* s, const launch& l, const launch* pads, uint32_t n_pads);
+
+void op_launch(device* dev, stream* st, const launch& l) { enqueue(state_of(dev), as_cpu(st), l, nullptr, 0); }
+
+void op_launch_padded(device* dev, stream* st, const launch& l, const launch* pads, uint32_t n_pads) {
+    enqueue(state_of(dev), as_cpu(st), l, pads, n_pads);
+}
+
+device_ops::padding_counters op_padding_stats(const device* dev) {
+    const cpu_device_state* d = state_of(dev);
+    device_ops::padding_counters c;
+    c.padded_launches = d->padded_launches.load(std::memory_order_relaxed);
+    c.pads = d->pads_accepted.load(std::memory_order_relaxed);
+    c.pads_completed = d->pads_completed.load(std::memory_order_relaxed);
+    c.pads_cut = d->pads_cut.load(std::memory_order_relaxed);
+    c.pads_skipped = d->pads_skipped.load(std::memory_order_relaxed);
+    c.pad_blocks = d->pad_blocks.load(std::memory_order_relaxed);
+    return c;
+}
+
+void enqueue(cpu_device_state* d, cpu_stream* s, const launch& l, const launch* pads, uint32_t n_pads) {
+    if (!s) throw std::invalid_argument("cpu device: launch without a stream");
+    check_launch(d, l);
+    for (uint32_t i = 0; i < n_pads; ++i) {
+        check_launch(d, pads[i]);
+        if (!pads[i].task) throw std::invalid_argument("cpu device: a pad without task words");
+    }
+    // Pads take entries of the pool; a pad that finds none is dropped (it would only have
+    // used idle units).
+    uint32_t pad_ids[kMaxPadsPerLaunch], pad_gens[kMaxPadsPerLaunch], kept = 0;
+    if (n_pads) {
+        std::lock_guard lk(d->mu);
+        for (uint32_t i = 0; i < n_pads && kept < kMaxPadsPerLaunch && !d->free_pads.empty(); ++i) {
+            const uint32_t id = d->free_pads.back();
+            d->free_pads.pop_back();
+            pad_entry& p = d->pads[id];
+            const launch& pl = pads[i];
+            const uint32_t gen = static_cast<uint32_t>(p.state.load(std::memory_order_relaxed) >> 32) + 1;
+            p.fn = pl.kernel->cpu;
+            p.owner = pl.task;
+            p.grid = pl.grid;
+            p.offset = pl.block_offset;
+            p.count = pl.block_count;
+            p.kernel_index = pl.kernel_index;
+            p.args = keep_args(pl, p.inline_args, p.heap, p.heap_cap);
+            p.next.store(0, std::memory_order_relaxed);
+            p.done.store(0, std::memory_order_relaxed);
+            p.check.store(0, std::memory_order_relaxed);
+            p.failed.store(0, std::memory_order_relaxed);
+            p.running.store(0, std::memory_order_relaxed);
+            p.words.preempt.store(0, std::memory_order_relaxed);
+            pl.task->pads.fetch_add(1, std::memory_order_acq_rel);
+            p.state.store(uint64_t{gen} << 32, std::memory_order_release);
+            pad_ids[kept] = id;
+            pad_gens[kept] = gen;
+            ++kept;
+        }
+        d->padded_launches.fetch_add(kept ? 1 : 0, std::memory_order_relaxed);
+        d->pads_accepted.fetch_add(kept, std::memory_order_relaxed);
+    }
 
     std::unique_lock lk(s->producer);
     const uint64_t t = s->tail.load(std::memory_order_relaxed);
@@ -574,16 +834,13 @@ void op_launch(device* dev, stream* st, const launch& l) {
     sl.offset = l.block_offset;
     sl.count = l.block_count;
     sl.kernel_index = l.kernel_index;
-    if (l.args_size <= kInlineArgs) {
-        if (l.args_size) std::memcpy(sl.inline_args, l.args, l.args_size);
-        sl.args = sl.inline_args;
-    } else {
-        if (sl.heap_cap < l.args_size) {
-            sl.heap.reset(static_cast<unsigned char*>(aligned_bytes(l.args_size)));
-            sl.heap_cap = round_up(l.args_size, kAlign);
-        }
-        std::memcpy(sl.heap.get(), l.args, l.args_size);
-        sl.args = sl.heap.get();
+    sl.args = keep_args(l, sl.inline_args, sl.heap, sl.heap_cap);
+    sl.n_pads = kept;
+    uint32_t pad_blocks = 0;
+    for (uint32_t i = 0; i < kept; ++i) {
+        sl.pad_ids[i] = pad_ids[i];
+        sl.pad_gens[i] = pad_gens[i];
+        pad_blocks += d->pads[pad_ids[i]].count;
     }
     const uint32_t units = std::max<uint32_t>(1, l.block_count);
     sl.units.store(units, std::memory_order_relaxed);
@@ -598,7 +855,7 @@ void op_launch(device* dev, stream* st, const launch& l) {
     if (at_head) {
         d->work_seq.fetch_add(1, std::memory_order_seq_cst);
         const uint32_t sleeping = d->sleepers.load(std::memory_order_seq_cst);
-        if (sleeping != 0) wake_word(d->work_seq, std::min(sleeping, units));
+        if (sleeping != 0) wake_word(d->work_seq, std::min(sleeping, units + pad_blocks));
     }
 }
 
@@ -678,6 +935,8 @@ task_words* op_task_words_create(device* dev) {
     }
     w->preempt.store(0, std::memory_order_relaxed);
     w->completed.store(0, std::memory_order_relaxed);
+    w->pads.store(0, std::memory_order_relaxed);
+    w->pads_running.store(0, std::memory_order_relaxed);
     return w;
 }
 
@@ -715,6 +974,8 @@ const device_ops cpu_ops = {
     op_task_words_create,
     op_task_words_destroy,
     op_task_flag_set,
+    op_launch_padded,
+    op_padding_stats,
 };
 
 }  // namespace
@@ -731,6 +992,8 @@ std::unique_ptr<device> make_cpu_device(const cpu_device_options& options) {
     d->units = units;
     d->workers = std::make_unique<worker[]>(units);
     d->list.store(new stream_list);
+    d->pads = std::make_unique<pad_entry[]>(kPadPool);
+    for (uint32_t i = kPadPool; i-- > 0;) d->free_pads.push_back(i);
     auto dev = std::make_unique<device>(&cpu_ops, d);  // its destructor stops what started
     for (uint32_t i = 0; i < units; ++i) {
         d->workers[i].id = i;

@@ -39,6 +39,8 @@ enum class memory_kind : uint8_t {
 struct alignas(64) task_words {
     std::atomic<uint32_t> preempt;    // non-zero: every launch of the task exits at its next check
     std::atomic<uint32_t> completed;  // kernels of the task completed, in order (index + 1)
+    std::atomic<uint32_t> pads;       // DKP: pads of the task queued or running (0: none can run)
+    std::atomic<uint32_t> pads_running;  // DKP: pads of the task that started and may run a block
 };
 
 // Handed to every block: where it is, and how to check the preemption flag.
@@ -132,6 +134,30 @@ struct device_ops {
     // the task's blocks see it within microseconds; lowering returns when every launch made
     // after it will read 0 (restore relaunches the task right after).
     void (*task_flag_set)(device* d, task_words* w, uint32_t value);
+
+    // Dynamic kernel padding (DKP); null on a backend without it. Queues `l` on `s` as launch()
+    // does, with `pads`: kernels of other (preempted) tasks that run on the compute units `l`
+    // leaves idle. A unit takes a pad's block only when `l` has no block left to hand out, and
+    // only while `l` runs: when its last block ends, the pads' undispatched blocks are dropped
+    // and their running blocks stop at their next check point, so padding holds no unit past
+    // the RT kernel by more than a check-point interval. A pad runs at all only if, when its
+    // first block is claimed, its task's counter equals its kernel_index (the kernel before it
+    // completed) and no other pad of the task is still running: a task's pads run in order and
+    // never beside a cut one. A pad whose every block ran sets its task's counter to
+    // kernel_index + 1; a cut one sets nothing (the task restores from it: kernels are
+    // idempotent). While a pad is queued or may run, its task's `pads` word is non-zero: a
+    // task must not restore before it is 0. Pads beyond what the device can hold are dropped.
+    void (*launch_padded)(device* d, stream* s, const struct launch& l, const struct launch* pads, uint32_t n_pads);
+    // What padding did so far (zeros without DKP).
+    struct padding_counters {
+        uint64_t padded_launches = 0;  // launches that carried pads
+        uint64_t pads = 0;             // pads accepted
+        uint64_t pads_completed = 0;   // pads whose every block ran
+        uint64_t pads_cut = 0;         // pads started but stopped at the end of their RT launch
+        uint64_t pads_skipped = 0;     // pads not run: their task was not at their kernel
+        uint64_t pad_blocks = 0;       // blocks run to their end as padding
+    };
+    padding_counters (*padding_stats)(const device* d);
 };
 
 class device {

@@ -675,6 +675,8 @@ const device_ops gpu_ops = {
     op_task_words_create,
     op_task_words_destroy,
     op_task_flag_set,
+    nullptr,  // launch_padded: not on GPUs yet
+    nullptr,  // padding_stats
 };
 
 std::unique_ptr<device> make_device(const gpu_device_options& options) {

@@ -66,6 +66,12 @@ struct scheduler::vhq {
     std::unique_ptr<std::vector<launch>> pending;  // launches not yet submitted
     size_t head = 0;                               // next entry of *pending
     uint32_t submitted = 0;                        // kernels submitted (index of the next + 0)
+    // DKP, for a preempted BE task: the last pad issued (its kernel index, and the RT task
+    // and RT kernel it rode on).
+    bool pad_pending = false;
+    uint32_t pad_kernel = 0;
+    const record* pad_rt_task = nullptr;
+    uint32_t pad_rt_kernel = 0;
 };
 
 scheduler::scheduler(device& dev, scheduler_options options) : _dev(dev), _opt(options) {
@@ -82,7 +88,12 @@ scheduler::scheduler(device& dev, scheduler_options options) : _dev(dev), _opt(o
         return q;
     };
     const bool wide = _opt.pol == policy::streams;
-    _rt = make_q(caps.highest_priority, depth);
+    // DKP needs the device's padded launch and picks pads per RT launch, as each is issued:
+    // two RT launches outstanding keep the device busy (the next one is queued while one
+    // runs) and let each pick from what the BE queues offer then.
+    if (_opt.pol != policy::reef || !_dev.ops().launch_padded) _opt.padding.reset();
+    _rt = make_q(caps.highest_priority, _opt.padding ? std::min<uint32_t>(2, depth) : depth);
+    _stats.padding = _opt.padding != nullptr;
     for (uint32_t i = 0; i < _opt.be_queues; ++i)
         _be.push_back(make_q(caps.lowest_priority, wide ? depth : _opt.vhq_capacity));
     _reclaimer = std::thread([this] { reclaim_loop(); });
@@ -211,7 +222,9 @@ void scheduler::start_task(vhq& q, record* r) {
     q.head = 0;
     q.submitted = 0;
     q.st = vhq::state::running;
-    pump(q);
+    q.pad_pending = false;
+    if (&q == _rt.get() && _opt.padding) pump_padded(q);
+    else pump(q);
 }
 
 void scheduler::pump(vhq& q) {
@@ -226,17 +239,116 @@ void scheduler::pump(vhq& q) {
             ++q.submitted;
         }
     } catch (const std::exception&) {
-        // The device refused a launch: stop the task's launches already queued, wait for the
-        // stream (a rare error path), fail the task. The flag stays raised until the vHQ's
-        // next task starts (on a drained stream).
-        raise_flag(q);
-        q.pending.reset();
-        _dev.synchronize(q.s);
-        record* r = q.cur;
-        r->res.completed_kernels = std::min(q.w->completed.load(std::memory_order_acquire), r->res.kernels);
-        q.cur = nullptr;
-        q.st = vhq::state::idle;
-        finish(r, task_status::failed);
+        fail_launches(q);
+    }
+}
+
+void scheduler::fail_launches(vhq& q) {
+    // The device refused a launch: stop the task's launches already queued, wait for the
+    // stream (a rare error path), fail the task. The flag stays raised until the vHQ's next
+    // task starts (on a drained stream).
+    raise_flag(q);
+    q.pending.reset();
+    _dev.synchronize(q.s);
+    record* r = q.cur;
+    r->res.completed_kernels = std::min(q.w->completed.load(std::memory_order_acquire), r->res.kernels);
+    q.cur = nullptr;
+    q.st = vhq::state::idle;
+    finish(r, task_status::failed);
+}
+
+void scheduler::pump_padded(vhq& rt) {
+    if (rt.st != vhq::state::running || !rt.pending) return;
+    std::vector<launch>& p = *rt.pending;
+    const uint32_t units = _dev.caps().compute_units;
+    constexpr uint32_t max_pads = 4;
+    try {
+        while (rt.head < p.size()) {
+            const uint32_t done = rt.w->completed.load(std::memory_order_acquire);
+            if (rt.submitted - done >= rt.cap) break;
+            const launch& l = p[rt.head];
+            const task_launch& rk = rt.cur->t.launches[l.kernel_index];
+            // Offers: each preempted BE task whose stream has drained and whose pads have all
+            // ended offers its next kernel: beside the pad it last got, if that pad's RT launch
+            // has not ended yet, else where its counter stands.
+            pad_candidate cand[16];
+            vhq* owner[16];
+            uint32_t next_kernel[16];
+            uint32_t n = 0;
+            const int64_t t0 = now_ns();
+            for (auto& qp : _be) {
+                vhq& q = *qp;
+                // A BE task waiting at the head of its queue offers its first kernel: it starts
+                // as if preempted before its first launch (REEF pads from the queues' heads).
+                if (q.st == vhq::state::idle && !q.waiting.empty()) {
+                    record* r = q.waiting.front();
+                    q.waiting.pop_front();
+                    q.cur = r;
+                    if (r->res.start_ns == 0) r->res.start_ns = now_ns();
+                    lower_flag(q);
+                    q.w->completed.store(0, std::memory_order_seq_cst);
+                    q.pending.reset();
+                    q.head = 0;
+                    q.submitted = 0;
+                    q.pad_pending = false;
+                    _dev.ops().event_record(&_dev, q.drain, q.s);
+                    q.st = vhq::state::preempted;
+                }
+                if (n == std::size(cand) || q.st != vhq::state::preempted || !q.cur) continue;
+                uint32_t k;
+                const bool rode_ahead = q.pad_pending && q.pad_rt_task == rt.cur && done <= q.pad_rt_kernel;
+                if (rode_ahead) {
+                    // Its last pad rides a launch that has not ended: the next kernel if that
+                    // pad has started (it will likely complete), else the same one again (an
+                    // RT kernel may end before a unit takes its pad; a copy of a pad that did
+                    // complete is skipped by the device).
+                    const bool started = q.w->completed.load(std::memory_order_acquire) > q.pad_kernel ||
+                                         q.w->pads_running.load(std::memory_order_acquire) != 0;
+                    k = started ? q.pad_kernel + 1 : q.pad_kernel;
+                } else {
+                    if (q.w->pads.load(std::memory_order_acquire) != 0) continue;
+                    if (!_dev.ops().event_query(&_dev, q.drain)) continue;
+                    k = q.w->completed.load(std::memory_order_acquire);
+                }
+                if (k >= q.cur->t.launches.size()) continue;
+                cand[n] = {&q.cur->t.launches[k], uint32_t(&qp - _be.data())};
+                owner[n] = &q;
+                next_kernel[n] = k;
+                ++n;
+            }
+            uint32_t chosen[max_pads];
+            const uint32_t m = n ? _opt.padding->select(rk, units, cand, n, chosen, max_pads) : 0;
+            const int64_t sel_ns = now_ns() - t0;
+            launch pads[max_pads];
+            for (uint32_t i = 0; i < m; ++i) {
+                vhq& q = *owner[chosen[i]];
+                const task_launch& k = *cand[chosen[i]].kernel;
+                pads[i] = launch{k.kernel, k.args.empty() ? nullptr : k.args.data(), static_cast<uint32_t>(k.args.size()),
+                                 k.grid, 0, k.grid, q.w, next_kernel[chosen[i]]};
+                q.pad_pending = true;
+                q.pad_kernel = next_kernel[chosen[i]];
+                q.pad_rt_task = rt.cur;
+                q.pad_rt_kernel = l.kernel_index;
+            }
+            if (m) _dev.ops().launch_padded(&_dev, rt.s, l, pads, m);
+            else _dev.launch(rt.s, l);
+            ++rt.head;
+            ++rt.submitted;
+            if (n) {
+                std::lock_guard lk(_st_mu);
+                ++_stats.select_count;
+                _stats.select_ns_sum += uint64_t(sel_ns);
+                size_t b = 0;
+                while (b < std::size(select_ns_buckets) && sel_ns > int64_t(select_ns_buckets[b])) ++b;
+                ++_stats.select_ns_hist[b];
+                if (m) {
+                    ++_stats.padded_launches;
+                    _stats.pads_issued += m;
+                }
+            }
+        }
+    } catch (const std::exception&) {
+        fail_launches(rt);
     }
 }
 
@@ -276,6 +388,9 @@ void scheduler::preempt(vhq& q) {
 bool scheduler::try_restore(vhq& q) {
     if (q.st != vhq::state::preempted) return false;
     if (!_dev.ops().event_query(&_dev, q.drain)) return false;
+    // A pad of the task may still run a block (DKP): its writes must end before a restore.
+    if (q.w->pads.load(std::memory_order_acquire) != 0) return false;
+    q.pad_pending = false;
     record* r = q.cur;
     const uint32_t done = q.w->completed.load(std::memory_order_acquire);
     const uint64_t lost = q.submitted - done;
@@ -337,10 +452,11 @@ bool scheduler::step_reef() {
             if (go) {
                 record* r = rt.waiting.front();
                 rt.waiting.pop_front();
-                start_task(rt, r);
+                start_task(rt, r);  // (pumps unpadded; the loop below pads what is left)
             }
         }
-        pump(rt);
+        if (_opt.padding) pump_padded(rt);
+        else pump(rt);
         if (!rt_busy(rt)) _rt_mode = false;
     }
     if (!_rt_mode) {
@@ -569,6 +685,9 @@ void scheduler::cancel_all() {
     }
     for (vhq* q : all) {
         _dev.synchronize(q->s);
+        // Pads (DKP) end with their RT launches; a cut one's running blocks stop at their
+        // next check point: wait for them before the task's memory may go.
+        while (q->w->pads.load(std::memory_order_acquire) != 0) std::this_thread::yield();
         if (q->cur) {
             record* r = q->cur;
             q->cur = nullptr;

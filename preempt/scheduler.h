@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -77,10 +78,13 @@ const char* policy_name(policy p);
 bool parse_policy(const char* s, policy& out);
 
 // One kernel launch of a task (the whole grid). `args` is the kernel's argument struct.
+// est_us and occupancy come from the kernel's profile on this device (kprof; 0: unknown).
 struct task_launch {
     const kernel_info* kernel = nullptr;
     std::vector<std::byte> args;
     uint32_t grid = 1;
+    float est_us = 0;        // time of the whole grid alone on the device
+    uint32_t occupancy = 0;  // blocks one compute unit holds at once
 
     template <typename A>
     static task_launch make(const kernel_info* k, const A& a, uint32_t grid) {
@@ -119,6 +123,24 @@ struct task {
     std::function<void(const task_result&)> on_done;
 };
 
+// Dynamic kernel padding (DKP): what a BE queue offers to pad an RT kernel with (the next
+// kernel of its preempted task), and the policy that chooses among the offers (dkp/ builds
+// it: REEF's rules 1 and 2). The scheduler calls select() once per RT launch, on its own
+// thread; it must be fast (REEF: 0.2-0.4 us).
+struct pad_candidate {
+    const task_launch* kernel;
+    uint32_t queue;  // BE queue index
+};
+
+class pad_selector {
+public:
+    virtual ~pad_selector() = default;
+    // Writes the indices (into `candidates`) of the pads chosen for `rt` on a device of
+    // `units` compute units, at most `max`, to `out`; returns how many.
+    virtual uint32_t select(const task_launch& rt, uint32_t units, const pad_candidate* candidates, uint32_t n,
+                            uint32_t* out, uint32_t max) = 0;
+};
+
 struct scheduler_options {
     policy pol = policy::reef;
     uint32_t be_queues = 4;
@@ -126,7 +148,13 @@ struct scheduler_options {
     restore_mode restore = restore_mode::exact;
     preempt_mode preempt = preempt_mode::reset;
     int64_t idle_spin_ns = 2'000'000;  // busy-poll this long when idle before sleeping
+    // DKP (policy reef, on a device with launch_padded): RT kernels padded with BE kernels of
+    // preempted tasks on the compute units they leave idle. Null: no padding.
+    std::shared_ptr<pad_selector> padding;
 };
+
+// Selection times of DKP, in nanoseconds: a histogram (upper bounds; the last bucket is +Inf).
+inline constexpr uint32_t select_ns_buckets[] = {50, 100, 150, 200, 300, 400, 500, 700, 1000, 1500, 2000, 5000, 10000, 50000};
 
 struct scheduler_stats {
     uint64_t submitted = 0;
@@ -140,6 +168,11 @@ struct scheduler_stats {
     uint64_t rt_episodes = 0;          // normal -> real-time switches
     uint64_t reclaimed_lists = 0;      // detached pending lists freed by the reclamation thread
     uint64_t prema_drains = 0, prema_kills = 0;  // prema preemption decisions
+    // DKP: RT launches padded, pads issued, and selection times (histogram, sum, count).
+    bool padding = false;
+    uint64_t padded_launches = 0, pads_issued = 0;
+    uint64_t select_count = 0, select_ns_sum = 0;
+    uint64_t select_ns_hist[std::size(select_ns_buckets) + 1] = {};
 };
 
 class scheduler {
@@ -174,6 +207,10 @@ private:
     void raise_flag(vhq& q);
     void lower_flag(vhq& q);
     void pump(vhq& q);
+    // The RT vHQ's pump with padding: each RT launch gets the pads the selector picks.
+    void pump_padded(vhq& q);
+    // The device refused a launch of q's task: the task fails.
+    void fail_launches(vhq& q);
     bool check_done(vhq& q);
     void preempt(vhq& q);
     bool try_restore(vhq& q);

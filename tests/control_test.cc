@@ -14,6 +14,7 @@
 #include <fstream>
 #include <thread>
 
+#include "dkp/profile.h"
 #include "ifmanager/byte_size.h"
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
@@ -741,6 +742,48 @@ TEST_F(control_test, an_input_with_a_zero_or_absurd_dimension_is_refused_naming_
     ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
     EXPECT_EQ(r["result"]["input_format"], "tensor_f32");
     EXPECT_EQ(r["result"]["tensor_dims"], json({5, 32, 32}));
+}
+
+// Kernel profiles (for DKP and prema): measured once when a model is added, as BE tasks through
+// the scheduler, kept in the repository entry, reused at the next start, measured again when
+// they were taken on another device.
+TEST_F(control_test, kernel_profiles_are_measured_once_and_kept_in_the_repository) {
+    stop_daemon();
+    _info.profile_budget_ms = 60000;
+    start_daemon();
+    const json r = add("cam", 9100, _model, {{"max_batch", 2}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    const json p = r["result"]["profile"];
+    EXPECT_EQ(p["plans"], 2) << p.dump();  // batch sizes 1 and 2
+    EXPECT_EQ(p["measured"], 2) << p.dump();
+    EXPECT_EQ(p["not_profiled"], 0) << p.dump();
+    const fs::path file = _dir / "repo" / "cam" / "profile.json";
+    ASSERT_TRUE(fs::exists(file));
+    std::ifstream in(file);
+    const std::string text((std::istreambuf_iterator<char>(in)), {});
+    const reefline::dkp::model_profile stored = reefline::dkp::model_profile::parse(text);
+    EXPECT_EQ(stored.device, "cpu");
+    ASSERT_EQ(stored.plans.size(), 2u);
+    const int64_t kernels = r["result"]["kernels"].get<int64_t>() - 1;  // without the gather kernel
+    for (const auto& plan : stored.plans) {
+        EXPECT_EQ(int64_t(plan.launches.size()), kernels) << plan.plan;
+        for (const auto& l : plan.launches) EXPECT_GT(l.time_us, 0.0) << plan.plan << " " << l.node;
+    }
+    // The next start takes them from the repository.
+    stop_daemon();
+    start_daemon();
+    json d = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}})["result"]["profile"];
+    EXPECT_EQ(d["from_repository"], 2) << d.dump();
+    EXPECT_EQ(d["measured"], 0) << d.dump();
+    // Another device's profile describes nothing here: measured again, and rewritten.
+    std::ofstream(file) << "{\"device\": \"gpu 0\", \"plan\": \"b1\", \"key\": \"x\", \"launches\": []}";
+    stop_daemon();
+    start_daemon();
+    d = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}})["result"]["profile"];
+    EXPECT_EQ(d["measured"], 2) << d.dump();
+    std::ifstream again(file);
+    const std::string text2((std::istreambuf_iterator<char>(again)), {});
+    EXPECT_EQ(reefline::dkp::model_profile::parse(text2).device, "cpu");
 }
 
 TEST(byte_size, parses_what_operators_write_and_refuses_the_rest) {

@@ -21,6 +21,7 @@
 
 #include "libml/kernels/gpu/launcher.h"
 #include "libml/libml.h"
+#include "tests/model_inputs.h"
 #include "preempt/scheduler.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/gpu/mbuf_layout.h"
@@ -204,26 +205,6 @@ fs::path zoo_dir() {
     return dir;
 }
 
-std::vector<ml::tensor> random_inputs(const std::vector<ml::tensor_desc>& descs, unsigned seed) {
-    std::mt19937 rng(seed);
-    std::normal_distribution<float> n;
-    std::vector<ml::tensor> out;
-    for (const auto& d : descs) {
-        const int64_t count = ml::element_count(d.shape);
-        if (d.type == ml::dtype::f32) {
-            ml::bytes_t b(size_t(count) * 4);
-            auto* f = reinterpret_cast<float*>(b.data());
-            for (int64_t i = 0; i < count; ++i) f[i] = n(rng);
-            out.push_back(ml::tensor::make(d.type, d.shape, std::move(b)));
-        } else {
-            std::vector<int64_t> v(static_cast<size_t>(count));
-            for (auto& x : v) x = int64_t(rng() % 2);  // token ids and masks in every vocabulary
-            out.push_back(ml::tensor::from_i64(v, d.shape, d.type));
-        }
-    }
-    return out;
-}
-
 // `report_only`: models whose deviation is printed, not checked (see the tensor-core test).
 void zoo_models(gpu::device& gpu_dev, double atol_of_max, const char* label,
                 const std::vector<std::string>& report_only = {}) {
@@ -238,7 +219,7 @@ void zoo_models(gpu::device& gpu_dev, double atol_of_max, const char* label,
         auto mc = rc.load_model(e.path().string(), o);
         auto mg = rg.load_model(e.path().string(), o);
         auto ic = rc.link_model(mc), ig = rg.link_model(mg);
-        const auto x = random_inputs(ic->inputs(), 5);
+        const auto x = reefline::testing::synthetic_inputs(ic->inputs(), 5);
         std::vector<ml::tensor> yc, yg;
         rc.infer_batch(*ic, x, yc);
         const auto t0 = std::chrono::steady_clock::now();
@@ -384,7 +365,7 @@ void preemption_property(gpu::restore_mode mode) {
     auto be = rt.link_model(m);
     rt.configure_batch(*be, 8);
     auto rtin = rt.link_model(m);
-    const auto xb = random_inputs(be->inputs(), 1), xr = random_inputs(rtin->inputs(), 2);
+    const auto xb = reefline::testing::synthetic_inputs(be->inputs(), 1), xr = reefline::testing::synthetic_inputs(rtin->inputs(), 2);
     std::vector<ml::tensor> want_be, want_rt;
     rt.infer_batch(*be, xb, want_be);
     rt.infer_batch(*rtin, xr, want_rt);
