@@ -32,7 +32,7 @@
 
 #include "dkp/selector.h"
 #include "libml/libml.h"
-#include "tests/model_inputs.h"
+#include "libml/synthetic_inputs.h"
 #include "preempt/scheduler.h"
 
 namespace fs = std::filesystem;
@@ -221,8 +221,8 @@ int main(int argc, char** argv) {
             auto ri = instance_of(rs), bi = instance_of(bs);
             rt.profile(*ri, 5);
             rt.profile(*bi, 5);
-            rt.write_inputs(*ri, reefline::testing::synthetic_inputs(ri->inputs(), 1));
-            rt.write_inputs(*bi, reefline::testing::synthetic_inputs(bi->inputs(), 2));
+            rt.write_inputs(*ri, ml::synthetic_inputs(ri->inputs(), 1));
+            rt.write_inputs(*bi, ml::synthetic_inputs(bi->inputs(), 2));
             const std::string label = rt_name + " x " + be_name;
             run_result reef, with;
             for (const auto& [pol, dkp] : {std::pair{gpu::policy::rt_only, false}, std::pair{gpu::policy::streams, false},

@@ -23,7 +23,7 @@
 #include "dkp/profile.h"
 #include "dkp/selector.h"
 #include "libml/libml.h"
-#include "tests/model_inputs.h"
+#include "libml/synthetic_inputs.h"
 #include "preempt/device.h"
 #include "preempt/scheduler.h"
 #include "tests/tiny_zoo.h"
@@ -319,7 +319,7 @@ TEST_F(dkp_scheduler, padded_be_kernels_progress_under_rt_load_and_results_stay_
         // Profiles on this device: the selector's rules need them.
         rt.profile(*ri, 3);
         rt.profile(*bi, 3);
-        const auto xr = reefline::testing::synthetic_inputs(ri->inputs(), 1), xb = reefline::testing::synthetic_inputs(bi->inputs(), 2);
+        const auto xr = ml::synthetic_inputs(ri->inputs(), 1), xb = ml::synthetic_inputs(bi->inputs(), 2);
         std::vector<ml::tensor> want_r, want_b;
         rt.infer_batch(*ri, xr, want_r);
         rt.infer_batch(*bi, xb, want_b);

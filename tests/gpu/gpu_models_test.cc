@@ -21,7 +21,7 @@
 
 #include "libml/kernels/gpu/launcher.h"
 #include "libml/libml.h"
-#include "tests/model_inputs.h"
+#include "libml/synthetic_inputs.h"
 #include "preempt/scheduler.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/gpu/mbuf_layout.h"
@@ -219,7 +219,7 @@ void zoo_models(gpu::device& gpu_dev, double atol_of_max, const char* label,
         auto mc = rc.load_model(e.path().string(), o);
         auto mg = rg.load_model(e.path().string(), o);
         auto ic = rc.link_model(mc), ig = rg.link_model(mg);
-        const auto x = reefline::testing::synthetic_inputs(ic->inputs(), 5);
+        const auto x = ml::synthetic_inputs(ic->inputs(), 5);
         std::vector<ml::tensor> yc, yg;
         rc.infer_batch(*ic, x, yc);
         const auto t0 = std::chrono::steady_clock::now();
@@ -365,7 +365,7 @@ void preemption_property(gpu::restore_mode mode) {
     auto be = rt.link_model(m);
     rt.configure_batch(*be, 8);
     auto rtin = rt.link_model(m);
-    const auto xb = reefline::testing::synthetic_inputs(be->inputs(), 1), xr = reefline::testing::synthetic_inputs(rtin->inputs(), 2);
+    const auto xb = ml::synthetic_inputs(be->inputs(), 1), xr = ml::synthetic_inputs(rtin->inputs(), 2);
     std::vector<ml::tensor> want_be, want_rt;
     rt.infer_batch(*be, xb, want_be);
     rt.infer_batch(*rtin, xr, want_rt);

@@ -49,7 +49,7 @@
 #include "dkp/selector.h"
 #include "libml/libml.h"
 #include "preempt/scheduler.h"
-#include "tests/model_inputs.h"
+#include "libml/synthetic_inputs.h"
 #include "tools/disb/workload.h"
 
 namespace fs = std::filesystem;
@@ -134,7 +134,7 @@ public:
     }
 
     std::vector<ml::tensor> inputs_of(const ml::instance& in) {
-        return reefline::testing::synthetic_inputs(in.inputs(), 7);
+        return ml::synthetic_inputs(in.inputs(), 7);
     }
 
     run_result run(const disb::workload& w, const std::vector<double>& rates, const policy_spec& p, double seconds,
