@@ -46,6 +46,33 @@ for w in ("A", "C"):
 print("disb in-process: ok")
 PY
 
+# A workload from a file (CSV; a JSON one the same way), and files that are wrong.
+cat > "$tmp/w.csv" <<'CSV'
+client,model,class,pattern,value
+cam,resnet50,rt,poisson,u0.3
+replay,vgg19,rt,trace,0.1 0.2 0.25 0.5 0.9
+batch,densenet201,be,closed,0
+CSV
+"$disb" --workload "$tmp/w.csv" --policies rt_only,reef --tiny --seconds 1 --models "$tmp/zoo" --quiet > "$tmp/file.txt" 2>&1 \
+  || { cat "$tmp/file.txt"; echo "FAIL: a CSV workload"; exit 1; }
+grep -q "replay RT vgg19 *trace" "$tmp/file.txt" || { cat "$tmp/file.txt"; echo "FAIL: the CSV's clients"; exit 1; }
+printf '{"clients": [{"name": "c", "model": "resnet50", "class": "rt", "pattern": "uniform", "rate": 50}]}' > "$tmp/w.json"
+"$disb" --workload "$tmp/w.json" --policies rt_only --tiny --seconds 1 --models "$tmp/zoo" --quiet > "$tmp/json.txt" 2>&1 \
+  || { cat "$tmp/json.txt"; echo "FAIL: a JSON workload"; exit 1; }
+bad() {  # FILE CONTENT EXPECTED
+  printf '%s' "$2" > "$tmp/$1"
+  if "$disb" --workload "$tmp/$1" --policies rt_only --tiny --seconds 1 --models "$tmp/zoo" --quiet > "$tmp/bad.txt" 2>&1; then
+    echo "FAIL: $1 accepted"; exit 1
+  fi
+  grep -q "$3" "$tmp/bad.txt" || { cat "$tmp/bad.txt"; echo "FAIL: $1: expected '$3'"; exit 1; }
+}
+bad b1.csv "cam,resnet50,xx,uniform,5" "class 'xx'"
+bad b2.csv "cam,resnet50,rt,uniform" "expected client,model,class,pattern,value"
+bad b3.csv "cam,resnet50,rt,uniform,-3" "is not a number"
+bad b4.json '{"clients": [{"model": "resnet50", "class": "rt", "pattern": "sometimes"}]}' "pattern 'sometimes'"
+bad b5.json '{"clients": 3}' 'expected {"clients"'
+echo "disb workload files: ok"
+
 # Network mode: the daemon, reefgen clients in a namespace, every RT answer verified by
 # reefverify (disb fails otherwise). Needs root and network namespaces.
 if [ "$(id -u)" -eq 0 ] && ip netns add "disbprobe$$" 2>/dev/null; then
