@@ -1,7 +1,10 @@
 #include "dataplane/eal.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <rte_eal.h>
+#include <rte_lcore.h>
+#include <sched.h>
 #include <rte_errno.h>
 #include <rte_log.h>
 #include <unistd.h>
@@ -127,6 +130,9 @@ void eal_init(const std::string& program, const std::vector<std::string>& args) 
         std::setvbuf(log, nullptr, _IOLBF, 0);
         rte_openlog_stream(log);
     }
+    cpu_set_t before;
+    CPU_ZERO(&before);
+    const bool had_mask = pthread_getaffinity_np(pthread_self(), sizeof before, &before) == 0;
     rte_errno = 0;
     const int rc = rte_eal_init(int(storage.size()), argv.data());
     const int err = rte_errno;
@@ -134,7 +140,20 @@ void eal_init(const std::string& program, const std::vector<std::string>& args) 
         rte_openlog_stream(nullptr);  // back to EAL's own stream
         std::fclose(log);
     }
-    if (rc >= 0) return;
+    if (rc >= 0) {
+        if (had_mask) {
+            cpu_set_t spread = before;
+            unsigned lc;
+            RTE_LCORE_FOREACH_WORKER(lc) {
+                const rte_cpuset_t worker = rte_lcore_cpuset(lc);
+                for (int c = 0; c < CPU_SETSIZE; ++c)
+                    if (CPU_ISSET(c, &worker)) CPU_CLR(c, &spread);
+            }
+            // Workers on every CPU: the main lcore keeps EAL's pinning.
+            if (CPU_COUNT(&spread) > 0) (void)pthread_setaffinity_np(pthread_self(), sizeof spread, &spread);
+        }
+        return;
+    }
 
     std::string why;
     if (const pid_t owner = prefix_owner(); owner > 0 && owner != ::getpid()) {
