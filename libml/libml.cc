@@ -367,10 +367,20 @@ dkp::plan_profile runtime::profile(instance& in, int runs, const launch_runner& 
         k.node = p.launches()[i].node;
         k.time_us = us[us.size() / 2];
         k.blocks = l.grid;
-        k.threads = l.kernel->threads_per_block;
-        k.registers = l.kernel->registers;
-        k.shared_bytes = l.kernel->shared_bytes;
-        k.occupancy = dkp::occupancy(*l.kernel, caps);
+        // The compiled kernel's resources where the device knows them (GPU backends), else
+        // kernel_info's nominal figures.
+        gpu::kernel_resources res;
+        if (_device.ops().kernel_resources_of && _device.ops().kernel_resources_of(&_device, l.kernel, res)) {
+            k.threads = res.threads_per_block;
+            k.registers = res.registers;
+            k.shared_bytes = res.shared_bytes;
+            k.occupancy = std::max<uint32_t>(1, res.blocks_per_unit);
+        } else {
+            k.threads = l.kernel->threads_per_block;
+            k.registers = l.kernel->registers;
+            k.shared_bytes = l.kernel->shared_bytes;
+            k.occupancy = dkp::occupancy(*l.kernel, caps);
+        }
         out.launches.push_back(std::move(k));
     }
     apply_profile(in, out);

@@ -67,12 +67,20 @@ using cpu_block_fn = bool (*)(const void* args, const block_context& ctx);
 struct kernel_info {
     const char* name;
     cpu_block_fn cpu;           // cpu backend implementation of one block
-    const void* gpu;            // unused: GPU backends find the kernel by name in the GPU
-                                // kernel library (libml/kernels/gpu/launcher.h)
+    const void* gpu;            // unused: GPU backends find the kernel by name in their
+                                // registry (preempt/gpu_kernels.h)
     uint32_t threads_per_block; // GPU resource needs (profiles, DKP occupancy)
     uint32_t registers;
     uint32_t shared_bytes;
     size_t scratch_bytes;       // cpu: scratch a block needs from its compute unit
+};
+
+// What a compiled kernel asks of a compute unit on a device (device_ops::kernel_resources).
+struct kernel_resources {
+    uint32_t threads_per_block = 0;
+    uint32_t registers = 0;        // per thread
+    uint32_t shared_bytes = 0;     // per block, static and dynamic
+    uint32_t blocks_per_unit = 0;  // occupancy: blocks one unit holds at once when alone
 };
 
 struct launch {
@@ -158,6 +166,10 @@ struct device_ops {
         uint64_t pad_blocks = 0;       // blocks run to their end as padding
     };
     padding_counters (*padding_stats)(const device* d);
+    // The resources of the code this device runs for `k` (GPU backends: the compiled kernel's
+    // attributes and the occupancy calculator's answer); null, or false, where only
+    // kernel_info's nominal figures are known.
+    bool (*kernel_resources_of)(device* d, const kernel_info* k, kernel_resources& out);
 };
 
 class device {

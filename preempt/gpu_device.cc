@@ -1,5 +1,5 @@
 // The cuda and hip device backends: preempt/device.h's table of functions on the CUDA or HIP
-// runtime. One source for both: libml/kernels/gpu/vendor.h maps the CUDA names to HIP's when
+// runtime. One source for both: preempt/gpu_vendor.h maps the CUDA names to HIP's when
 // the build defines REEFLINE_HIP (then this file is make_hip_device, else make_cuda_device).
 //
 // Memory
@@ -22,14 +22,23 @@
 //
 // Streams are non-blocking CUDA streams with priorities (the scheduler gives its RT stream
 // caps().highest_priority, the runtime's greatest priority). Each has a launch counter in
-// device memory, which the kernel library's launches use to find their last block (see
-// libml/kernels/gpu/launcher.h), and a finished word that the last block of every launch sets
-// to the launch's sequence number: queued() and the bounded device queue (launch() blocks while
-// queue_depth launches are outstanding) read it instead of querying events per launch.
+// device memory, which the launches use to find their last block (preempt/gpu_kernels.h), and
+// a finished word that the last block of every launch sets to the launch's sequence number:
+// queued() and the bounded device queue (launch() blocks while queue_depth launches are
+// outstanding) read it instead of querying events per launch.
 //
-// Kernels come from the GPU kernel library by name (kernel_info::name), resolved once per
-// kernel_info; a kernel without a GPU implementation makes launch() throw, and the scheduler
-// fails that task.
+// Kernels come from the registry (preempt/gpu_kernels.h) by name (kernel_info::name), resolved
+// once per kernel_info; a kernel without a GPU implementation makes launch() throw, and the
+// scheduler fails that task.
+//
+// Padded launches (DKP, launch_padded): one launch of the kernel library's DKP kernel with the
+// RT launch and its pads as parts (gpu_kernels.h says what it does on the GPU). The parts are
+// staged in a pinned ring and copied, in stream order, to device memory the kernel reads; each
+// stream keeps the launch's work words in device memory. A pad's task counts it in its `pads`
+// word from launch_padded until the DKP launch has ended: a host function on a stream of its
+// own (after an event, so the RT stream never waits for it) takes it off. On the GPU, "another
+// pad of the task is running" is a device word beside the task's flag twin, which the DKP
+// kernel takes and releases; the host's pads_running stays 0.
 #include "preempt/gpu_device.h"
 
 #include <algorithm>
@@ -51,18 +60,17 @@
 #include <immintrin.h>
 #endif
 
-#include "libml/kernels/gpu/launcher.h"
-#include "libml/kernels/gpu/vendor.h"
+#include "preempt/gpu_kernels.h"
+#include "preempt/gpu_vendor.h"
 
 namespace reefline::gpu {
 namespace {
-
-namespace mk = reefline::ml::kernels;
 
 static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t) && std::atomic<uint32_t>::is_always_lock_free,
               "kernels read and write the task words as plain 32-bit words");
 static_assert(offsetof(task_words, preempt) == 0 && offsetof(task_words, completed) == 4,
               "the kernel library reads the flag at word 0 and writes the counter at word 1");
+static_assert(sizeof(task_words) <= 64, "task words fit a cell");
 
 #if defined(RL_GPU_HIP)
 constexpr const char* kBackend = "hip";
@@ -73,6 +81,7 @@ constexpr const char* kBackend = "cuda";
 constexpr size_t kCell = 64;               // one task_words, or one stream's finished word
 constexpr size_t kSlabBytes = 64 * 1024;   // host-mapped cells per cudaHostAlloc
 constexpr size_t kMaxSlabs = 1024;
+constexpr uint32_t kOwnerRunningWord = 2;  // in a cell's flag twin: DKP pads of the task running
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -94,6 +103,15 @@ struct gpu_stream {
     uint32_t* counter = nullptr;           // device memory: {blocks finished, flagged}
     std::atomic<uint32_t>* done = nullptr; // host-mapped: sequence of the last finished launch
     uint32_t* done_dev = nullptr;          // its device address
+    // DKP, made at the stream's first padded launch (producer held): the launch's work words
+    // and parts (device memory), the pinned ring the parts are staged in (an entry is reused
+    // after queue_depth + 1 launches, when the copy that read it has long run), and the event
+    // the pads' release waits for.
+    gpu_pad_work* pad_work = nullptr;
+    gpu_padded_params* pad_params = nullptr;
+    gpu_padded_params* pad_staging = nullptr;
+    uint32_t pad_staging_n = 0;
+    cudaEvent_t pad_ended = nullptr;
 };
 
 struct gpu_event {
@@ -104,6 +122,13 @@ struct mapped_slab {
     std::byte* host = nullptr;
     std::byte* dev = nullptr;    // the host cells' device address
     std::byte* flags = nullptr;  // device memory: the flag twins, at the cells' offsets
+};
+
+// A kernel as this device launches it: its registry entry and its occupancy for the device's
+// launch flags (0: unknown).
+struct resolved_kernel {
+    const gpu_kernel_entry* entry = nullptr;
+    uint32_t blocks_per_unit = 0;
 };
 
 struct gpu_device_state {
@@ -133,10 +158,17 @@ struct gpu_device_state {
     size_t cached_bytes = 0, live_bytes = 0;
     std::unordered_map<void*, memory_kind> host_allocs;    // pinned and host-mapped
     std::unordered_map<void*, size_t> registered;
-    std::mutex launchers_mu;  // the launcher cache alone: launches do not wait for allocations
-    std::unordered_map<const kernel_info*, mk::gpu_launcher> launchers;
+    std::mutex launchers_mu;  // the kernel cache alone: launches do not wait for allocations
+    std::unordered_map<const kernel_info*, resolved_kernel> launchers;
     uint64_t pool_hits = 0, pool_misses = 0;
     std::atomic<uint64_t> launches{0};
+
+    // DKP: the kernel library's padded launcher (null: launch_padded launches plainly), the
+    // device's totals (device memory), the stream the pads' releases run on, host counts.
+    const gpu_padded_library* padded = nullptr;
+    gpu_pad_totals* pad_totals = nullptr;
+    cudaStream_t pad_release_stream = nullptr;
+    std::atomic<uint64_t> padded_launches{0}, pads_accepted{0};
 };
 
 gpu_device_state* state_of(const device* d) { return static_cast<gpu_device_state*>(d->state()); }
@@ -294,6 +326,16 @@ bool pool_free(gpu_device_state* d, void* p) {
 
 // ---- device_ops ---------------------------------------------------------------------------
 
+// A stream's runtime objects and device memory (its finished word is a cell, recycled apart).
+void free_stream(gpu_stream* s) {
+    (void)cudaStreamDestroy(s->s);
+    (void)cudaFree(s->counter);
+    if (s->pad_ended) (void)cudaEventDestroy(s->pad_ended);
+    (void)cudaFree(s->pad_work);
+    (void)cudaFree(s->pad_params);
+    if (s->pad_staging) (void)cudaFreeHost(s->pad_staging);
+}
+
 void op_destroy(device* dev) {
     gpu_device_state* d = state_of(dev);
     bind(d);
@@ -305,10 +347,11 @@ void op_destroy(device* dev) {
             delete e;
         }
         for (gpu_stream* s : d->streams) {
-            (void)cudaStreamDestroy(s->s);
-            (void)cudaFree(s->counter);
+            free_stream(s);
             delete s;
         }
+        if (d->pad_release_stream) (void)cudaStreamDestroy(d->pad_release_stream);
+        (void)cudaFree(d->pad_totals);
         for (auto& [p, n] : d->device_live) (void)cudaFree(p);
         pool_release_cached(d);
         for (auto& [p, k] : d->host_allocs) (void)cudaFreeHost(p);
@@ -464,52 +507,58 @@ void op_stream_destroy(device* dev, stream* st) {
     op_synchronize(dev, st);
     std::lock_guard lk(d->mu);
     if (!d->streams.erase(s)) return;
-    (void)cudaStreamDestroy(s->s);
-    (void)cudaFree(s->counter);
+    free_stream(s);
     d->free_cells.push_back(reinterpret_cast<std::byte*>(s->done));
     delete s;
 }
 
-mk::gpu_launcher launcher_of(gpu_device_state* d, const kernel_info* k) {
+uint32_t launch_flags(const gpu_device_state* d) {
+    return d->options.math == gpu_math::tensor_f16    ? gpu_tensor_f16
+           : d->options.math == gpu_math::tensor_bf16 ? gpu_tensor_bf16
+                                                      : 0u;
+}
+
+// The kernel's registry entry and occupancy, resolved once per kernel_info (a miss is not
+// cached: a test may register the kernel later).
+resolved_kernel resolve(gpu_device_state* d, const kernel_info* k) {
     std::lock_guard lk(d->launchers_mu);
     auto it = d->launchers.find(k);
     if (it != d->launchers.end()) return it->second;
-    const mk::gpu_launcher fn = mk::gpu_launcher_for(k->name);
-    if (fn) d->launchers.emplace(k, fn);  // a miss is not cached: a test may register it later
-    return fn;
+    resolved_kernel r;
+    r.entry = find_gpu_kernel(k->name);
+    if (!r.entry) return r;
+    kernel_resources res;
+    if (r.entry->resources && r.entry->resources(launch_flags(d), res)) r.blocks_per_unit = res.blocks_per_unit;
+    d->launchers.emplace(k, r);
+    return r;
 }
 
 uint32_t finished(const gpu_stream* s) { return s->done->load(std::memory_order_acquire); }
 
-void op_launch(device* dev, stream* st, const launch& l) {
-    gpu_device_state* d = state_of(dev);
-    gpu_stream* s = as_gpu(st);
-    if (!s || !l.kernel)
-        throw std::invalid_argument(std::string(kBackend) + " device: launch without a stream or a kernel");
+// What launch() checks of a launch before it queues anything; the kernel's entry.
+resolved_kernel check_launch(gpu_device_state* d, const launch& l) {
+    if (!l.kernel) throw std::invalid_argument(std::string(kBackend) + " device: launch without a kernel");
     const char* name = l.kernel->name ? l.kernel->name : "?";
     if (l.block_offset > l.grid || l.block_count > l.grid - l.block_offset)
         throw std::invalid_argument(std::string(kBackend) + " device: block slice outside the grid of " + name);
     if (l.args_size != 0 && !l.args)
         throw std::invalid_argument(std::string(kBackend) + " device: args_size without args");
-    const mk::gpu_launcher fn = launcher_of(d, l.kernel);
-    if (!fn)
+    const resolved_kernel r = resolve(d, l.kernel);
+    if (!r.entry)
         throw std::runtime_error(std::string(kBackend) + " device: kernel '" + name +
                                  "' has no GPU implementation in the kernel library");
-    uint32_t* task = nullptr;
-    const uint32_t* flag = nullptr;
-    if (l.task) {
-        task = cell_device_address(d, l.task);
-        flag = cell_flag_address(d, l.task);
-        if (!task || !flag)
-            throw std::invalid_argument(std::string(kBackend) +
-                                        " device: task words not made by this device (task_words_create)");
-    }
-    bind(d);
+    if (l.task && (!cell_device_address(d, l.task) || !cell_flag_address(d, l.task)))
+        throw std::invalid_argument(std::string(kBackend) +
+                                    " device: task words not made by this device (task_words_create)");
+    return r;
+}
 
-    std::lock_guard lk(s->producer);
-    // The bounded device queue: wait while queue_depth launches are outstanding. Their last
-    // blocks advance the finished word; a stream that went idle without it (a device fault)
-    // or failed ends the wait with an error.
+// With s->producer held: waits while queue_depth launches are outstanding (their last blocks
+// advance the finished word; a stream that went idle without it, a device fault, or failed
+// ends the wait with an error), then orders the stream after the latest flag write when the
+// task is preempted (a launch of a preempted task must see the raise, even one made before the
+// copy landed). Returns the launch's sequence number.
+uint32_t begin_launch(gpu_device_state* d, gpu_stream* s, const task_words* task) {
     const uint32_t depth = std::max<uint32_t>(1, d->options.queue_depth);
     const uint32_t seq = s->submitted.load(std::memory_order_relaxed);
     if (seq - finished(s) >= depth) {
@@ -527,35 +576,206 @@ void op_launch(device* dev, stream* st, const launch& l) {
                 std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
     }
-    // A launch of a preempted task must see the raise, even one made before the copy landed.
-    if (l.task && l.task->preempt.load(std::memory_order_acquire) != 0) {
+    if (task && task->preempt.load(std::memory_order_acquire) != 0) {
         std::lock_guard flk(d->flag_mu);
         const cudaError_t e = cudaStreamWaitEvent(s->s, d->flag_written, 0);
         if (e != cudaSuccess) fail("ordering a launch after its task's flag", e);
     }
-    mk::gpu_launch_params p{};
+    return seq + 1;
+}
+
+void op_launch(device* dev, stream* st, const launch& l) {
+    gpu_device_state* d = state_of(dev);
+    gpu_stream* s = as_gpu(st);
+    if (!s) throw std::invalid_argument(std::string(kBackend) + " device: launch without a stream");
+    bind(d);
+    const resolved_kernel k = check_launch(d, l);
+
+    std::lock_guard lk(s->producer);
+    const uint32_t seq = begin_launch(d, s, l.task);
+    gpu_launch_params p{};
     p.args = l.args;
     p.args_size = l.args_size;
     p.grid = l.grid;
     p.block_offset = l.block_offset;
     p.block_count = l.block_count;
     p.kernel_index = l.kernel_index;
-    p.sequence = seq + 1;
-    p.flags = d->options.math == gpu_math::tensor_f16    ? mk::gpu_tensor_f16
-              : d->options.math == gpu_math::tensor_bf16 ? mk::gpu_tensor_bf16
-                                                         : 0u;
-    p.task = task;
-    p.flag = flag;
+    p.sequence = seq;
+    p.flags = launch_flags(d);
+    p.task = l.task ? cell_device_address(d, l.task) : nullptr;
+    p.flag = l.task ? cell_flag_address(d, l.task) : nullptr;
     p.counter = s->counter;
     p.stream_done = s->done_dev;
     p.stream = static_cast<void*>(s->s);
-    const int rc = fn(p);
+    const int rc = k.entry->launch(p);
     if (rc != 0) {
-        throw std::runtime_error(std::string(kBackend) + " device: launch of '" + name + "' (" +
-                                 std::to_string(l.block_count) + " blocks) failed: " + mk::gpu_error_string(rc));
+        throw std::runtime_error(std::string(kBackend) + " device: launch of '" + l.kernel->name + "' (" +
+                                 std::to_string(l.block_count) + " blocks) failed: " +
+                                 runtime_error_text(static_cast<cudaError_t>(rc)));
     }
-    s->submitted.store(seq + 1, std::memory_order_release);
+    s->submitted.store(seq, std::memory_order_release);
     d->launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ---- DKP -------------------------------------------------------------------------------------
+
+// The pads' tasks of one padded launch, released (their `pads` words taken down) once it ended.
+struct pad_release {
+    task_words* owners[kMaxGpuPads] = {};
+    uint32_t n = 0;
+};
+
+// A stream callback (cudaStreamAddCallback: the runtimes both have it; hipLaunchHostFunc is
+// missing from HIP 5.2's library). It calls no runtime function, as callbacks must not.
+void release_pads(cudaStream_t, cudaError_t, void* arg) {
+    auto* r = static_cast<pad_release*>(arg);
+    for (uint32_t i = 0; i < r->n; ++i) r->owners[i]->pads.fetch_sub(1, std::memory_order_acq_rel);
+    delete r;
+}
+
+// A launch as a part of a padded launch; false when it cannot be one (its kernel has no DKP
+// case or its arguments do not fit).
+bool make_part(gpu_device_state* d, const launch& l, const resolved_kernel& k, gpu_pad_part& part) {
+    if (k.entry->pad_kind < 0 || l.args_size > kGpuPadArgsBytes) return false;
+    part.kind = k.entry->pad_kind;
+    part.args_size = l.args_size;
+    part.grid = l.grid;
+    part.block_offset = l.block_offset;
+    part.block_count = l.block_count;
+    part.kernel_index = l.kernel_index;
+    part.task = l.task ? cell_device_address(d, l.task) : nullptr;
+    part.flag = l.task ? cell_flag_address(d, l.task) : nullptr;
+    part.owner_running = l.task ? cell_flag_address(d, l.task) + kOwnerRunningWord : nullptr;
+    std::memset(part.args, 0, sizeof part.args);
+    if (l.args_size) std::memcpy(part.args, l.args, l.args_size);
+    return true;
+}
+
+// The stream's DKP buffers, made at its first padded launch (s->producer held).
+void pad_buffers(gpu_device_state* d, gpu_stream* s) {
+    if (s->pad_work) return;
+    const uint32_t n = std::max<uint32_t>(1, d->options.queue_depth) + 2;
+    void* work = nullptr;
+    void* params = nullptr;
+    void* staging = nullptr;
+    cudaError_t e = cudaMalloc(&work, sizeof(gpu_pad_work));
+    if (e == cudaSuccess) e = cudaMemset(work, 0, sizeof(gpu_pad_work));
+    if (e == cudaSuccess) e = cudaMalloc(&params, sizeof(gpu_padded_params));
+    if (e == cudaSuccess) e = cudaHostAlloc(&staging, sizeof(gpu_padded_params) * n, cudaHostAllocPortable);
+    if (e == cudaSuccess) e = cudaEventCreateWithFlags(&s->pad_ended, cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+        (void)cudaFree(work);
+        (void)cudaFree(params);
+        if (staging) (void)cudaFreeHost(staging);
+        s->pad_ended = nullptr;
+        fail("DKP buffers of a stream", e);
+    }
+    s->pad_work = static_cast<gpu_pad_work*>(work);
+    s->pad_params = static_cast<gpu_padded_params*>(params);
+    s->pad_staging = static_cast<gpu_padded_params*>(staging);
+    s->pad_staging_n = n;
+}
+
+void op_launch_padded(device* dev, stream* st, const launch& l, const launch* pads, uint32_t n_pads) {
+    gpu_device_state* d = state_of(dev);
+    gpu_stream* s = as_gpu(st);
+    if (!s) throw std::invalid_argument(std::string(kBackend) + " device: launch without a stream");
+    bind(d);
+    const resolved_kernel rk = check_launch(d, l);
+    for (uint32_t i = 0; i < n_pads; ++i) {
+        check_launch(d, pads[i]);
+        if (!pads[i].task) throw std::invalid_argument(std::string(kBackend) + " device: a pad without task words");
+    }
+    // The parts. Pads the DKP kernel cannot hold (beyond kMaxGpuPads, kernels without a DKP
+    // case) are dropped, as launch_padded allows; with none left, or an RT kernel that fills
+    // every unit, this is a plain launch.
+    auto params = std::make_unique<gpu_padded_params>();
+    gpu_padded_params& p = *params;
+    const uint32_t units = d->caps.compute_units;
+    uint32_t occupancy = rk.blocks_per_unit ? rk.blocks_per_unit : 1;
+    const bool paddable = d->padded && make_part(d, l, rk, p.rt);
+    auto release = std::make_unique<pad_release>();
+    for (uint32_t i = 0; paddable && i < n_pads && p.n_pads < kMaxGpuPads; ++i) {
+        const resolved_kernel pk = resolve(d, pads[i].kernel);
+        if (!make_part(d, pads[i], pk, p.pads[p.n_pads])) continue;
+        occupancy = std::min(occupancy, pk.blocks_per_unit ? pk.blocks_per_unit : 1);
+        release->owners[p.n_pads++] = pads[i].task;
+    }
+    release->n = p.n_pads;
+    // The proxy: the highest level every part reaches (at least the lowest).
+    uint32_t level = d->padded ? d->padded->levels[0] : 1;
+    for (uint32_t i = 0; d->padded && i < d->padded->n_levels; ++i)
+        if (d->padded->levels[i] <= occupancy) level = d->padded->levels[i];
+    const uint32_t rt_blocks = std::max<uint32_t>(1, l.block_count);
+    const uint32_t rt_units = std::min<uint64_t>(units, (uint64_t(rt_blocks) + level - 1) / level);
+    if (!paddable || p.n_pads == 0 || rt_units >= units) return op_launch(dev, st, l);
+
+    std::lock_guard lk(s->producer);
+    pad_buffers(d, s);
+    const uint32_t seq = begin_launch(d, s, l.task);
+    p.units = units;
+    p.rt_units = rt_units;
+    p.level = level;
+    p.flags = launch_flags(d);
+    p.sequence = seq;
+    p.stream_done = s->done_dev;
+    p.work = s->pad_work;
+    p.totals = d->pad_totals;
+    p.stream = static_cast<void*>(s->s);
+    // Stage the parts and copy them where the kernel reads them, in stream order.
+    gpu_padded_params* staged = s->pad_staging + seq % s->pad_staging_n;
+    std::memcpy(static_cast<void*>(staged), &p, sizeof p);
+    cudaError_t e = cudaMemcpyAsync(s->pad_params, staged, sizeof p, cudaMemcpyHostToDevice, s->s);
+    if (e != cudaSuccess) fail("copying the parts of a padded launch", e);
+    for (uint32_t i = 0; i < release->n; ++i) release->owners[i]->pads.fetch_add(1, std::memory_order_acq_rel);
+    const int rc = d->padded->launch(p, s->pad_params);
+    if (rc != 0) {
+        for (uint32_t i = 0; i < release->n; ++i) release->owners[i]->pads.fetch_sub(1, std::memory_order_acq_rel);
+        throw std::runtime_error(std::string(kBackend) + " device: padded launch of '" + l.kernel->name + "' with " +
+                                 std::to_string(p.n_pads) + " pads failed: " +
+                                 runtime_error_text(static_cast<cudaError_t>(rc)));
+    }
+    s->submitted.store(seq, std::memory_order_release);
+    d->launches.fetch_add(1, std::memory_order_relaxed);
+    d->padded_launches.fetch_add(1, std::memory_order_relaxed);
+    d->pads_accepted.fetch_add(p.n_pads, std::memory_order_relaxed);
+    // The pads' tasks are released once the launch ended, on a stream of their own: the RT
+    // stream's next launch does not wait for the host function. (If queueing it fails the
+    // device is broken; the tasks keep their pads counted, so none restores into it.)
+    e = cudaEventRecord(s->pad_ended, s->s);
+    if (e == cudaSuccess) e = cudaStreamWaitEvent(d->pad_release_stream, s->pad_ended, 0);
+    if (e == cudaSuccess) e = cudaStreamAddCallback(d->pad_release_stream, release_pads, release.get(), 0);
+    if (e != cudaSuccess) fail("queueing the release of a padded launch's tasks", e);
+    release.release();
+}
+
+device_ops::padding_counters op_padding_stats(const device* dev) {
+    gpu_device_state* d = state_of(dev);
+    device_ops::padding_counters c;
+    c.padded_launches = d->padded_launches.load(std::memory_order_relaxed);
+    c.pads = d->pads_accepted.load(std::memory_order_relaxed);
+    if (d->pad_totals) {
+        gpu_pad_totals t{};
+        bind(d);
+        if (cudaMemcpy(&t, d->pad_totals, sizeof t, cudaMemcpyDeviceToHost) == cudaSuccess) {
+            c.pads_completed = t.pads_completed;
+            c.pads_cut = t.pads_cut;
+            c.pads_skipped = t.pads_skipped;
+            c.pad_blocks = t.pad_blocks;
+        } else {
+            (void)cudaGetLastError();
+        }
+    }
+    return c;
+}
+
+bool op_kernel_resources_of(device* dev, const kernel_info* k, kernel_resources& out) {
+    gpu_device_state* d = state_of(dev);
+    if (!k) return false;
+    const resolved_kernel r = resolve(d, k);
+    if (!r.entry || !r.entry->resources) return false;
+    bind(d);
+    return r.entry->resources(launch_flags(d), out);
 }
 
 uint32_t op_queued(device*, stream* st) {
@@ -675,8 +895,9 @@ const device_ops gpu_ops = {
     op_task_words_create,
     op_task_words_destroy,
     op_task_flag_set,
-    nullptr,  // launch_padded: not on GPUs yet
-    nullptr,  // padding_stats
+    op_launch_padded,
+    op_padding_stats,
+    op_kernel_resources_of,
 };
 
 std::unique_ptr<device> make_device(const gpu_device_options& options) {
@@ -722,6 +943,20 @@ std::unique_ptr<device> make_device(const gpu_device_options& options) {
     d->flag_values = static_cast<uint32_t*>(values);
     std::memset(values, 0, 128);
     d->flag_values[16] = 1;
+    // DKP, when the kernel library has a padded launcher.
+    d->padded = find_gpu_padded_library();
+    if (d->padded) {
+        void* totals = nullptr;
+        e = cudaMalloc(&totals, sizeof(gpu_pad_totals));
+        if (e == cudaSuccess) e = cudaMemset(totals, 0, sizeof(gpu_pad_totals));
+        if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&d->pad_release_stream, cudaStreamNonBlocking, least);
+        if (e != cudaSuccess) {
+            (void)cudaFree(totals);
+            auto dv = std::make_unique<device>(&gpu_ops, d);  // destroys what was made
+            fail("DKP totals and release stream", e);
+        }
+        d->pad_totals = static_cast<gpu_pad_totals*>(totals);
+    }
     return std::make_unique<device>(&gpu_ops, d);
 }
 

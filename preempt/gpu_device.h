@@ -1,6 +1,6 @@
 // The cuda and hip device backends (one source for both): the device
 // interface of preempt/device.h on the CUDA or HIP runtime, one source for both
-// (preempt/gpu_device.cc through libml/kernels/gpu/vendor.h).
+// (preempt/gpu_device.cc through preempt/gpu_vendor.h).
 //
 // A build has at most one of them: -Dcuda=enabled defines make_cuda_device, -Dhip=enabled
 // make_hip_device (the same kernels compiled by nvcc or hipcc), and make_gpu_device is the

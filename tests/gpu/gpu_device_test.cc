@@ -251,44 +251,11 @@ GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
     EXPECT(st.registered_ranges == 0u);
 }
 
-// A BE task and an RT task as chains of GEMMs, y[i+1] = alpha * y[i] x W (each kernel reads a
-// buffer no later kernel writes: restore may re-run any of them).
-struct chain {
-    const int64_t n = emulated() ? 128 : 1024;
-    gpu::device& d;
-    int kernels;
-    std::vector<std::unique_ptr<dev_buffer>> y;
-    std::unique_ptr<dev_buffer> wt;
-    std::vector<k::gemm_args> args;
-    chain(gpu::device& dev, int count, uint32_t seed) : d(dev), kernels(count) {
-        wt = std::make_unique<dev_buffer>(d, random_floats(size_t(n * n), seed));
-        y.push_back(std::make_unique<dev_buffer>(d, random_floats(size_t(n * n), seed + 1)));
-        for (int i = 0; i < count; ++i) {
-            y.push_back(std::make_unique<dev_buffer>(d, size_t(n * n) * 4));
-            k::gemm_args g{};
-            g.a = y[size_t(i)]->get(); g.b = wt->get(); g.c = y[size_t(i) + 1]->get();
-            g.batch = 1; g.m = n; g.n = n; g.k = n; g.lda = n; g.ldb = n; g.ldc = n;
-            g.alpha = std::sqrt(3.0f / float(n)); g.beta = 1;
-            g.tile_m = 64; g.tile_n = 64; g.tile_k = 128;
-            args.push_back(g);
-        }
-    }
-    gpu::task task(gpu::task_class cls) const {
-        gpu::task t;
-        t.cls = cls;
-        for (const auto& g : args) t.launches.push_back(gpu::task_launch::make(&gemm_info, g, uint32_t(k::gemm_grid(g))));
-        return t;
-    }
-    std::vector<float> output() const { return y.back()->read<float>(); }
-    void clear_outputs() {
-        const std::vector<float> junk(size_t(n * n), -1.0f);
-        for (size_t i = 1; i < y.size(); ++i) d.ops().copy_to_device(&d, y[i]->get(), junk.data(), junk.size() * 4);
-    }
-};
-
 void preemption_property(gpu::restore_mode mode) {
     gpu::device& d = *the_device();
-    chain be(d, 40, 41), rt(d, 4, 42);
+    // A BE task and an RT task as chains of GEMMs.
+    const int64_t n = emulated() ? 128 : 1024;
+    gemm_chain be(d, 40, n, 41, 128), rt(d, 4, n, 42, 128);
     gpu::scheduler_options so;
     so.restore = mode;
     so.vhq_capacity = 4;

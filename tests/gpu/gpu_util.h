@@ -2,6 +2,7 @@
 // running a kernel's blocks on the cpu (the reference) and on the GPU device.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -12,6 +13,7 @@
 #include "libml/kernels/kernels.h"
 #include "preempt/device.h"
 #include "preempt/gpu_device.h"
+#include "preempt/scheduler.h"
 #include "tests/gpu/gpu_test.h"
 
 namespace gpu_test {
@@ -130,5 +132,44 @@ inline const gpu::kernel_info conv2d_info = {"conv2d", nullptr, nullptr, 256, 0,
 inline const gpu::kernel_info& gemm_info = k::gemm_kernel;
 inline const gpu::kernel_info& conv2d_info = k::conv2d_kernel;
 #endif
+
+// A task as a chain of GEMMs, y[i+1] = alpha * y[i] x W (n x n): each kernel reads a buffer no
+// later kernel writes, so restore may re-run any of them and a cut pad re-runs from its start.
+struct gemm_chain {
+    gpu::device& d;
+    const int64_t n;
+    std::vector<std::unique_ptr<dev_buffer>> y;
+    std::unique_ptr<dev_buffer> wt;
+    std::vector<k::gemm_args> args;
+    gemm_chain(gpu::device& dev, int count, int64_t size, uint32_t seed, int64_t tile_k) : d(dev), n(size) {
+        wt = std::make_unique<dev_buffer>(d, random_floats(size_t(n * n), seed));
+        y.push_back(std::make_unique<dev_buffer>(d, random_floats(size_t(n * n), seed + 1)));
+        for (int i = 0; i < count; ++i) {
+            y.push_back(std::make_unique<dev_buffer>(d, size_t(n * n) * 4));
+            k::gemm_args g{};
+            g.a = y[size_t(i)]->get(); g.b = wt->get(); g.c = y[size_t(i) + 1]->get();
+            g.batch = 1; g.m = n; g.n = n; g.k = n; g.lda = n; g.ldb = n; g.ldc = n;
+            g.alpha = std::sqrt(3.0f / float(n)); g.beta = 1;
+            g.tile_m = 64; g.tile_n = 64; g.tile_k = tile_k;
+            args.push_back(g);
+        }
+    }
+    // est_us and occupancy: a profile's figures for each GEMM (0: none).
+    gpu::task task(gpu::task_class cls, float est_us = 0, uint32_t occupancy = 0) const {
+        gpu::task t;
+        t.cls = cls;
+        for (const auto& g : args) {
+            t.launches.push_back(gpu::task_launch::make(&gemm_info, g, uint32_t(k::gemm_grid(g))));
+            t.launches.back().est_us = est_us;
+            t.launches.back().occupancy = occupancy;
+        }
+        return t;
+    }
+    std::vector<float> output() const { return y.back()->read<float>(); }
+    void clear_outputs() {
+        const std::vector<float> junk(size_t(n * n), -1.0f);
+        for (size_t i = 1; i < y.size(); ++i) d.ops().copy_to_device(&d, y[i]->get(), junk.data(), junk.size() * 4);
+    }
+};
 
 }  // namespace gpu_test

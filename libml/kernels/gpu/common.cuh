@@ -14,7 +14,7 @@
 
 #include "libml/kernels/decomp.h"
 #include "libml/kernels/gpu/launcher.h"
-#include "libml/kernels/gpu/vendor.h"
+#include "preempt/gpu_vendor.h"
 // After vendor.h: its device functions need the CUDA/HIP runtime headers.
 #include "libml/kernels/elem_access.h"
 
@@ -76,14 +76,16 @@ __device__ __forceinline__ bool block_begin(const launch_ctx& c) {
 // At block end, by every thread (ok: the block finished its work). The last block of the
 // launch advances the task's counter and the stream's finished word and resets the launch
 // counter, which the next launch on the stream (it starts after this one has ended) reuses.
-__device__ __forceinline__ void block_end(const launch_ctx& c, bool ok) {
+// Returns, in thread 0 only: 1 when this was the launch's last block and every block finished,
+// 2 when it was the last and some block exited on the flag, 0 otherwise.
+__device__ __forceinline__ int block_end(const launch_ctx& c, bool ok) {
     __threadfence();  // this thread's output writes before the block is counted
     __syncthreads();
-    if (threadIdx.x != 0) return;
+    if (threadIdx.x != 0) return 0;
     if (!ok) atomicOr(&c.counter[1], 1u);
     __threadfence();
     const uint32_t before = atomicAdd(&c.counter[0], 1u);
-    if (before + 1 != c.count) return;
+    if (before + 1 != c.count) return 0;
     __threadfence();
     const uint32_t failed = atomicOr(&c.counter[1], 0u);
     atomicExch(&c.counter[0], 0u);
@@ -92,6 +94,24 @@ __device__ __forceinline__ void block_end(const launch_ctx& c, bool ok) {
     if (c.completed && failed == 0) *reinterpret_cast<volatile uint32_t*>(c.completed) = c.kernel_index + 1;
     *reinterpret_cast<volatile uint32_t*>(c.stream_done) = c.sequence;
     __threadfence_system();
+    return failed == 0 ? 1 : 2;
+}
+
+// The compute unit (SM / CU) the calling block runs on.
+__device__ __forceinline__ uint32_t unit_id() {
+#if defined(RL_GPU_EMU)
+    return rl_emu::smid();
+#elif defined(RL_GPU_HIP)
+#if defined(__HIP_DEVICE_COMPILE__)
+    return __smid();
+#else
+    return 0;  // the host pass of hipcc: never runs
+#endif
+#else
+    uint32_t id;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+    return id;
+#endif
 }
 
 // Check points inside a block's main loop (GEMM/conv: per K chunk). Thread 0 issues the
@@ -192,6 +212,19 @@ __device__ __forceinline__ int elem_bytes(elem t) {
 // accounting block alone (launch_account_only, registry.cu).
 int launch_account_only(const gpu_launch_params& p);
 
+// The runtime's attributes of a compiled kernel run with `threads` per block and
+// `dynamic_shared` bytes (registry.cu), and a kernel's resources_<name> entry point from them.
+bool kernel_resources(const void* kernel, uint32_t threads, uint32_t dynamic_shared, gpu::gpu_kernel_resources& out);
+#define RL_KERNEL_RESOURCES(name, kernel, shared)                                      \
+    bool resources_##name(uint32_t, gpu::gpu_kernel_resources& out) {                \
+        return kernel_resources(reinterpret_cast<const void*>(kernel), kThreads, (shared), out); \
+    }
+
+// Shared memory. Kernels take it from the launch's dynamic shared memory (RL_DYNAMIC_SHARED),
+// never as static __shared__ arrays: the DKP kernel (dkp.cu) runs every kernel's blocks and
+// gives each the one arena, and the SIMT emulation runs blocks of several units at once.
+constexpr uint32_t gather_shared_bytes = 16;  // gather, token_gather: a few words
+
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(RL_GPU_EMU)
 template <typename Args>
 int launch_kernel(const gpu_launch_params& p, void (*kernel)(Args, launch_ctx), size_t shared_bytes = 0) {
@@ -204,21 +237,34 @@ int launch_kernel(const gpu_launch_params& p, void (*kernel)(Args, launch_ctx), 
 }
 #endif
 
-// Launchers of the library's kernels (one per kernel; gemm_conv.cu, gather.cu, elementwise.cu).
-int launch_gemm(const gpu_launch_params& p);
-int launch_conv2d(const gpu_launch_params& p);
-int launch_gather(const gpu_launch_params& p);
-int launch_token_gather(const gpu_launch_params& p);
-int launch_tensor_gather(const gpu_launch_params& p);
-int launch_copy(const gpu_launch_params& p);
-int launch_binary(const gpu_launch_params& p);
-int launch_unary(const gpu_launch_params& p);
-int launch_where(const gpu_launch_params& p);
-int launch_row(const gpu_launch_params& p);
-int launch_pool2d(const gpu_launch_params& p);
-int launch_lrn(const gpu_launch_params& p);
-int launch_batchnorm(const gpu_launch_params& p);
-int launch_gather_axis(const gpu_launch_params& p);
-int launch_spin(const gpu_launch_params& p);
+// Launchers of the library's kernels (one per kernel; gemm_conv.cu, gather.cu, elementwise.cu),
+// and their resources (gpu_kernel_entry::resources).
+#define RL_KERNEL_ENTRY_POINTS(name)                     \
+    int launch_##name(const gpu_launch_params& p);      \
+    bool resources_##name(uint32_t flags, gpu::gpu_kernel_resources& out);
+RL_KERNEL_ENTRY_POINTS(gemm)
+RL_KERNEL_ENTRY_POINTS(conv2d)
+RL_KERNEL_ENTRY_POINTS(gather)
+RL_KERNEL_ENTRY_POINTS(token_gather)
+RL_KERNEL_ENTRY_POINTS(tensor_gather)
+RL_KERNEL_ENTRY_POINTS(copy)
+RL_KERNEL_ENTRY_POINTS(binary)
+RL_KERNEL_ENTRY_POINTS(unary)
+RL_KERNEL_ENTRY_POINTS(where)
+RL_KERNEL_ENTRY_POINTS(row)
+RL_KERNEL_ENTRY_POINTS(pool2d)
+RL_KERNEL_ENTRY_POINTS(lrn)
+RL_KERNEL_ENTRY_POINTS(batchnorm)
+RL_KERNEL_ENTRY_POINTS(gather_axis)
+RL_KERNEL_ENTRY_POINTS(spin)
+#undef RL_KERNEL_ENTRY_POINTS
+
+// The DKP kernel's dispatch cases (gpu_kernel_entry::pad_kind), and its padded launcher
+// (dkp.cu).
+enum pad_kind : int32_t {
+    pad_gemm, pad_conv2d, pad_gather, pad_token_gather, pad_tensor_gather, pad_copy, pad_binary, pad_unary,
+    pad_where, pad_row, pad_pool2d, pad_lrn, pad_batchnorm, pad_gather_axis, pad_spin, pad_kinds
+};
+gpu::gpu_padded_library padded_library();
 
 }  // namespace reefline::ml::kernels::gpu_impl

@@ -418,5 +418,14 @@ int launch_pool2d(const gpu_launch_params& p) { return launch_kernel<pool2d_args
 int launch_lrn(const gpu_launch_params& p) { return launch_kernel<lrn_args>(p, lrn_kernel); }
 int launch_batchnorm(const gpu_launch_params& p) { return launch_kernel<batchnorm_args>(p, batchnorm_kernel); }
 int launch_gather_axis(const gpu_launch_params& p) { return launch_kernel<gather_axis_args>(p, gather_axis_kernel); }
+RL_KERNEL_RESOURCES(copy, copy_kernel, 0)
+RL_KERNEL_RESOURCES(binary, binary_kernel, 0)
+RL_KERNEL_RESOURCES(unary, unary_kernel, 0)
+RL_KERNEL_RESOURCES(where, where_kernel, 0)
+RL_KERNEL_RESOURCES(row, row_kernel, 0)
+RL_KERNEL_RESOURCES(pool2d, pool2d_kernel, 0)
+RL_KERNEL_RESOURCES(lrn, lrn_kernel, 0)
+RL_KERNEL_RESOURCES(batchnorm, batchnorm_kernel, 0)
+RL_KERNEL_RESOURCES(gather_axis, gather_axis_kernel, 0)
 
 }  // namespace reefline::ml::kernels::gpu_impl

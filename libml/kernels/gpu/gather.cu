@@ -17,8 +17,12 @@ namespace reefline::ml::kernels::gpu_impl {
 
 namespace {
 
-__device__ bool gather_block_gpu(const gather_args& g, int64_t block) {
-    __shared__ uint32_t s_seg0, s_seg1, s_lo, s_hi;
+// Shared memory: gather_shared_bytes.
+__device__ bool gather_block_gpu(const gather_args& g, int64_t block, unsigned char* smem) {
+    uint32_t& s_seg0 = reinterpret_cast<uint32_t*>(smem)[0];
+    uint32_t& s_seg1 = reinterpret_cast<uint32_t*>(smem)[1];
+    uint32_t& s_lo = reinterpret_cast<uint32_t*>(smem)[2];
+    uint32_t& s_hi = reinterpret_cast<uint32_t*>(smem)[3];
     const int64_t per_image = gather_blocks_per_image(g);
     const int64_t image = block / per_image;
     const int64_t bytes = g.h * g.w * g.c;
@@ -81,13 +85,15 @@ __device__ bool gather_block_gpu(const gather_args& g, int64_t block) {
 
 __global__ void __launch_bounds__(kThreads) gather_kernel(gather_args g, launch_ctx ctx) {
     bool ok = block_begin(ctx);
-    if (ok) ok = gather_block_gpu(g, int64_t(blockIdx.x) + ctx.offset);
+    RL_DYNAMIC_SHARED(smem);
+    if (ok) ok = gather_block_gpu(g, int64_t(blockIdx.x) + ctx.offset, smem);
     block_end(ctx, ok);
 }
 
 }  // namespace
 
-int launch_gather(const gpu_launch_params& p) { return launch_kernel<gather_args>(p, gather_kernel); }
+int launch_gather(const gpu_launch_params& p) { return launch_kernel<gather_args>(p, gather_kernel, gather_shared_bytes); }
+RL_KERNEL_RESOURCES(gather, gather_kernel, gather_shared_bytes)
 
 }  // namespace reefline::ml::kernels::gpu_impl
 
@@ -99,8 +105,9 @@ namespace reefline::ml::kernels::gpu_impl {
 
 namespace {
 
-__device__ bool token_gather_block_gpu(const token_gather_args& a, int64_t block) {
-    __shared__ uint32_t s_pos;
+// Shared memory: gather_shared_bytes.
+__device__ bool token_gather_block_gpu(const token_gather_args& a, int64_t block, unsigned char* smem) {
+    uint32_t& s_pos = *reinterpret_cast<uint32_t*>(smem);
     const int64_t per_request = token_blocks_per_request(a);
     const int64_t r = block / per_request;
     const int64_t p0 = (block % per_request) * a.tokens_per_block;
@@ -152,7 +159,8 @@ __device__ bool tensor_gather_block_gpu(const tensor_gather_args& a, int64_t blo
 
 __global__ void __launch_bounds__(kThreads) token_gather_kernel(token_gather_args a, launch_ctx ctx) {
     bool ok = block_begin(ctx);
-    if (ok) ok = token_gather_block_gpu(a, int64_t(blockIdx.x) + ctx.offset);
+    RL_DYNAMIC_SHARED(smem);
+    if (ok) ok = token_gather_block_gpu(a, int64_t(blockIdx.x) + ctx.offset, smem);
     block_end(ctx, ok);
 }
 
@@ -164,7 +172,11 @@ __global__ void __launch_bounds__(kThreads) tensor_gather_kernel(tensor_gather_a
 
 }  // namespace
 
-int launch_token_gather(const gpu_launch_params& p) { return launch_kernel<token_gather_args>(p, token_gather_kernel); }
+int launch_token_gather(const gpu_launch_params& p) {
+    return launch_kernel<token_gather_args>(p, token_gather_kernel, gather_shared_bytes);
+}
 int launch_tensor_gather(const gpu_launch_params& p) { return launch_kernel<tensor_gather_args>(p, tensor_gather_kernel); }
+RL_KERNEL_RESOURCES(token_gather, token_gather_kernel, gather_shared_bytes)
+RL_KERNEL_RESOURCES(tensor_gather, tensor_gather_kernel, 0)
 
 }  // namespace reefline::ml::kernels::gpu_impl

@@ -34,6 +34,19 @@ constexpr int BN = 64;  // sub-tile columns (GEMM n, conv output pixels)
 
 enum math_mode : int { math_fp32 = 0, math_f16 = 1, math_bf16 = 2 };
 
+// Shared memory of a block (its tiles, from the launch's dynamic shared memory).
+constexpr int BK_FP32 = 16, BK_WMMA = 32;
+constexpr int LDA_WMMA = BK_WMMA + 8, LDB_WMMA = BN + 8, LDC_WMMA = BN + 4;  // WMMA: multiples of 8 (16-bit), 4 (fp32)
+constexpr uint32_t fp32_tile_bytes = 2u * BK_FP32 * (BM + 4) * 4u;
+static_assert(BM == BN, "fp32 tiles: As and Bs have one shape");
+// WMMA tiles of T inputs (2 bytes on GPUs; the SIMT emulation's stand-ins are wider).
+template <typename T>
+constexpr uint32_t wmma_a_bytes = uint32_t(BM * LDA_WMMA * sizeof(T));
+template <typename T>
+constexpr uint32_t wmma_b_bytes = uint32_t(BK_WMMA * LDB_WMMA * sizeof(T));
+template <typename T>
+constexpr uint32_t wmma_tile_bytes = wmma_a_bytes<T> + wmma_b_bytes<T> + uint32_t(BM * LDC_WMMA * 4);
+
 // One block's GEMM operands: A is [M x K], B is [K x N], either transposed in memory.
 struct gemm_view {
     const float* a;
@@ -96,10 +109,11 @@ struct k_checks {
 // fp32 product of a sub-tile: acc[i][j] is output (m0 + ty + 16 i, n0 + tx + 16 j).
 template <typename V>
 __device__ bool tile_fp32(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, k_checks& checks,
-                          float (&acc)[4][4]) {
-    constexpr int BK = 16;
-    __shared__ float As[BK][BM + 4];
-    __shared__ float Bs[BK][BN + 4];
+                          float (&acc)[4][4], unsigned char* smem) {
+    constexpr int BK = BK_FP32;
+    using a_tile = float[BK][BM + 4];
+    a_tile& As = *reinterpret_cast<a_tile*>(smem);
+    a_tile& Bs = *reinterpret_cast<a_tile*>(smem + sizeof(a_tile));
     const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
 #pragma unroll
     for (int i = 0; i < 4; ++i)
@@ -154,13 +168,16 @@ __device__ __forceinline__ __nv_bfloat16 to_input<__nv_bfloat16>(float x) { retu
 // tile_fp32, so both share the epilogue.
 template <typename T, typename V>
 __device__ bool tile_wmma(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K, k_checks& checks,
-                          float (&acc)[4][4]) {
+                          float (&acc)[4][4], unsigned char* smem) {
     namespace wmma = nvcuda::wmma;
-    constexpr int BK = 32;
-    constexpr int LDA = BK + 8, LDB = BN + 8, LDC = BN + 4;  // WMMA: multiples of 8 (16-bit), 4 (fp32)
-    __shared__ __align__(32) T As[BM][LDA];
-    __shared__ __align__(32) T Bs[BK][LDB];
-    __shared__ __align__(32) float Cs[BM][LDC];
+    constexpr int BK = BK_WMMA, LDA = LDA_WMMA, LDB = LDB_WMMA, LDC = LDC_WMMA;
+    static_assert(wmma_a_bytes<T> % 32 == 0 && wmma_b_bytes<T> % 32 == 0, "WMMA tiles are 32-byte aligned");
+    using a_tile = T[BM][LDA];
+    using b_tile = T[BK][LDB];
+    using c_tile = float[BM][LDC];
+    a_tile& As = *reinterpret_cast<a_tile*>(smem);
+    b_tile& Bs = *reinterpret_cast<b_tile*>(smem + wmma_a_bytes<T>);
+    c_tile& Cs = *reinterpret_cast<c_tile*>(smem + wmma_a_bytes<T> + wmma_b_bytes<T>);
     const int tid = int(threadIdx.x), warp = tid / 32, wm = warp / 2, wn = warp % 2;
     wmma::fragment<wmma::accumulator, 16, 16, 16, float> c[2];
     wmma::fill_fragment(c[0], 0.0f);
@@ -213,20 +230,31 @@ __device__ bool tile_wmma(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
 
 template <int Mode, typename V>
 __device__ __forceinline__ bool tile_product(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, int64_t K,
-                                             k_checks& checks, float (&acc)[4][4]) {
+                                             k_checks& checks, float (&acc)[4][4], unsigned char* smem) {
 #if defined(RL_GPU_WMMA)
     if constexpr (Mode == math_f16)
-        return tile_wmma<__half>(v, m0, m1, n0, n1, K, checks, acc);
+        return tile_wmma<__half>(v, m0, m1, n0, n1, K, checks, acc, smem);
     else if constexpr (Mode == math_bf16)
-        return tile_wmma<__nv_bfloat16>(v, m0, m1, n0, n1, K, checks, acc);
+        return tile_wmma<__nv_bfloat16>(v, m0, m1, n0, n1, K, checks, acc, smem);
     else
 #endif
-        return tile_fp32(v, m0, m1, n0, n1, K, checks, acc);
+        return tile_fp32(v, m0, m1, n0, n1, K, checks, acc, smem);
+}
+
+// Shared memory of a GEMM/conv block in a math mode.
+constexpr uint32_t gemm_shared_bytes(int mode) {
+#if defined(RL_GPU_WMMA)
+    if (mode == math_f16) return wmma_tile_bytes<__half>;
+    if (mode == math_bf16) return wmma_tile_bytes<__nv_bfloat16>;
+#else
+    (void)mode;
+#endif
+    return fp32_tile_bytes;
 }
 
 // ---- GEMM -----------------------------------------------------------------------------------
 template <int Mode>
-__device__ bool gemm_block_gpu(const gemm_args& g, const launch_ctx& ctx, int64_t block) {
+__device__ bool gemm_block_gpu(const gemm_args& g, const launch_ctx& ctx, int64_t block, unsigned char* smem) {
     const gemm_tile t = gemm_block(g, block);
     gemm_view v{g.a + t.batch * g.stride_a, g.b + t.batch * g.stride_b, g.lda, g.ldb, g.trans_a, g.trans_b};
     float* c = g.c + t.batch * g.stride_c;
@@ -238,7 +266,7 @@ __device__ bool gemm_block_gpu(const gemm_args& g, const launch_ctx& ctx, int64_
         for (int64_t ns = t.n0; ns < t.n1; ns += BN) {
             const int64_t ne = ns + BN < t.n1 ? ns + BN : t.n1;
             float acc[4][4];
-            if (!tile_product<Mode>(v, ms, me, ns, ne, g.k, checks, acc)) return false;
+            if (!tile_product<Mode>(v, ms, me, ns, ne, g.k, checks, acc, smem)) return false;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int64_t m = ms + ty + 16 * i;
@@ -267,13 +295,14 @@ __device__ bool gemm_block_gpu(const gemm_args& g, const launch_ctx& ctx, int64_
 template <int Mode>
 __global__ void __launch_bounds__(kThreads) gemm_kernel(gemm_args g, launch_ctx ctx) {
     bool ok = block_begin(ctx);
-    if (ok) ok = gemm_block_gpu<Mode>(g, ctx, int64_t(blockIdx.x) + ctx.offset);
+    RL_DYNAMIC_SHARED(smem);
+    if (ok) ok = gemm_block_gpu<Mode>(g, ctx, int64_t(blockIdx.x) + ctx.offset, smem);
     block_end(ctx, ok);
 }
 
 // ---- convolution ------------------------------------------------------------------------------
 template <int Mode>
-__device__ bool conv2d_block_gpu(const conv2d_args& c, const launch_ctx& ctx, int64_t block) {
+__device__ bool conv2d_block_gpu(const conv2d_args& c, const launch_ctx& ctx, int64_t block, unsigned char* smem) {
     const conv2d_tile t = conv2d_block(c, block);
     const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
     const int64_t hw_out = c.h_out * c.w_out;
@@ -303,7 +332,7 @@ __device__ bool conv2d_block_gpu(const conv2d_args& c, const launch_ctx& ctx, in
         for (int64_t ps = t.p0; ps < t.p1; ps += BN) {
             const int64_t pe = ps + BN < t.p1 ? ps + BN : t.p1;
             float acc[4][4];
-            if (!tile_product<Mode>(v, cs, ce, ps, pe, K, checks, acc)) return false;
+            if (!tile_product<Mode>(v, cs, ce, ps, pe, K, checks, acc, smem)) return false;
 #pragma unroll
             for (int i = 0; i < 4; ++i) {
                 const int64_t co = cs + ty + 16 * i;
@@ -339,7 +368,8 @@ __device__ bool conv2d_block_gpu(const conv2d_args& c, const launch_ctx& ctx, in
 template <int Mode>
 __global__ void __launch_bounds__(kThreads) conv2d_kernel(conv2d_args c, launch_ctx ctx) {
     bool ok = block_begin(ctx);
-    if (ok) ok = conv2d_block_gpu<Mode>(c, ctx, int64_t(blockIdx.x) + ctx.offset);
+    RL_DYNAMIC_SHARED(smem);
+    if (ok) ok = conv2d_block_gpu<Mode>(c, ctx, int64_t(blockIdx.x) + ctx.offset, smem);
     block_end(ctx, ok);
 }
 
@@ -355,24 +385,55 @@ int math_of(uint32_t flags) {
 
 }  // namespace
 
-int launch_gemm(const gpu_launch_params& p) {
-    switch (math_of(p.flags)) {
+namespace {
+
+// The kernel a launch with these flags runs, and its shared memory.
+template <typename Args>
+struct mode_kernel {
+    void (*kernel)(Args, launch_ctx);
+    uint32_t shared;
+};
+
+mode_kernel<gemm_args> gemm_for(uint32_t flags) {
+    switch (math_of(flags)) {
 #if defined(RL_GPU_WMMA)
-    case math_f16: return launch_kernel<gemm_args>(p, gemm_kernel<math_f16>);
-    case math_bf16: return launch_kernel<gemm_args>(p, gemm_kernel<math_bf16>);
+    case math_f16: return {gemm_kernel<math_f16>, gemm_shared_bytes(math_f16)};
+    case math_bf16: return {gemm_kernel<math_bf16>, gemm_shared_bytes(math_bf16)};
 #endif
-    default: return launch_kernel<gemm_args>(p, gemm_kernel<math_fp32>);
+    default: return {gemm_kernel<math_fp32>, gemm_shared_bytes(math_fp32)};
     }
 }
 
-int launch_conv2d(const gpu_launch_params& p) {
-    switch (math_of(p.flags)) {
+mode_kernel<conv2d_args> conv2d_for(uint32_t flags) {
+    switch (math_of(flags)) {
 #if defined(RL_GPU_WMMA)
-    case math_f16: return launch_kernel<conv2d_args>(p, conv2d_kernel<math_f16>);
-    case math_bf16: return launch_kernel<conv2d_args>(p, conv2d_kernel<math_bf16>);
+    case math_f16: return {conv2d_kernel<math_f16>, gemm_shared_bytes(math_f16)};
+    case math_bf16: return {conv2d_kernel<math_bf16>, gemm_shared_bytes(math_bf16)};
 #endif
-    default: return launch_kernel<conv2d_args>(p, conv2d_kernel<math_fp32>);
+    default: return {conv2d_kernel<math_fp32>, gemm_shared_bytes(math_fp32)};
     }
+}
+
+}  // namespace
+
+int launch_gemm(const gpu_launch_params& p) {
+    const auto k = gemm_for(p.flags);
+    return launch_kernel<gemm_args>(p, k.kernel, k.shared);
+}
+
+int launch_conv2d(const gpu_launch_params& p) {
+    const auto k = conv2d_for(p.flags);
+    return launch_kernel<conv2d_args>(p, k.kernel, k.shared);
+}
+
+bool resources_gemm(uint32_t flags, gpu::gpu_kernel_resources& out) {
+    const auto k = gemm_for(flags);
+    return kernel_resources(reinterpret_cast<const void*>(k.kernel), kThreads, k.shared, out);
+}
+
+bool resources_conv2d(uint32_t flags, gpu::gpu_kernel_resources& out) {
+    const auto k = conv2d_for(flags);
+    return kernel_resources(reinterpret_cast<const void*>(k.kernel), kThreads, k.shared, out);
 }
 
 }  // namespace reefline::ml::kernels::gpu_impl

@@ -1,9 +1,6 @@
-// The GPU kernel library's table of launchers by kernel name (launcher.h), the accounting
-// block of empty launches, and the runtime's error strings.
-#include <mutex>
-#include <string>
-#include <vector>
-
+// The GPU kernel library's registration with the device layer (preempt/gpu_kernels.h): every
+// kernel under its name with its launcher, resources and DKP case; the accounting block of
+// empty launches. Compiled last in library.cu: it names every kernel file's entry points.
 #include "libml/kernels/gpu/common.cuh"
 
 namespace reefline::ml::kernels {
@@ -29,67 +26,63 @@ int launch_account_only(const gpu_launch_params& p) {
 
 }  // namespace gpu_impl
 
-namespace {
-
-struct entry {
-    const char* name;
-    gpu_launcher fn;
-};
-
-// The library's kernels, named as their kernel_info (kernels.h).
-constexpr entry builtin[] = {
-    {"gemm", gpu_impl::launch_gemm},
-    {"conv2d", gpu_impl::launch_conv2d},
-    {"gather", gpu_impl::launch_gather},
-    {"token_gather", gpu_impl::launch_token_gather},
-    {"tensor_gather", gpu_impl::launch_tensor_gather},
-    {"copy", gpu_impl::launch_copy},
-    {"binary", gpu_impl::launch_binary},
-    {"unary", gpu_impl::launch_unary},
-    {"where", gpu_impl::launch_where},
-    {"row", gpu_impl::launch_row},
-    {"pool2d", gpu_impl::launch_pool2d},
-    {"lrn", gpu_impl::launch_lrn},
-    {"batchnorm", gpu_impl::launch_batchnorm},
-    {"gather_axis", gpu_impl::launch_gather_axis},
-    {"gpu_spin", gpu_impl::launch_spin},
-};
-
-struct extra_table {
-    std::mutex mu;
-    std::vector<std::pair<std::string, gpu_launcher>> entries;
-};
-
-extra_table& extras() {
-    static extra_table t;
-    return t;
-}
-
-}  // namespace
-
-gpu_launcher gpu_launcher_for(const char* name) {
-    if (!name) return nullptr;
-    const std::string n(name);
-    for (const entry& e : builtin)
-        if (n == e.name) return e.fn;
-    extra_table& t = extras();
-    std::lock_guard lk(t.mu);
-    for (const auto& [k, fn] : t.entries)
-        if (k == n) return fn;
-    return nullptr;
-}
-
-bool register_gpu_launcher(const char* name, gpu_launcher fn) {
-    if (!name || !fn || gpu_launcher_for(name)) return false;
-    extra_table& t = extras();
-    std::lock_guard lk(t.mu);
-    for (const auto& [k, f] : t.entries)
-        if (k == name) return false;
-    t.entries.emplace_back(name, fn);
+bool gpu_impl::kernel_resources(const void* kernel, uint32_t threads, uint32_t dynamic_shared,
+                                gpu::gpu_kernel_resources& out) {
+    cudaFuncAttributes a{};
+    if (cudaFuncGetAttributes(&a, kernel) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    int blocks = 0;
+    if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, int(threads), dynamic_shared) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    out.threads_per_block = threads;
+    out.registers = uint32_t(a.numRegs);
+    out.shared_bytes = uint32_t(a.sharedSizeBytes) + dynamic_shared;
+    out.blocks_per_unit = uint32_t(blocks > 0 ? blocks : 0);
     return true;
 }
 
-const char* gpu_error_string(int code) { return cudaGetErrorString(static_cast<cudaError_t>(code)); }
+namespace {
+
+// The library's kernels, named as their kernel_info (kernels.h), with their case in the DKP
+// kernel's dispatch (dkp.cu), registered with the device layer when the library is loaded.
+struct builtin {
+    const char* name;
+    gpu::gpu_kernel_entry entry;
+};
+
+#define RL_BUILTIN(name, kind) {#name, {gpu_impl::launch_##name, int32_t(kind), gpu_impl::resources_##name}}
+const builtin builtins[] = {
+    RL_BUILTIN(gemm, gpu_impl::pad_gemm),
+    RL_BUILTIN(conv2d, gpu_impl::pad_conv2d),
+    RL_BUILTIN(gather, gpu_impl::pad_gather),
+    RL_BUILTIN(token_gather, gpu_impl::pad_token_gather),
+    RL_BUILTIN(tensor_gather, gpu_impl::pad_tensor_gather),
+    RL_BUILTIN(copy, gpu_impl::pad_copy),
+    RL_BUILTIN(binary, gpu_impl::pad_binary),
+    RL_BUILTIN(unary, gpu_impl::pad_unary),
+    RL_BUILTIN(where, gpu_impl::pad_where),
+    RL_BUILTIN(row, gpu_impl::pad_row),
+    RL_BUILTIN(pool2d, gpu_impl::pad_pool2d),
+    RL_BUILTIN(lrn, gpu_impl::pad_lrn),
+    RL_BUILTIN(batchnorm, gpu_impl::pad_batchnorm),
+    RL_BUILTIN(gather_axis, gpu_impl::pad_gather_axis),
+    {"gpu_spin", {gpu_impl::launch_spin, int32_t(gpu_impl::pad_spin), gpu_impl::resources_spin}},
+};
+#undef RL_BUILTIN
+
+struct registration {
+    registration() {
+        for (const builtin& b : builtins) gpu::register_gpu_kernel(b.name, b.entry);
+        gpu::register_gpu_padded_library(gpu_impl::padded_library());
+    }
+};
+const registration registered;
+
+}  // namespace
 
 const char* gpu_runtime_name() { return RL_GPU_RUNTIME_NAME; }
 

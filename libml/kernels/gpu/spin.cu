@@ -6,6 +6,7 @@
 
 #if defined(RL_GPU_EMU)
 #include <chrono>
+#include <thread>
 #endif
 
 namespace reefline::ml::kernels::gpu_impl {
@@ -31,28 +32,42 @@ __device__ __forceinline__ uint64_t gpu_now_ns() {
 #endif
 }
 
-__global__ void __launch_bounds__(kLanes) spin_kernel(gpu_spin_args a, launch_ctx c) {
-    bool ok = block_begin(c);
-    if (ok && threadIdx.x == 0) {
-        if (a.started && *reinterpret_cast<volatile uint32_t*>(a.started) == 0) {
-            *reinterpret_cast<volatile uint32_t*>(a.started) = 1;
-            __threadfence_system();
-        }
-        const uint64_t t0 = gpu_now_ns();
-        uint64_t next = t0 + a.check_ns;
-        for (;;) {
-            const uint64_t t = gpu_now_ns();
-            if (t - t0 >= a.ns) break;
-            if (t >= next) {
-                if (load_flag(c.preempt)) {
-                    ok = false;
-                    break;
-                }
-                next = t + a.check_ns;
-            }
+// Thread 0 spins; the block's result is thread 0's (block_end reads only its).
+__device__ bool spin_block_gpu(const gpu_spin_args& a, const launch_ctx& c, int64_t block) {
+    if (threadIdx.x != 0) return true;
+    if (a.started && *reinterpret_cast<volatile uint32_t*>(a.started) == 0) {
+        *reinterpret_cast<volatile uint32_t*>(a.started) = 1;
+        __threadfence_system();
+    }
+    const uint32_t unit = 1 + unit_id();
+    volatile uint32_t* unit_word = a.units ? reinterpret_cast<volatile uint32_t*>(a.units + block) : nullptr;
+    if (unit_word) *unit_word = unit;
+    const uint64_t t0 = gpu_now_ns();
+    uint64_t next = t0 + a.check_ns;
+    for (;;) {
+#if defined(RL_GPU_EMU)
+        // The emulation's threads share a few cores: a spinning block must not starve the
+        // blocks beside it.
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+#endif
+        const uint64_t t = gpu_now_ns();
+        if (t - t0 >= a.ns) break;
+        if (t >= next) {
+            if (load_flag(c.preempt)) return false;
+            next = t + a.check_ns;
         }
     }
-    block_end(c, ok);  // thread 0's ok is the block's
+    if (unit_word) {
+        *unit_word = 0x80000000u | unit;
+        __threadfence_system();
+    }
+    return true;
+}
+
+__global__ void __launch_bounds__(kLanes) spin_kernel(gpu_spin_args a, launch_ctx c) {
+    bool ok = block_begin(c);
+    if (ok) ok = spin_block_gpu(a, c, int64_t(blockIdx.x) + c.offset);
+    block_end(c, ok);
 }
 
 }  // namespace
@@ -63,6 +78,10 @@ int launch_spin(const gpu_launch_params& p) {
     const launch_ctx c = make_ctx(p);
     RL_LAUNCH(spin_kernel, dim3(p.block_count), dim3(kLanes), 0, static_cast<cudaStream_t>(p.stream), a, c);
     return int(cudaGetLastError());
+}
+
+bool resources_spin(uint32_t, gpu::gpu_kernel_resources& out) {
+    return kernel_resources(reinterpret_cast<const void*>(spin_kernel), kLanes, 0, out);
 }
 
 }  // namespace reefline::ml::kernels::gpu_impl

@@ -1,18 +1,22 @@
-// A software SIMT machine for the GPU kernel sources (vendor.h, REEFLINE_SIMT_EMU=1): the .cu
-// files and the cuda device backend (preempt/gpu_device.cc) compiled by the host compiler and
-// run on the CPU, so that the kernels' indexing, barriers, check points and completion
+// A software SIMT machine for the GPU kernel sources (gpu_vendor.h, REEFLINE_SIMT_EMU=1): the
+// .cu files and the cuda device backend (preempt/gpu_device.cc) compiled by the host compiler
+// and run on the CPU, so that the kernels' indexing, barriers, check points and completion
 // accounting, and the backend's streams, events, counters and queues, are exercised on
 // machines without a GPU (-Dgpu_emu=true; the GPU tests then run against it).
 //
-// The machine: one OS thread per GPU thread of a block (up to 256), the blocks of a launch one
-// after another, so `__shared__` (function-scope statics here) is the block's shared memory;
+// The machine: `units` emulated SMs (REEFLINE_EMU_UNITS, default 1), each one OS thread per GPU
+// thread of a block (up to 256) running the launch's blocks one after another as it claims
+// them; blocks on different units run concurrently, and a kernel reads its unit's number as
+// %smid. A block's shared memory is the dynamic shared memory of its launch (RL_DYNAMIC_SHARED:
+// the kernels declare no static __shared__ arrays, which would be one copy for all units);
 // __syncthreads is a barrier of the block's threads, the shuffles exchange through memory
 // between the 32 lanes of a group. Streams are in-order queues, each with its own thread; one
-// launch runs at a time on the whole machine (the thread pool is the machine's one SM), so
-// streams interleave at launch boundaries, not block by block, and priorities are not
-// modelled. Memory is host memory: device, pinned and host-mapped allocations are the same
-// kind here. What it cannot show: timing, tensor-core code (WMMA is not compiled), memory
-// coherence across PCIe, and the hardware's own limits (registers, shared memory size).
+// launch runs at a time on the whole machine, so streams interleave at launch boundaries, not
+// block by block, and priorities are not modelled. Memory is host memory: device, pinned and
+// host-mapped allocations are the same kind here. What it cannot show: timing, tensor-core
+// code (WMMA is emulated by plain arithmetic), memory coherence across PCIe, and the
+// hardware's own limits (registers, shared memory size: the attributes it reports are
+// nominal).
 #pragma once
 
 #include <linux/futex.h>
@@ -44,7 +48,6 @@
 #define __host__
 #define __forceinline__ inline
 #define __launch_bounds__(...)
-#define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 
 using std::isnan;
@@ -88,44 +91,56 @@ private:
     std::atomic<uint32_t> _generation{0};
 };
 
-// One launch on the machine: the block barrier, the lane groups' barriers and exchange.
+// One block slot of the machine (an emulated SM) during a launch: the block barrier, the lane
+// groups' barriers and exchange, the block's dynamic shared memory and the block it runs.
 struct launch_state {
     unsigned threads;
     barrier block;
     std::vector<std::unique_ptr<barrier>> groups;
     std::atomic<int> vote{0};
     double exchange[kMaxThreads] = {};
-    explicit launch_state(unsigned t) : threads(t), block(t) {
+    std::vector<unsigned char> shared;  // extern __shared__ (RL_DYNAMIC_SHARED)
+    unsigned current_block = 0;
+    launch_state(unsigned t, size_t shared_bytes) : threads(t), block(t), shared(std::max<size_t>(shared_bytes, 16)) {
         for (unsigned g = 0; g < (t + kLanes - 1) / kLanes; ++g)
             groups.push_back(std::make_unique<barrier>(std::min(kLanes, t - g * kLanes)));
     }
 };
 inline thread_local launch_state* current = nullptr;
+inline thread_local unsigned current_unit = 0;
 
-// The machine's threads: kMaxThreads workers that run one launch at a time.
+// The machine: `units` block slots (emulated SMs, REEFLINE_EMU_UNITS, default 1) of
+// kMaxThreads threads each, which run one launch at a time; each slot takes the launch's
+// blocks one after another from a shared counter, so with several units blocks run
+// concurrently, on units a kernel can tell apart (%smid: rl_emu::current_unit).
 class machine {
 public:
     static machine& get() {
         static machine m;
         return m;
     }
+    unsigned units() const { return _units; }
     // Runs every block of a launch; returns when all are done.
-    void run(dim3 grid, dim3 block, const std::function<void()>& body) {
+    void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
         std::lock_guard one(_one_launch);
-        launch_state st(std::min(block.x, kMaxThreads));
+        const unsigned threads = std::min(block.x, kMaxThreads);
+        std::vector<std::unique_ptr<launch_state>> slots;
+        for (unsigned u = 0; u < _units; ++u) slots.push_back(std::make_unique<launch_state>(threads, shared_bytes));
+        std::atomic<unsigned> next{0};
         {
             std::lock_guard lk(_mu);
-            _state = &st;
+            _slots = &slots;
+            _next = &next;
             _grid = grid;
             _block = block;
             _body = &body;
-            _left = st.threads;
+            _left = threads * _units;
             ++_generation;
         }
         _cv.notify_all();
         std::unique_lock lk(_mu);
         _done_cv.wait(lk, [&] { return _left == 0; });
-        _state = nullptr;
+        _slots = nullptr;
     }
     ~machine() {
         {
@@ -139,12 +154,15 @@ public:
 
 private:
     machine() {
-        for (unsigned t = 0; t < kMaxThreads; ++t) _threads.emplace_back([this, t] { worker(t); });
+        if (const char* e = std::getenv("REEFLINE_EMU_UNITS")) _units = std::clamp(std::atoi(e), 1, 16);
+        for (unsigned w = 0; w < kMaxThreads * _units; ++w) _threads.emplace_back([this, w] { worker(w); });
     }
-    void worker(unsigned t) {
+    void worker(unsigned w) {
+        const unsigned unit = w / kMaxThreads, t = w % kMaxThreads;
         uint64_t seen = 0;
         for (;;) {
             launch_state* st;
+            std::atomic<unsigned>* next;
             dim3 grid, block;
             const std::function<void()>* body;
             {
@@ -152,32 +170,41 @@ private:
                 _cv.wait(lk, [&] { return _generation != seen; });
                 seen = _generation;
                 if (_stop) return;
-                st = _state;
+                if (!_slots) continue;
+                st = (*_slots)[unit].get();
+                next = _next;
                 grid = _grid;
                 block = _block;
                 body = _body;
             }
-            if (!st || t >= st->threads) continue;
+            if (t >= st->threads) continue;
             current = st;
+            current_unit = unit;
             threadIdx = {t, 0, 0};
             blockDim = block;
             gridDim = grid;
-            for (unsigned b = 0; b < grid.x; ++b) {
+            for (;;) {
+                if (t == 0) st->current_block = next->fetch_add(1);
+                st->block.arrive_and_wait();
+                const unsigned b = st->current_block;
+                if (b >= grid.x) break;
                 blockIdx = {b, 0, 0};
                 (*body)();
-                st->block.arrive_and_wait();  // the next block reuses the shared statics
+                st->block.arrive_and_wait();  // the slot's next block reuses its shared memory
             }
             current = nullptr;
             std::lock_guard lk(_mu);
             if (--_left == 0) _done_cv.notify_all();
         }
     }
+    unsigned _units = 1;
     std::mutex _one_launch;
     std::mutex _mu;
     std::condition_variable _cv, _done_cv;
     uint64_t _generation = 0;
     bool _stop = false;
-    launch_state* _state = nullptr;
+    std::vector<std::unique_ptr<launch_state>>* _slots = nullptr;
+    std::atomic<unsigned>* _next = nullptr;
     dim3 _grid, _block;
     const std::function<void()>* _body = nullptr;
     unsigned _left = 0;
@@ -255,9 +282,9 @@ struct registry {
     }
 };
 
-inline void enqueue(void* stream, dim3 grid, dim3 block, std::function<void()> body) {
+inline void enqueue(void* stream, dim3 grid, dim3 block, size_t shared_bytes, std::function<void()> body) {
     auto* s = static_cast<stream_t*>(stream);
-    auto job = [grid, block, body = std::move(body)] { machine::get().run(grid, block, body); };
+    auto job = [grid, block, shared_bytes, body = std::move(body)] { machine::get().run(grid, block, shared_bytes, body); };
     if (s) s->push(std::move(job));
     else job();
 }
@@ -293,6 +320,19 @@ inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
 }
 
 inline unsigned atomicAdd(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_add(v); }
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*p).fetch_add(v);
+}
+inline unsigned atomicSub(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_sub(v); }
+inline unsigned atomicCAS(unsigned* p, unsigned expected, unsigned desired) {
+    std::atomic_ref<unsigned>(*p).compare_exchange_strong(expected, desired);
+    return expected;
+}
+// The block's dynamic shared memory (RL_DYNAMIC_SHARED) and the unit it runs on (%smid).
+namespace rl_emu {
+inline unsigned char* dynamic_shared() { return current->shared.data(); }
+inline unsigned smid() { return current_unit; }
+}  // namespace rl_emu
 inline unsigned atomicOr(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).fetch_or(v); }
 inline unsigned atomicExch(unsigned* p, unsigned v) { return std::atomic_ref<unsigned>(*p).exchange(v); }
 inline unsigned atomicMin(unsigned* p, unsigned v) {
@@ -399,6 +439,11 @@ struct cudaDeviceProp {
     char name[256];
     int multiProcessorCount;
 };
+struct cudaFuncAttributes {
+    size_t sharedSizeBytes;
+    int maxThreadsPerBlock;
+    int numRegs;
+};
 enum cudaMemcpyKind : int { cudaMemcpyHostToDevice = 1, cudaMemcpyDeviceToHost = 2, cudaMemcpyDefault = 4 };
 constexpr unsigned cudaHostAllocPortable = 1, cudaHostAllocMapped = 2;
 constexpr unsigned cudaHostRegisterPortable = 1, cudaHostRegisterMapped = 2;
@@ -422,7 +467,7 @@ inline cudaError_t cudaGetDeviceCount(int* n) {
 inline cudaError_t cudaSetDevice(int d) { return d == 0 ? cudaSuccess : cudaErrorInvalidValue; }
 inline cudaError_t cudaGetDeviceProperties(cudaDeviceProp* p, int) {
     std::snprintf(p->name, sizeof p->name, "SIMT emulation");
-    p->multiProcessorCount = 4;
+    p->multiProcessorCount = int(rl_emu::machine::get().units());
     return cudaSuccess;
 }
 inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
@@ -550,5 +595,28 @@ inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
         t = e->ticket;
     }
     if (s) s->wait_until(t);
+    return cudaSuccess;
+}
+// A host function in stream order (it runs on the stream's thread, as the runtime's does on
+// one of its own).
+using cudaStreamCallback_t = void (*)(cudaStream_t, cudaError_t, void*);
+inline cudaError_t cudaStreamAddCallback(cudaStream_t stream, cudaStreamCallback_t fn, void* user, unsigned) {
+    if (auto* st = static_cast<rl_emu::stream_t*>(stream)) st->push([stream, fn, user] { fn(stream, cudaSuccess, user); });
+    else fn(stream, cudaSuccess, user);
+    return cudaSuccess;
+}
+// The emulation has no registers or shared-memory limits of its own: it reports those of a
+// typical GPU kernel (32 registers; 64 KiB of shared memory per unit) so that occupancy-driven
+// code takes the paths it takes on hardware.
+inline cudaError_t cudaFuncGetAttributes(cudaFuncAttributes* a, const void*) {
+    a->sharedSizeBytes = 0;
+    a->maxThreadsPerBlock = int(rl_emu::kMaxThreads);
+    a->numRegs = 32;
+    return cudaSuccess;
+}
+inline cudaError_t cudaOccupancyMaxActiveBlocksPerMultiprocessor(int* n, const void*, int threads, size_t shared) {
+    int b = 2048 / std::max(threads, 1);
+    if (shared) b = std::min<int>(b, int((64u << 10) / shared));
+    *n = std::clamp(b, 1, 8);
     return cudaSuccess;
 }

@@ -14,11 +14,12 @@
 #if defined(REEFLINE_SIMT_EMU) && REEFLINE_SIMT_EMU
 // The kernel sources on the host compiler, run by a software SIMT machine (simt_emu.h): for
 // testing the kernels and the device backend on machines without a GPU.
-#include "libml/kernels/gpu/simt_emu.h"
+#include "preempt/simt_emu.h"
 #define RL_GPU_RUNTIME_NAME "SIMT emulation"
 #define RL_HOST_COHERENT 0u
 #define RL_LAUNCH(kernel, grid, block, shared, stream, ...) \
-    ::rl_emu::enqueue((stream), (grid), (block), [=] { kernel(__VA_ARGS__); })
+    ::rl_emu::enqueue((stream), (grid), (block), (shared), [=] { kernel(__VA_ARGS__); })
+#define RL_DYNAMIC_SHARED(name) unsigned char* name = ::rl_emu::dynamic_shared()
 #define RL_GPU_WMMA 1  // emulated (simt_emu.h), so the tensor-core path's tiling runs too
 
 #elif defined(__HIPCC__) || (defined(REEFLINE_HIP) && REEFLINE_HIP)
@@ -103,6 +104,12 @@
 #define cudaEventSynchronize hipEventSynchronize
 #define cudaStreamWaitEvent hipStreamWaitEvent
 #define cudaEventElapsedTime hipEventElapsedTime
+#define cudaStreamAddCallback hipStreamAddCallback
+
+// Kernel attributes and occupancy
+#define cudaFuncAttributes hipFuncAttributes
+#define cudaFuncGetAttributes hipFuncGetAttributes
+#define cudaOccupancyMaxActiveBlocksPerMultiprocessor hipOccupancyMaxActiveBlocksPerMultiprocessor
 
 #else  // CUDA
 #define RL_GPU_CUDA 1
@@ -121,4 +128,9 @@
 // only and a tensor-core request runs the fp32 kernels there.
 #if defined(RL_GPU_CUDA) && defined(__CUDACC__)
 #define RL_GPU_WMMA 1
+#endif
+
+// A kernel's dynamic shared memory (the launch's `shared` bytes), as a byte pointer `name`.
+#if !defined(RL_GPU_EMU)
+#define RL_DYNAMIC_SHARED(name) extern __shared__ __align__(16) unsigned char name[]
 #endif
