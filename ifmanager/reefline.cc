@@ -156,6 +156,7 @@ std::unique_ptr<reefline::gpu::device> make_gpu_backend([[maybe_unused]] int ord
 
 int main(int argc, char** argv) {
     CLI::App app{"reefline: network inference appliance"};
+    app.set_version_flag("--version", std::string("reefline ") + REEFLINE_VERSION);
     app.config_formatter(std::make_shared<reefline::ifm::toml_or_json_config>());
     app.set_config("--config", "",
                    "configuration file, TOML (option = value, e.g. repo = \"/var/lib/reefline\") or JSON ({\"repo\": "

@@ -68,32 +68,55 @@ std::string dims_text(const uint16_t dims[4], size_t n) {
 
 }  // namespace
 
+namespace {
+
+// A message as the client library's result view (no copy) for its decoders.
+reefline_result result_view(const assembled_message& m) {
+    reefline_result r{};
+    r.request_id = m.key.request_id;
+    r.kind = m.head.kind;
+    r.status = m.head.status;
+    r.format = m.head.format;
+    std::copy(std::begin(m.head.dims), std::end(m.head.dims), r.dims);
+    r.payload = m.payload.data();
+    r.payload_length = m.payload.size();
+    return r;
+}
+
+}  // namespace
+
 std::vector<uint32_t> tensor_result_dims(const uint16_t dims[4]) {
-    std::vector<uint32_t> out;
-    size_t d = 0;
-    for (; d < 4 && dims[d] != 0; ++d) out.push_back(dims[d]);
-    for (; d < 4; ++d)
-        if (dims[d] != 0) return {};
-    return out;
+    reefline_result r{};
+    r.kind = REEFLINE_KIND_RESPONSE;
+    r.format = REEFLINE_FORMAT_RESULT_TENSOR_F32;
+    std::copy(dims, dims + 4, r.dims);
+    uint32_t d[4];
+    size_t n = 0;
+    if (reefline_result_tensor_dims(&r, d, &n) != REEFLINE_OK) return {};
+    return std::vector<uint32_t>(d, d + n);
 }
 
 std::string describe_answer(const assembled_message& m) {
     char buf[64];
     const std::vector<uint8_t>& p = m.payload;
+    const reefline_result r = result_view(m);
     if (m.head.kind == uint8_t(wire::kind::error))
         return "message='" + std::string(p.begin(), p.end()) + "'";
     if (m.head.format == uint8_t(wire::format::result_crc32)) {
-        std::snprintf(buf, sizeof buf, "crc32c=%08x", p.size() == 8 ? load_be32(p.data() + 4) : 0u);
+        uint32_t crc = 0;
+        if (reefline_result_crc32(&r, nullptr, &crc) != REEFLINE_OK) crc = 0;
+        std::snprintf(buf, sizeof buf, "crc32c=%08x", crc);
         return buf;
     }
     if (m.head.format == uint8_t(wire::format::result_topk)) {
+        // Whatever whole entries arrived, the first three: a line shows, it does not judge.
+        reefline_topk_entry top[3];
+        const size_t shown = std::min<size_t>(p.size() / 8, 3);
+        reefline_decode_topk(p.data(), shown, top);
         std::string s = "top:";
-        for (size_t j = 0; j + 8 <= p.size() && j < 24; j += 8) {
-            const uint32_t bits = load_be32(p.data() + j + 4);
-            float score;
-            std::memcpy(&score, &bits, 4);
-            std::snprintf(buf, sizeof buf, "%s class %u (%.2f)", j ? "," : "", load_be32(p.data() + j),
-                          double(score));
+        for (size_t j = 0; j < shown; ++j) {
+            std::snprintf(buf, sizeof buf, "%s class %u (%.2f)", j ? "," : "", top[j].class_index,
+                          double(top[j].score));
             s += buf;
         }
         return s + (p.size() > 24 ? ", ..." : "");
@@ -101,8 +124,11 @@ std::string describe_answer(const assembled_message& m) {
     if (m.head.format == uint8_t(wire::format::result_tensor_f32)) {
         std::string s = "tensor " + dims_text(m.head.dims, std::max<size_t>(tensor_result_dims(m.head.dims).size(), 1)) + " [";
         constexpr size_t shown = 4;
-        for (size_t i = 0; i < shown && i * 4 + 4 <= p.size(); ++i) {
-            std::snprintf(buf, sizeof buf, "%s%.4g", i ? ", " : "", double(load_f32(p.data() + i * 4)));
+        float values[shown];
+        const size_t n = std::min(shown, p.size() / 4);
+        reefline_decode_f32(p.data(), n, values);
+        for (size_t i = 0; i < n; ++i) {
+            std::snprintf(buf, sizeof buf, "%s%.4g", i ? ", " : "", double(values[i]));
             s += buf;
         }
         return s + (p.size() > shown * 4 ? ", ...]" : "]");
@@ -121,25 +147,26 @@ std::string response_problem(const assembled_message& m, uint32_t length, uint32
         return p;
     }
     if (!m.tiles) return "response fragments do not tile its payload";
+    const reefline_result r = result_view(m);
     if (m.head.format == uint8_t(wire::format::result_tensor_f32)) {
         const std::vector<uint32_t> dims = tensor_result_dims(m.head.dims);
         if (dims.empty())
             return "result_tensor_f32 with dims " + dims_text(m.head.dims, 4) +
                    ": expected 1 to 4 non-zero extents, then zeros";
-        uint64_t want = 4;
-        for (uint32_t d : dims) want *= d;
-        if (m.payload.size() != want)
+        if (reefline_result_tensor(&r, nullptr, 0, nullptr, nullptr, nullptr) != REEFLINE_OK) {
+            uint64_t want = 4;
+            for (uint32_t d : dims) want *= d;
             return "result_tensor_f32 of " + std::to_string(m.payload.size()) + " bytes, dims " +
                    dims_text(m.head.dims, dims.size()) + " need " + std::to_string(want) + " (4 per f32)";
+        }
     }
     if (m.head.format != uint8_t(wire::format::result_crc32))
         return require_crc32
                    ? "format=" + std::to_string(m.head.format) + ", expected result_crc32 (16)"
                    : std::string();
-    if (m.payload.size() != 8)
+    uint32_t got_length = 0, got_crc = 0;
+    if (reefline_result_crc32(&r, &got_length, &got_crc) != REEFLINE_OK)
         return "result_crc32 of " + std::to_string(m.payload.size()) + " bytes, expected 8";
-    const uint32_t got_length = load_be32(m.payload.data());
-    const uint32_t got_crc = load_be32(m.payload.data() + 4);
     if (got_length != length || got_crc != crc)
         return "length=" + std::to_string(got_length) + " crc=" + hex32(got_crc) +
                ", expected length=" + std::to_string(length) + " crc=" + hex32(crc);

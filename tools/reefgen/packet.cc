@@ -41,7 +41,8 @@ void append_udp_payload(std::vector<uint8_t>& out, const wire::fields& header,
                         std::span<const uint8_t> fragment) {
     const size_t at = out.size();
     out.resize(at + wire::header_size + fragment.size());
-    wire::encode(header, out.data() + at);
+    const reefline_header h = to_client(header);
+    reefline_header_encode(&h, out.data() + at);
     if (!fragment.empty())
         std::memcpy(out.data() + at + wire::header_size, fragment.data(), fragment.size());
 }
@@ -210,31 +211,29 @@ parsed_frame parse_frame(std::span<const uint8_t> frame) {
 }
 
 std::string_view response_header_problem(const wire::header& h, size_t fragment_length) {
-    if (h.magic_be != htonl(wire::magic) || h.version != wire::version || h.reserved_be != 0)
-        return "bad_header";
-    if (h.kind != uint8_t(wire::kind::response) && h.kind != uint8_t(wire::kind::error))
-        return "bad_kind";
-    const wire::fields f = wire::decode(&h);
-    if (f.frag_count == 0 || f.frag_count > wire::max_fragments || f.frag_index >= f.frag_count)
-        return "too_many_fragments";
-    if (f.total_length > wire::max_total_length) return "too_large";
-    if (uint64_t(f.payload_offset) + fragment_length > f.total_length) return "offset_out_of_range";
-    return {};
+    const reefline_fragment_verdict v = reefline_check_response_header(&h, fragment_length);
+    return v == REEFLINE_FRAGMENT_OK ? std::string_view() : reefline_fragment_verdict_name(v);
 }
 
 namespace {
 
-// The wire header and what follows it, checked as a response fragment.
-void parse_response_payload(const wire::header& h, std::span<const uint8_t> fragment,
-                            response_fragment& out) {
-    if (h.magic_be == htonl(wire::magic) && h.kind == uint8_t(wire::kind::request)) {
+// The wire header and what follows it, checked as a response fragment by the client library.
+void parse_response_payload(std::span<const uint8_t> datagram, response_fragment& out) {
+    reefline_header h;
+    const uint8_t* fragment = nullptr;
+    size_t length = 0;
+    const reefline_fragment_verdict v =
+        reefline_parse_response(datagram.data(), datagram.size(), &h, &fragment, &length);
+    if (v == REEFLINE_FRAGMENT_REQUEST) {
         out.ignored = true;  // a capture of both directions: requests are not ours to judge
         return;
     }
-    out.problem = response_header_problem(h, fragment.size());
-    if (!out.problem.empty()) return;
-    out.fields = wire::decode(&h);
-    out.fragment = fragment;
+    if (v != REEFLINE_FRAGMENT_OK) {
+        out.problem = reefline_fragment_verdict_name(v);
+        return;
+    }
+    out.fields = from_client(h);
+    out.fragment = std::span<const uint8_t>(fragment, length);
 }
 
 }  // namespace
@@ -254,19 +253,14 @@ response_fragment parse_response_frame(std::span<const uint8_t> frame) {
     out.dst_ip = pf.dst_ip;
     out.src_port = pf.src_port;
     out.dst_port = pf.dst_port;
-    parse_response_payload(pf.header, pf.fragment, out);
+    // parse_frame() guarantees the header precedes the fragment in the frame.
+    parse_response_payload({pf.fragment.data() - wire::header_size, pf.fragment.size() + wire::header_size}, out);
     return out;
 }
 
 response_fragment parse_response_datagram(std::span<const uint8_t> datagram) {
     response_fragment out;
-    if (datagram.size() < wire::header_size) {
-        out.problem = "short_payload";
-        return out;
-    }
-    wire::header h;
-    std::memcpy(&h, datagram.data(), sizeof h);
-    parse_response_payload(h, datagram.subspan(wire::header_size), out);
+    parse_response_payload(datagram, out);
     return out;
 }
 

@@ -1,9 +1,11 @@
-// reefgen: the one place where datagrams and Ethernet frames are built and parsed.
+// reefgen: the one place where Ethernet frames are built and parsed.
 //
 // Every reefline datagram's UDP payload is the 40-byte wire header followed by one fragment;
-// build_udp_payload() makes it for both the pcap writer and the live sender. build_frame()
-// wraps it in Ethernet/IPv4/UDP with correct checksums; parse_frame() is the inverse that
-// `check` applies to every captured frame.
+// the header encoding and the checks on response fragments are libreefline-client's
+// (clients/c), the same code applications run: append_udp_payload() and
+// parse_response_datagram() are its C++ face for the pcap writer, `check` and `send`.
+// build_frame() wraps a datagram in Ethernet/IPv4/UDP with correct checksums; parse_frame()
+// is the inverse that `check` applies to every captured frame.
 #pragma once
 
 #include <cstddef>
@@ -12,10 +14,16 @@
 #include <string_view>
 #include <vector>
 
+#include "clients/c/reefline_client.h"
+#include "clients/c/wire_header.h"
 #include "dataplane/protocol.h"
 #include "tools/reefgen/common.h"
 
 namespace reefline::reefgen {
+
+// The header in the client library's terms and back (the same fields, host order).
+inline reefline_header to_client(const wire::fields& f) { return client::from_wire(f); }
+inline wire::fields from_client(const reefline_header& h) { return client::to_wire(h); }
 
 inline constexpr size_t eth_header_size = 14;
 inline constexpr size_t ipv4_header_size = 20;  // we never emit IP options

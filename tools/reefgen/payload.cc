@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "tools/reefgen/packet.h"
+
 namespace reefline::reefgen {
 namespace {
 
@@ -126,29 +128,19 @@ std::string next_netpbm_token(const std::vector<uint8_t>& b, size_t& pos) {
 
 }  // namespace
 
-void store_token(uint8_t* out, int32_t token) {
-    const uint32_t v = static_cast<uint32_t>(token);
-    out[0] = uint8_t(v);
-    out[1] = uint8_t(v >> 8);
-    out[2] = uint8_t(v >> 16);
-    out[3] = uint8_t(v >> 24);
-}
+void store_token(uint8_t* out, int32_t token) { reefline_encode_i32(&token, 1, out); }
 
 int32_t load_token(const uint8_t* in) {
-    return static_cast<int32_t>(uint32_t(in[0]) | uint32_t(in[1]) << 8 | uint32_t(in[2]) << 16 |
-                                uint32_t(in[3]) << 24);
+    int32_t v;
+    reefline_decode_i32(in, 1, &v);
+    return v;
 }
 
-void store_f32(uint8_t* out, float v) {
-    uint32_t bits;
-    std::memcpy(&bits, &v, 4);
-    store_token(out, static_cast<int32_t>(bits));
-}
+void store_f32(uint8_t* out, float v) { reefline_encode_f32(&v, 1, out); }
 
 float load_f32(const uint8_t* in) {
-    const uint32_t bits = static_cast<uint32_t>(load_token(in));
     float v;
-    std::memcpy(&v, &bits, 4);
+    reefline_decode_f32(in, 1, &v);
     return v;
 }
 
@@ -316,34 +308,39 @@ request_payload payload_source::make(uint64_t n) const {
 
 void check_fragment_plan(uint64_t total, uint32_t frag_size) {
     check_total(total, "request");
-    if (frag_size == 0 || frag_size > max_frag_size)
+    uint32_t count = 0;
+    switch (reefline_fragment_count(total, frag_size, &count)) {
+    case REEFLINE_OK: return;
+    case REEFLINE_E_INVALID_ARGUMENT:
         throw usage_error("--frag-size: must be 1.." + std::to_string(max_frag_size));
-    const uint64_t count = (total + frag_size - 1) / frag_size;
-    if (count > wire::max_fragments)
+    default:
         throw usage_error("--frag-size " + std::to_string(frag_size) + " cuts a " +
                           std::to_string(total) + "-byte request into " + std::to_string(count) +
                           " fragments; the protocol allows " + std::to_string(wire::max_fragments) +
                           " (use a larger --frag-size)");
+    }
 }
 
 std::vector<wire::fields> plan_fragments(const request_payload& payload, uint64_t request_id,
                                          uint32_t frag_size) {
     const uint64_t total = payload.bytes.size();
     check_fragment_plan(total, frag_size);
-    const uint64_t count = (total + frag_size - 1) / frag_size;
+    uint32_t count = 0;
+    reefline_fragment_count(total, frag_size, &count);
     std::vector<wire::fields> out(count);
-    for (uint64_t i = 0; i < count; ++i) {
-        wire::fields& f = out[i];
-        f.kind = static_cast<uint8_t>(wire::kind::request);
-        f.format = static_cast<uint8_t>(payload.format);
-        f.request_id = request_id;
-        f.frag_index = static_cast<uint16_t>(i);
-        f.frag_count = static_cast<uint16_t>(count);
-        f.payload_offset = static_cast<uint32_t>(i * frag_size);
-        f.total_length = static_cast<uint32_t>(total);
-        std::copy(std::begin(payload.dims), std::end(payload.dims), f.dims);
+    for (uint32_t i = 0; i < count; ++i) {
+        reefline_header h;
+        if (reefline_request_fragment_header(int(payload.format), payload.dims, total, request_id, frag_size, i, &h) !=
+            REEFLINE_OK)
+            throw usage_error(std::string("request: ") + reefline_last_error());
+        out[i] = from_client(h);
     }
     return out;
+}
+
+uint32_t fragment_length(const wire::fields& f, uint32_t frag_size) {
+    const reefline_header h = to_client(f);
+    return reefline_fragment_length(&h, frag_size);
 }
 
 }  // namespace reefline::reefgen

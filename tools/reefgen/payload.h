@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "clients/c/reefline_client.h"
 #include "dataplane/protocol.h"
 #include "tools/reefgen/common.h"
 
@@ -66,7 +67,8 @@ private:
 };
 
 // Token ids are stored as little-endian i32: the payload is handed to the model as is, and
-// both x86 hosts and GPUs are little-endian (header fields alone are network order).
+// both x86 hosts and GPUs are little-endian (header fields alone are network order). The
+// element codecs are the client library's.
 void store_token(uint8_t* out, int32_t token);
 int32_t load_token(const uint8_t* in);
 // tensor_f32 elements (and result_tensor_f32 values): little-endian IEEE-754 binary32.
@@ -82,8 +84,9 @@ double portable_sin(double x);
 request_payload read_netpbm(const std::string& path);  // throws usage_error
 
 // Header fields of every fragment of a request, in index order: fragments of `frag_size`
-// payload bytes, the last possibly shorter. Throws usage_error when the request cannot be
-// expressed (empty, over max_total_length, more than max_fragments fragments).
+// payload bytes, the last possibly shorter (the client library's plan). Throws usage_error
+// when the request cannot be expressed (empty, over max_total_length, more than
+// max_fragments fragments).
 std::vector<wire::fields> plan_fragments(const request_payload& payload, uint64_t request_id,
                                          uint32_t frag_size);
 
@@ -93,10 +96,7 @@ std::vector<wire::fields> plan_fragments(const request_payload& payload, uint64_
 void check_fragment_plan(uint64_t total, uint32_t frag_size);
 
 // Payload bytes of a fragment that plan_fragments() made with the same frag_size.
-inline uint32_t fragment_length(const wire::fields& f, uint32_t frag_size) {
-    const uint32_t rest = f.total_length - f.payload_offset;
-    return rest < frag_size ? rest : frag_size;
-}
+uint32_t fragment_length(const wire::fields& f, uint32_t frag_size);
 
 // The largest --frag-size whose frame still fits a 65535-byte IPv4 datagram and pcap snaplen.
 inline constexpr uint32_t max_frag_size = 65535 - 14 - 20 - 8 - wire::header_size;

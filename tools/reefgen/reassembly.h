@@ -1,18 +1,18 @@
 // reefgen: reassembly of fragmented messages (requests in `check`, responses in `check` and
-// `send`), following the receiver rules of the protocol: fragments may come in any order or
-// twice; the first copy of an index wins; a fragment whose total_length, frag_count, kind,
-// format, status or dims disagree with the entry's first fragment is ignored; a message is
-// complete when every index 0..frag_count-1 is present.
+// `send`). The assembler is libreefline-client's (clients/c), the one applications use;
+// message_assembler is its C++ face. Receiver rules of the protocol: fragments may come in any
+// order or twice; the first copy of an index wins; a fragment whose total_length, frag_count,
+// kind, format, status or dims disagree with the entry's first fragment is ignored; a message
+// is complete when every index 0..frag_count-1 is present.
 #pragma once
 
 #include <cstdint>
-#include <list>
+#include <memory>
 #include <span>
 #include <string_view>
-#include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
+#include "clients/c/reefline_client.h"
 #include "dataplane/protocol.h"
 #include "tools/reefgen/common.h"
 
@@ -34,22 +34,23 @@ struct assembler_limits {
 
 class message_assembler {
 public:
+    // The library's outcomes (reefline_add_outcome), same values.
     enum class outcome : uint8_t {
-        accepted,          // filed, message still incomplete
-        completed,         // this fragment completed the message
-        duplicate,         // index already present: ignored
-        inconsistent,      // disagrees with the entry's first fragment: ignored
-        after_completion,  // key already completed (only with remember_completed)
-        too_large,         // the message alone would hold more than max_pending_bytes: dropped
+        accepted = REEFLINE_ADD_ACCEPTED,        // filed, message still incomplete
+        completed = REEFLINE_ADD_COMPLETED,      // this fragment completed the message
+        duplicate = REEFLINE_ADD_DUPLICATE,      // index already present: ignored
+        inconsistent = REEFLINE_ADD_INCONSISTENT,  // disagrees with the entry's first fragment: ignored
+        after_completion = REEFLINE_ADD_AFTER_COMPLETION,  // key already completed (only with remember_completed)
+        too_large = REEFLINE_ADD_TOO_LARGE,  // the message alone would hold more than max_pending_bytes: dropped
     };
 
     // remember_completed: keep the keys of completed messages so that late duplicates are
     // reported as such instead of opening a new entry (what `check` wants for requests).
-    explicit message_assembler(bool remember_completed, assembler_limits limits = {})
-        : _remember_completed(remember_completed), _limits(limits) {}
+    explicit message_assembler(bool remember_completed, assembler_limits limits = {});
 
     // `f` must describe a fragment with frag_index < frag_count and
-    // payload_offset + fragment.size() <= total_length (callers validate first).
+    // payload_offset + fragment.size() <= total_length (callers validate first; others are
+    // reported inconsistent). Throws std::bad_alloc when memory runs out.
     outcome add(const flow_key& key, const wire::fields& f, std::span<const uint8_t> fragment,
                 assembled_message& completed);
 
@@ -60,30 +61,15 @@ public:
     };
     // Messages still missing fragments, oldest first.
     std::vector<pending_info> pending() const;
-    bool is_completed(const flow_key& key) const { return _completed.count(key) != 0; }
-    size_t pending_bytes() const { return _pending_bytes; }
-    uint64_t evicted() const { return _evicted; }  // incomplete messages dropped by the limits
+    bool is_completed(const flow_key& key) const;
+    size_t pending_bytes() const { return reefline_assembler_pending_bytes(_assembler.get()); }
+    uint64_t evicted() const { return reefline_assembler_evicted(_assembler.get()); }  // dropped by the limits
 
 private:
-    struct entry {
-        wire::fields head;
-        uint32_t received = 0;
-        size_t bytes = 0;
-        std::list<flow_key>::iterator age;  // its place in _oldest_first
-        std::vector<bool> present;
-        std::vector<uint32_t> offsets;
-        std::vector<std::vector<uint8_t>> pieces;
+    struct destroy {
+        void operator()(reefline_assembler* a) const { reefline_assembler_destroy(a); }
     };
-    using entry_map = std::unordered_map<flow_key, entry, flow_key_hash>;
-    void erase(entry_map::iterator it);
-
-    bool _remember_completed;
-    assembler_limits _limits;
-    entry_map _entries;
-    std::list<flow_key> _oldest_first;  // keys of _entries by first fragment
-    size_t _pending_bytes = 0;
-    uint64_t _evicted = 0;
-    std::unordered_set<flow_key, flow_key_hash> _completed;
+    std::unique_ptr<reefline_assembler, destroy> _assembler;
 };
 
 std::string_view to_string(message_assembler::outcome o);

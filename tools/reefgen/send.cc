@@ -66,7 +66,7 @@ void enlarge_buffers(int fd) {
         setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &bytes, sizeof bytes);
 }
 
-// A request's datagrams, built once by append_udp_payload() and reused: sending only patches
+// A request's datagrams, encoded once by the client library and reused: sending only patches
 // the request id (bytes 8..15 of each header), so the pacing loop does no payload copies.
 struct prepared_request {
     std::vector<uint8_t> datagrams;  // concatenated UDP payloads
@@ -84,13 +84,19 @@ prepared_request prepare(const request_payload& p, uint32_t frag_size) {
     prepared_request r;
     r.total_length = static_cast<uint32_t>(p.bytes.size());
     r.crc = crc32c(p.bytes.data(), p.bytes.size());
-    for (const wire::fields& f : plan_fragments(p, 0, frag_size)) {
-        const size_t at = r.datagrams.size();
-        append_udp_payload(r.datagrams, f,
-                           std::span<const uint8_t>(p.bytes.data() + f.payload_offset,
-                                                    fragment_length(f, frag_size)));
+    check_fragment_plan(p.bytes.size(), frag_size);  // reefgen's messages for what cannot be sent
+    uint32_t count = 0;
+    reefline_fragment_count(p.bytes.size(), frag_size, &count);
+    r.datagrams.resize(size_t(count) * wire::header_size + p.bytes.size());
+    size_t at = 0;
+    for (uint32_t i = 0; i < count; ++i) {
+        size_t n = 0;
+        if (reefline_encode_request_fragment(int(p.format), p.dims, p.bytes.data(), p.bytes.size(), 0, frag_size, i,
+                                             r.datagrams.data() + at, r.datagrams.size() - at, &n) != REEFLINE_OK)
+            throw usage_error(std::string("request: ") + reefline_last_error());
         r.offsets.push_back(at);
-        r.lengths.push_back(r.datagrams.size() - at);
+        r.lengths.push_back(n);
+        at += n;
     }
     return r;
 }
@@ -548,14 +554,13 @@ void write_results(std::ostream& out, const std::vector<answer_record>& records)
             line += '"';
         } else if (a.format == uint8_t(wire::format::result_topk)) {
             line += ",\"topk\":[";
+            // Every whole entry that arrived, decoded by the client library.
             for (size_t j = 0; j + 8 <= a.payload_bytes.size(); j += 8) {
-                const uint32_t cls = load_be32(a.payload_bytes.data() + j);
-                const uint32_t bits = load_be32(a.payload_bytes.data() + j + 4);
-                float score;
-                std::memcpy(&score, &bits, 4);
+                reefline_topk_entry e;
+                reefline_decode_topk(a.payload_bytes.data() + j, 1, &e);
                 if (j) line += ',';
-                line += "[" + std::to_string(cls) + ',';
-                append_float(score);
+                line += "[" + std::to_string(e.class_index) + ',';
+                append_float(e.score);
                 line += ']';
             }
             line += ']';
