@@ -1,7 +1,7 @@
 // dkp_bench: dynamic kernel padding under REEF's high-contention workload (REEF §7.4): RT
 // clients submitting RT tasks back to back (each a new one as soon as its last is answered;
 // two by default, so that an RT task always waits) and one BE client keeping a BE task
-// outstanding, on the cpu device, for pairs of zoo models (tiny
+// outstanding, on the cpu device (or, in a GPU build, --device cuda|hip), for pairs of zoo models (tiny
 // variants), under rt_only, streams, reef without DKP and reef with DKP; every policy on the
 // same device, the same models and the same profiles, one after the other.
 //
@@ -15,6 +15,9 @@
 //
 // Last line: rt_overhead_pct=A be_throughput_gain=B select_us_p99=C (A and B: the median over
 // the pairs; C: the bucket bound of the 99th percentile of every selection of the runs).
+//
+// Every step (the zoo, each pair's profiles, each run) prints a progress line on stderr;
+// --csv FILE writes the table, one row per pair and policy.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -30,14 +33,19 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_report.h"
 #include "dkp/selector.h"
 #include "libml/libml.h"
+#if defined(REEFLINE_GPU_BACKEND)
+#include "preempt/gpu_device.h"
+#endif
 #include "libml/synthetic_inputs.h"
 #include "preempt/scheduler.h"
 
 namespace fs = std::filesystem;
 namespace ml = reefline::ml;
 namespace gpu = reefline::gpu;
+namespace report = reefline::bench;
 using clk = std::chrono::steady_clock;
 
 namespace {
@@ -136,12 +144,13 @@ int main(int argc, char** argv) {
     // enough to fit beside them (the tiny transformers' kernels are 2-6 us each).
     std::string pairs_text =
         "distilbert_tiny@1x64:bert_tiny@2x16,mobilenet_v2_tiny@1:bert_tiny@1x16,resnet50_tiny@1:mobilenet_v2_tiny@4";
-    std::string models;
+    std::string models, csv_path;
     unsigned units = 0;
     double seconds = 4;
     int64_t be_batch = 4;
     bool quick = false;
     uint32_t rt_clients = 2;
+    std::string device_name = "cpu";
     app.add_option("--margin", g_margin, "rule 1: BE time <= margin x RT time")->capture_default_str();
     app.add_option("--pairs", pairs_text, "RT:BE model pairs, each MODEL[@BATCH[xLENGTH]] (zoo names)")->capture_default_str();
     app.add_option("--rt-clients", rt_clients, "RT clients, each with a task outstanding (2+: an RT task always waits)")
@@ -152,21 +161,44 @@ int main(int argc, char** argv) {
     app.add_option("--seconds", seconds, "length of each run")->capture_default_str();
     app.add_option("--be-batch", be_batch, "batch of a BE model given without @BATCH")->capture_default_str();
     app.add_flag("--quick", quick, "one pair, 2 s per run");
+    app.add_option("--csv", csv_path, "write the table as CSV: one row per pair and policy");
+    app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
+#if defined(REEFLINE_GPU_BACKEND)
+    app.add_option("--device", device_name, "cpu, or " REEFLINE_GPU_BACKEND " (this build's GPU backend)")
+        ->check(CLI::IsMember({"cpu", REEFLINE_GPU_BACKEND}))
+        ->capture_default_str();
+#endif
     CLI11_PARSE(app, argc, argv);
     if (!units) units = std::max(1u, std::thread::hardware_concurrency());
     if (quick) {
         seconds = 2;
         pairs_text = pairs_text.substr(0, pairs_text.find(','));
     }
-    const fs::path root = fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path();
+    const fs::path build_dir = fs::canonical(fs::path(argv[0])).parent_path().parent_path();
+    report::progress progress("dkp_bench");
     try {
+        // Opened before any measuring: an unwritable path fails now, naming the file.
+        std::unique_ptr<report::csv_writer> csv;
+        if (!csv_path.empty())
+            csv = std::make_unique<report::csv_writer>(
+                csv_path, std::vector<std::string>{"device", "rt_model", "be_model", "policy", "seconds", "rt_per_s",
+                                                   "rt_mean_ms", "rt_p50_ms", "rt_p99_ms", "be_per_s",
+                                                   "be_kernels_per_s", "padded_launches", "pads_completed", "pads_cut",
+                                                   "pads_skipped", "pad_blocks", "select_mean_us"});
         fs::path dir = models;
         fs::path work;
+        // The number of steps is known once the pairs are: one per pair for its profiles and
+        // four runs, and one for the zoo when it writes the models.
+        size_t pair_count = 1;
+        for (char c : pairs_text) pair_count += c == ',';
+        progress.set_total(unsigned(pair_count * 5 + (dir.empty() ? 1 : 0)));
         if (dir.empty()) {
+            auto step = progress.begin("tiny zoo written by " + (build_dir / "tools/zoo").string());
             work = fs::temp_directory_path() / ("dkp_bench." + std::to_string(getpid()));
             fs::create_directories(work);
             dir = work;
-            const std::string cmd = (root / "build/tools/zoo").string() + " --out " + dir.string() + " --tiny -q";
+            // The zoo tool of this bench's own build directory (build/, build-cuda/, ...).
+            const std::string cmd = (build_dir / "tools/zoo").string() + " --out " + dir.string() + " --tiny -q";
             if (std::system(cmd.c_str()) != 0) throw std::runtime_error("the zoo tool failed: " + cmd);
         }
         std::vector<std::pair<std::string, std::string>> pairs;
@@ -178,9 +210,15 @@ int main(int argc, char** argv) {
             pairs.emplace_back(p.substr(0, colon), p.substr(colon + 1));
             at = comma + 1;
         }
-        gpu::cpu_device_options o;
-        o.compute_units = units;
-        auto device = gpu::make_cpu_device(o);
+        std::unique_ptr<gpu::device> device;
+#if defined(REEFLINE_GPU_BACKEND)
+        if (device_name != "cpu") device = gpu::make_gpu_device();
+#endif
+        if (!device) {
+            gpu::cpu_device_options o;
+            o.compute_units = units;
+            device = gpu::make_cpu_device(o);
+        }
         std::printf("dkp_bench: %s (%u hardware threads), %.1f s per run, %u RT clients back to back, 1 BE client (batch %lld), "
                     "tiny zoo models\n",
                     device->caps().name.c_str(), std::thread::hardware_concurrency(), seconds, rt_clients, (long long)be_batch);
@@ -209,6 +247,8 @@ int main(int argc, char** argv) {
             const spec rs = parse_spec(rt_text, 1), bs = parse_spec(be_text, be_batch);
             const std::string& rt_name = rt_text;
             const std::string& be_name = be_text;
+            std::fflush(stdout);
+            auto profiles = progress.begin("models and kernel profiles, " + rt_name + " x " + be_name);
             ml::runtime rt(*device);
             const auto instance_of = [&](const spec& sp) {
                 ml::import_options io;
@@ -223,12 +263,26 @@ int main(int argc, char** argv) {
             rt.profile(*bi, 5);
             rt.write_inputs(*ri, ml::synthetic_inputs(ri->inputs(), 1));
             rt.write_inputs(*bi, ml::synthetic_inputs(bi->inputs(), 2));
+            profiles.end();
             const std::string label = rt_name + " x " + be_name;
             run_result reef, with;
             for (const auto& [pol, dkp] : {std::pair{gpu::policy::rt_only, false}, std::pair{gpu::policy::streams, false},
                                            std::pair{gpu::policy::reef, false}, std::pair{gpu::policy::reef, true}}) {
+                auto step = progress.begin(label + ", " + (dkp ? "reef+dkp" : gpu::policy_name(pol)));
                 const run_result r = run(*device, rt, *ri, *bi, pol, dkp, seconds, rt_clients);
+                char result[96];
+                std::snprintf(result, sizeof result, "RT mean %.2f ms, %.0f BE kernels/s", r.rt_mean_ms, r.be_kernels_per_s);
+                step.result(result);
+                step.end();
                 const double sel = r.sched.select_count ? double(r.sched.select_ns_sum) / double(r.sched.select_count) / 1e3 : 0;
+                if (csv) {
+                    using report::csv_cell;
+                    csv->row({device->caps().name, rt_name, be_name, r.policy, seconds, csv_cell::fixed(r.rt_per_s, 1),
+                              csv_cell::fixed(r.rt_mean_ms, 3), csv_cell::fixed(r.rt_p50_ms, 3),
+                              csv_cell::fixed(r.rt_p99_ms, 3), csv_cell::fixed(r.be_per_s, 2),
+                              csv_cell::fixed(r.be_kernels_per_s, 0), r.pads.padded_launches, r.pads.pads_completed,
+                              r.pads.pads_cut, r.pads.pads_skipped, r.pads.pad_blocks, csv_cell::fixed(sel, 2)});
+                }
                 std::printf("%-40s %-9s %8.1f %7.2fms %7.2fms %7.2fms %8.2f %9.0f %8llu %7llu %6llu %7llu %8llu %7.2f\n",
                             label.c_str(), r.policy.c_str(), r.rt_per_s, r.rt_mean_ms, r.rt_p50_ms, r.rt_p99_ms, r.be_per_s,
                             r.be_kernels_per_s, (unsigned long long)r.pads.padded_launches,
@@ -254,6 +308,7 @@ int main(int argc, char** argv) {
             }
         }
         if (!work.empty()) fs::remove_all(work);
+        if (csv) csv->commit();
         std::printf("selections: %llu; p99 bound %.2f us\n", (unsigned long long)total, p99_us);
         std::printf("rt_overhead_pct=%.2f be_throughput_gain=%.3f select_us_p99=%.2f\n",
                     percentile(overheads, 0.5), percentile(gains, 0.5), p99_us);

@@ -3,10 +3,14 @@
 // run, with the same number of compute threads (reefline: compute units of the cpu device;
 // ORT: intra-op threads). Prints a table and a last line `resnet50_ratio=X vgg19_ratio=Y
 // bert_ratio=Z` (reefline throughput / ORT throughput at batch 1).
+//
+// Every step (the zoo, npm, each model and batch on each runtime) prints a progress line on
+// stderr; --csv FILE writes the table, one row per model and batch.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -15,10 +19,12 @@
 #include <sstream>
 #include <thread>
 
+#include "bench/bench_report.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
 namespace ml = reefline::ml;
+namespace report = reefline::bench;
 
 namespace {
 
@@ -93,25 +99,42 @@ int main(int argc, char** argv) {
     int repeat = 5;
     bool quick = false;
     unsigned units = 0;
-    std::string root_dir;
+    std::string root_dir, csv_path;
     app.add_option("--models", models, "directory with resnet50.onnx, vgg19.onnx and bert.onnx (default: written by build/tools/zoo)");
     app.add_option("--repeat", repeat, "timed runs per configuration")->capture_default_str();
     app.add_option("--compute-units", units, "cpu device compute units = ORT threads (default: cores - 1, at least 1)");
     app.add_option("--root", root_dir, "repository root, for tests/ort and build/tools/zoo (default: two levels above the build dir)");
     app.add_flag("--quick", quick, "batch 1 only, 3 runs");
+    app.add_option("--csv", csv_path, "write the table as CSV: one row per model and batch");
+    app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
     CLI11_PARSE(app, argc, argv);
     const fs::path root = root_dir.empty() ? fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path()
                                            : fs::path(root_dir);
     if (!units) units = std::max(1u, std::thread::hardware_concurrency() - 1);
     if (quick) repeat = 3;
+    const std::vector<int64_t> batches = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
+    const bool need_npm = !fs::exists(root / "tests/ort/node_modules/onnxruntime-node");
+    // The zoo and npm when they run, then every model and batch on each runtime.
+    report::progress progress("libml_vs_ort",
+                              (models.empty() ? 1u : 0u) + (need_npm ? 1u : 0u) + unsigned(3 * batches.size() * 2));
     try {
+        // Opened before minutes of measuring: an unwritable path fails now, naming the file.
+        std::unique_ptr<report::csv_writer> csv;
+        if (!csv_path.empty())
+            csv = std::make_unique<report::csv_writer>(
+                csv_path, std::vector<std::string>{"model", "batch", "sequence_length", "compute_units", "timed_runs",
+                                                   "reefline_ms", "ort_ms", "ratio"});
         fs::path work = fs::temp_directory_path() / ("libml_vs_ort." + std::to_string(getpid()));
         fs::create_directories(work);
         fs::path dir = models.empty() ? work : fs::path(models);
-        if (models.empty())
+        if (models.empty()) {
+            auto step = progress.begin("ResNet-50, VGG-19 and BERT-base written by the zoo");
             run((root / "build/tools/zoo").string() + " --out " + dir.string() + " --only resnet50,vgg19,bert -q");
-        if (!fs::exists(root / "tests/ort/node_modules/onnxruntime-node"))
+        }
+        if (need_npm) {
+            auto step = progress.begin("onnxruntime-node installed by npm in tests/ort");
             run("cd " + (root / "tests/ort").string() + " && npm install --ignore-scripts --no-audit --no-fund > /dev/null");
+        }
         reefline::gpu::cpu_device_options o;
         o.compute_units = units;
         auto device = reefline::gpu::make_cpu_device(o);
@@ -124,15 +147,26 @@ int main(int argc, char** argv) {
         const int64_t lengths[3] = {0, 0, 128};  // BERT-base at sequence length 128
         for (int mi = 0; mi < 3; ++mi) {
             const fs::path model = dir / (std::string(names[mi]) + ".onnx");
-            for (int64_t batch : quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8}) {
+            for (int64_t batch : batches) {
+                const std::string config = std::string(names[mi]) + " batch " + std::to_string(batch);
+                auto step = progress.begin(config + ", reefline");
                 const double r = reefline_median_ms(rt, model, batch, lengths[mi], repeat);
+                step.result(std::to_string(int(std::lround(r))) + " ms median");
+                step.end();
+                auto ort_step = progress.begin(config + ", ONNX Runtime");
                 const double o_ms = ort_median_ms(root, model, batch, lengths[mi], int(units), repeat, work);
+                ort_step.result(std::to_string(int(std::lround(o_ms))) + " ms median");
+                ort_step.end();
                 std::printf("%-10s %5lld %14.1f %14.1f %8.2f\n", names[mi], static_cast<long long>(batch), r, o_ms, o_ms / r);
                 std::fflush(stdout);
+                if (csv)
+                    csv->row({names[mi], batch, lengths[mi] ? report::csv_cell(lengths[mi]) : report::csv_cell::empty(), units, repeat, report::csv_cell::fixed(r, 1),
+                              report::csv_cell::fixed(o_ms, 1), report::csv_cell::fixed(o_ms / r, 3)});
                 if (batch == 1) ratio_b1[mi] = o_ms / r;
             }
         }
         if (models.empty()) fs::remove_all(work);
+        if (csv) csv->commit();
         std::printf("resnet50_ratio=%.3f vgg19_ratio=%.3f bert_ratio=%.3f\n", ratio_b1[0], ratio_b1[1], ratio_b1[2]);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "libml_vs_ort: %s\n", e.what());

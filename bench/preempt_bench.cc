@@ -16,6 +16,10 @@
 //
 // --quick: only what the last line needs. --device cpu|cuda|hip (default cpu). Last line:
 //   reset_p99_us=A wait_p99_us=B rt_overhead_pct=C throughput_vs_rt_only=D
+//
+// Every measurement prints a progress line on stderr. --csv FILE: the preemption latencies, one
+// row per mode and configuration (bench/plot.py preemption plots them); --csv-policies FILE:
+// the policy table, one row per policy and number of BE clients.
 #include "preempt/scheduler.h"
 
 #include <algorithm>
@@ -30,6 +34,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "bench/bench_report.h"
 
 #if defined(REEFLINE_GPU_BACKEND)
 #include "libml/kernels/gpu/launcher.h"
@@ -158,6 +164,7 @@ struct be_clients {
 struct lat_result {
     double p50, p99;
     double start_p50;  // arrival -> the scheduler launched the RT task
+    size_t measured;   // samples whose RT task completed and was seen starting
 };
 lat_result preemption_latency(preempt_mode mode, uint32_t queued, uint32_t us, int samples, uint32_t seed) {
     auto dev = make_dev();
@@ -196,7 +203,7 @@ lat_result preemption_latency(preempt_mode mode, uint32_t queued, uint32_t us, i
     be.join();
     s.shutdown();
     if (probe.mapped) dev->free(probe.mapped);
-    return {pct(lat, 50), pct(lat, 99), pct(st, 50)};
+    return {pct(lat, 50), pct(lat, 99), pct(st, 50), lat.size()};
 }
 
 // RT closed-loop client (4 kernels of 100 us, 300 us think time) with `be_n` BE clients.
@@ -239,18 +246,49 @@ load_result load_run(policy pol, restore_mode rm, uint32_t be_n, double seconds,
 }  // namespace
 
 int main(int argc, char** argv) {
+    namespace report = reefline::bench;
     bool quick = false;
-    std::string device_name = "cpu";
+    std::string device_name = "cpu", csv_path, csv_policies_path;
+    const char* usage =
+        "usage: preempt_bench [--quick] [--units N] [--device cpu|cuda|hip] [--csv FILE] [--csv-policies FILE]\n"
+        "  --quick              only what the last line needs\n"
+        "  --units N            compute units of the cpu device (default 1)\n"
+        "  --device D           cpu, or this build's GPU backend\n"
+        "  --csv FILE           preemption latencies as CSV, one row per mode and configuration\n"
+        "  --csv-policies FILE  the policy table as CSV, one row per policy and number of BE clients\n"
+        "progress (one line per measurement) goes to stderr; stdout has the tables and the last line\n";
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick")) quick = true;
         else if (!std::strcmp(argv[i], "--units") && i + 1 < argc) g_units = uint32_t(std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device_name = argv[++i];
-        else {
-            std::fprintf(stderr, "usage: preempt_bench [--quick] [--units N] [--device cpu|cuda|hip]\n");
+        else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
+        else if (!std::strcmp(argv[i], "--csv-policies") && i + 1 < argc) csv_policies_path = argv[++i];
+        else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
+            std::fputs(usage, stdout);
+            return 0;
+        } else {
+            std::fputs(usage, stderr);
             return 2;
         }
     }
     if (g_units == 0) g_units = 1;
+    // Opened before any measurement: an unwritable path fails now, naming the file.
+    std::unique_ptr<report::csv_writer> csv, csv_policies;
+    try {
+        if (!csv_path.empty())
+            csv = std::make_unique<report::csv_writer>(
+                csv_path, std::vector<std::string>{"device", "sweep", "mode", "queued_kernels", "kernel_us", "samples",
+                                                   "measured", "p50_us", "p99_us", "launch_p50_us"});
+        if (!csv_policies_path.empty())
+            csv_policies = std::make_unique<report::csv_writer>(
+                csv_policies_path,
+                std::vector<std::string>{"device", "policy", "restore", "be_clients", "seconds", "rt_mean_us",
+                                         "rt_p99_us", "tasks_per_s", "rt_done", "be_done", "preemptions", "restores",
+                                         "reexecuted_kernels"});
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "preempt_bench: %s\n", e.what());
+        return 1;
+    }
     if (device_name != "cpu") {
 #if defined(REEFLINE_GPU_BACKEND)
         if (device_name != gpu_backend_name()) {
@@ -276,58 +314,107 @@ int main(int argc, char** argv) {
     } else {
         std::printf("preempt_bench: cpu device, %u compute unit(s)%s\n", g_units, quick ? ", quick" : "");
     }
+    std::fflush(stdout);
 
+    const uint32_t queued_sweep[] = {10, 50, 200, 1000};   // kernels of 200 us
+    const uint32_t length_sweep[] = {10, 100, 200, 1000};  // us, 200 queued
+    constexpr unsigned policy_runs_full = 12, policy_runs_quick = 2;
+    report::progress progress("preempt_bench", quick ? 2 + policy_runs_quick
+                                                     : unsigned(2 * (std::size(queued_sweep) + std::size(length_sweep))) +
+                                                           2 + policy_runs_full);
     const int samples = quick ? 100 : 200;
-    if (!quick) {
-        std::printf("\npreemption latency (us) vs queued BE kernels (kernel 200 us)\n");
-        std::printf("%8s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
-        for (uint32_t q : {10u, 50u, 200u, 1000u}) {
-            const lat_result r = preemption_latency(preempt_mode::reset, q, 200, samples, q);
-            const lat_result w = preemption_latency(preempt_mode::wait, q, 200, samples, q);
-            std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, w.p50, w.p99);
-        }
-        std::printf("\npreemption latency (us) vs BE kernel length (200 queued)\n");
-        std::printf("%8s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
-        for (uint32_t us : {10u, 100u, 200u, 1000u}) {
-            const lat_result r = preemption_latency(preempt_mode::reset, 200, us, samples, us);
-            const lat_result w = preemption_latency(preempt_mode::wait, 200, us, samples, us);
-            std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, w.p50, w.p99);
-        }
-    }
-    const lat_result reset = preemption_latency(preempt_mode::reset, 200, 200, samples, 1);
-    const lat_result wait = preemption_latency(preempt_mode::wait, 200, 200, samples, 1);
-    std::printf("\npreemption latency, 200 queued BE kernels of 200 us: reset p50 %.1f p99 %.1f us, "
-                "wait p50 %.1f p99 %.1f us (arrival -> RT launched p50: reset %.1f, wait %.1f us)\n", reset.p50, reset.p99,
-                wait.p50, wait.p99, reset.start_p50, wait.start_p50);
-
-    const double secs = quick ? 4.0 : 6.0;
-    const load_result ref = load_run(policy::rt_only, restore_mode::exact, 1, secs, 7);
-    const load_result reef1 = load_run(policy::reef, restore_mode::exact, 1, secs, 7);
-    std::printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s %8s\n", "policy (BE clients)", "rt_mean", "rt_p99",
-                "tasks/s", "rt", "be", "preempt", "restore", "reexec");
-    auto row = [](const char* name, const load_result& r) {
-        std::printf("%-22s %10.1f %10.1f %10.1f %8llu %8llu %8llu %8llu %8llu\n", name, r.rt_mean_us, r.rt_p99_us,
-                    r.tasks_per_s, (unsigned long long)r.rt_done, (unsigned long long)r.be_done,
-                    (unsigned long long)r.preemptions, (unsigned long long)r.restores,
-                    (unsigned long long)r.reexecuted);
+    // One preemption-latency measurement: a progress line and a CSV row.
+    const auto latency = [&](const char* sweep, preempt_mode mode, uint32_t queued, uint32_t us, uint32_t seed) {
+        const char* mode_name = mode == preempt_mode::reset ? "reset" : "wait";
+        auto step = progress.begin(std::string("preemption latency, ") + mode_name + ", " + std::to_string(queued) +
+                                   " queued BE kernels of " + std::to_string(us) + " us");
+        const lat_result r = preemption_latency(mode, queued, us, samples, seed);
+        char result[64];
+        std::snprintf(result, sizeof result, "p99 %.1f us", r.p99);
+        step.result(result);
+        if (csv)
+            csv->row({device_name, sweep, mode_name, queued, us, samples, r.measured, report::csv_cell::fixed(r.p50, 1),
+                      report::csv_cell::fixed(r.p99, 1), report::csv_cell::fixed(r.start_p50, 1)});
+        return r;
     };
-    row("rt_only (1)", ref);
-    row("reef (1)", reef1);
-    if (!quick) {
-        row("reef approx (1)", load_run(policy::reef, restore_mode::approximate, 1, secs, 7));
-        row("seq (1)", load_run(policy::seq, restore_mode::exact, 1, secs, 7));
-        row("streams (1)", load_run(policy::streams, restore_mode::exact, 1, secs, 7));
-        row("prema (1)", load_run(policy::prema, restore_mode::exact, 1, secs, 7));
-        row("rt_only (4)", load_run(policy::rt_only, restore_mode::exact, 4, secs, 7));
-        row("reef (4)", load_run(policy::reef, restore_mode::exact, 4, secs, 7));
-        row("reef approx (4)", load_run(policy::reef, restore_mode::approximate, 4, secs, 7));
-        row("seq (4)", load_run(policy::seq, restore_mode::exact, 4, secs, 7));
-        row("streams (4)", load_run(policy::streams, restore_mode::exact, 4, secs, 7));
-        row("prema (4)", load_run(policy::prema, restore_mode::exact, 4, secs, 7));
+    try {
+        if (!quick) {
+            std::printf("\npreemption latency (us) vs queued BE kernels (kernel 200 us)\n");
+            std::printf("%8s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
+            std::fflush(stdout);
+            for (uint32_t q : queued_sweep) {
+                const lat_result r = latency("queued", preempt_mode::reset, q, 200, q);
+                const lat_result w = latency("queued", preempt_mode::wait, q, 200, q);
+                std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, w.p50, w.p99);
+                std::fflush(stdout);
+            }
+            std::printf("\npreemption latency (us) vs BE kernel length (200 queued)\n");
+            std::printf("%8s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
+            std::fflush(stdout);
+            for (uint32_t us : length_sweep) {
+                const lat_result r = latency("length", preempt_mode::reset, 200, us, us);
+                const lat_result w = latency("length", preempt_mode::wait, 200, us, us);
+                std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, w.p50, w.p99);
+                std::fflush(stdout);
+            }
+        }
+        const lat_result reset = latency("contract", preempt_mode::reset, 200, 200, 1);
+        const lat_result wait = latency("contract", preempt_mode::wait, 200, 200, 1);
+        std::printf("\npreemption latency, 200 queued BE kernels of 200 us: reset p50 %.1f p99 %.1f us, "
+                    "wait p50 %.1f p99 %.1f us (arrival -> RT launched p50: reset %.1f, wait %.1f us)\n", reset.p50, reset.p99,
+                    wait.p50, wait.p99, reset.start_p50, wait.start_p50);
+
+        const double secs = quick ? 4.0 : 6.0;
+        // One policy run: a progress line and a CSV row; the table row is printed by the caller.
+        const auto load = [&](const char* name, policy pol, restore_mode rm, uint32_t be_n) {
+            auto step = progress.begin(std::string("RT latency under BE load, ") + name + " (" + std::to_string(be_n) +
+                                       " BE client" + (be_n == 1 ? "" : "s") + ")");
+            const load_result r = load_run(pol, rm, be_n, secs, 7);
+            char result[64];
+            std::snprintf(result, sizeof result, "RT mean %.1f us", r.rt_mean_us);
+            step.result(result);
+            if (csv_policies)
+                csv_policies->row({device_name, policy_name(pol),
+                                   rm == restore_mode::exact ? "exact" : "approximate", be_n, secs,
+                                   report::csv_cell::fixed(r.rt_mean_us, 1), report::csv_cell::fixed(r.rt_p99_us, 1),
+                                   report::csv_cell::fixed(r.tasks_per_s, 1), r.rt_done, r.be_done, r.preemptions,
+                                   r.restores, r.reexecuted});
+            return r;
+        };
+        const load_result ref = load("rt_only", policy::rt_only, restore_mode::exact, 1);
+        const load_result reef1 = load("reef", policy::reef, restore_mode::exact, 1);
+        std::printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s %8s\n", "policy (BE clients)", "rt_mean", "rt_p99",
+                    "tasks/s", "rt", "be", "preempt", "restore", "reexec");
+        auto row = [](const char* name, const load_result& r) {
+            std::printf("%-22s %10.1f %10.1f %10.1f %8llu %8llu %8llu %8llu %8llu\n", name, r.rt_mean_us, r.rt_p99_us,
+                        r.tasks_per_s, (unsigned long long)r.rt_done, (unsigned long long)r.be_done,
+                        (unsigned long long)r.preemptions, (unsigned long long)r.restores,
+                        (unsigned long long)r.reexecuted);
+            std::fflush(stdout);
+        };
+        row("rt_only (1)", ref);
+        row("reef (1)", reef1);
+        if (!quick) {
+            row("reef approx (1)", load("reef approx", policy::reef, restore_mode::approximate, 1));
+            row("seq (1)", load("seq", policy::seq, restore_mode::exact, 1));
+            row("streams (1)", load("streams", policy::streams, restore_mode::exact, 1));
+            row("prema (1)", load("prema", policy::prema, restore_mode::exact, 1));
+            row("rt_only (4)", load("rt_only", policy::rt_only, restore_mode::exact, 4));
+            row("reef (4)", load("reef", policy::reef, restore_mode::exact, 4));
+            row("reef approx (4)", load("reef approx", policy::reef, restore_mode::approximate, 4));
+            row("seq (4)", load("seq", policy::seq, restore_mode::exact, 4));
+            row("streams (4)", load("streams", policy::streams, restore_mode::exact, 4));
+            row("prema (4)", load("prema", policy::prema, restore_mode::exact, 4));
+        }
+        if (csv) csv->commit();
+        if (csv_policies) csv_policies->commit();
+        const double overhead = ref.rt_mean_us > 0 ? (reef1.rt_mean_us / ref.rt_mean_us - 1.0) * 100.0 : 0;
+        const double tput = ref.tasks_per_s > 0 ? reef1.tasks_per_s / ref.tasks_per_s : 0;
+        std::printf("reset_p99_us=%.1f wait_p99_us=%.1f rt_overhead_pct=%.1f throughput_vs_rt_only=%.2f\n", reset.p99,
+                    wait.p99, overhead, tput);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "preempt_bench: %s\n", e.what());
+        return 1;
     }
-    const double overhead = ref.rt_mean_us > 0 ? (reef1.rt_mean_us / ref.rt_mean_us - 1.0) * 100.0 : 0;
-    const double tput = ref.tasks_per_s > 0 ? reef1.tasks_per_s / ref.tasks_per_s : 0;
-    std::printf("reset_p99_us=%.1f wait_p99_us=%.1f rt_overhead_pct=%.1f throughput_vs_rt_only=%.2f\n", reset.p99,
-                wait.p99, overhead, tput);
     return 0;
 }

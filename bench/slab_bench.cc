@@ -25,6 +25,11 @@
 //
 // Last line: slab_converge_ms=A aimd_converge_ms=B slab_throughput_vs_aimd=C (medians over the
 // rounds; the ratio is the median of the per-round ratios).
+//
+// Every step (calibration, each policy's run) prints a progress line on stderr. --csv FILE: the
+// per-round table, one row per round and policy; --csv-series FILE (also --trace): one row per
+// batch (time, batch size, service time, worst latency, the controller's target), every round
+// or with --series-round R only round R. bench/plot.py batching plots the two.
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
@@ -42,11 +47,13 @@
 #include <thread>
 #include <vector>
 
+#include "bench/bench_report.h"
 #include "libml/batching.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
 namespace ml = reefline::ml;
+namespace report = reefline::bench;
 using clk = std::chrono::steady_clock;
 
 namespace {
@@ -179,8 +186,9 @@ struct request {
     clk::time_point arrival;  // scheduled
 };
 
+// `series`: where each batch goes as a CSV row (null: nowhere).
 policy_result run_policy(served_model& sm, const ml::batching_options& opts, const std::vector<double>& schedule_ms,
-                         double seconds, bool shed, FILE* trace_file, int round) {
+                         double seconds, bool shed, report::csv_writer* series, int round) {
     ml::batch_controller bc(opts);
     std::mutex mu;
     std::condition_variable cv;
@@ -211,6 +219,17 @@ policy_result run_policy(served_model& sm, const ml::batching_options& opts, con
     });
 
     std::vector<std::pair<double, uint32_t>> trace{{0.0, bc.target()}};
+    // One per batch for --csv-series: ms since the start, size, service time, worst latency,
+    // and the controller's state after it (target, its predicted service time, SLAB's margin).
+    struct batch_record {
+        double time_ms;
+        uint32_t batch;
+        double service_ms, worst_ms;
+        uint32_t target;
+        double predicted_ms, margin_ms;
+    };
+    std::vector<batch_record> batch_log;
+    if (series) batch_log.reserve(schedule_ms.size());
     std::vector<double> latency;
     latency.reserve(schedule_ms.size());
     uint64_t batches = 0, draining = 0;
@@ -263,12 +282,22 @@ policy_result run_policy(served_model& sm, const ml::batching_options& opts, con
         ++batches;
         draining += bc.draining();
         trace.emplace_back(ms_between(start, end), bc.target());
-        if (trace_file)
-            std::fprintf(trace_file, "%d,%s,%.3f,%zu,%.3f,%.3f,%u,%.3f,%.3f\n", round, ml::batching_policy_name(opts.policy),
-                         trace.back().first, ids.size(), service, worst, bc.target(), bc.predict_ms(bc.target()),
-                         bc.margin_ms());
+        // Kept in memory and written after the run: file I/O in this loop would add to the
+        // very latencies it records.
+        if (series)
+            batch_log.push_back({trace.back().first, uint32_t(ids.size()), service, worst, bc.target(),
+                                 bc.predict_ms(bc.target()), bc.margin_ms()});
     }
     generator.join();
+    if (series) {
+        // Rounded to what the host's timing noise leaves meaningful (tens of microseconds),
+        // which keeps a round's series small enough to keep beside its plot.
+        using report::csv_cell;
+        for (const batch_record& b : batch_log)
+            series->row({round, ml::batching_policy_name(opts.policy), csv_cell::fixed(b.time_ms, 2), b.batch,
+                         csv_cell::fixed(b.service_ms, 3), csv_cell::fixed(b.worst_ms, 3), b.target,
+                         csv_cell::fixed(b.predicted_ms, 3), csv_cell::fixed(b.margin_ms, 3)});
+    }
     convergence(trace, r);
     r.goodput = double(r.answered - r.late) / seconds;
     r.mean_batch = batches ? double(r.answered) / double(batches) : 0;
@@ -293,7 +322,8 @@ std::string run_cmd(const std::string& cmd) {
 
 int main(int argc, char** argv) {
     CLI::App app{"slab_bench: SLAB vs AIMD vs fixed batching on the same load, real model, cpu backend"};
-    std::string model, trace_path;
+    std::string model, trace_path, csv_path;
+    int series_round = 0;
     double seconds = 4, slo_ms = 25, rate = 0;
     uint32_t max_batch = 16, fixed_batch = 0, units = 0;
     int rounds = 3;
@@ -310,7 +340,13 @@ int main(int argc, char** argv) {
     app.add_flag("--shed", shed, "answer requests that can no longer make the SLO with a status instead of serving them late");
     app.add_flag("--quick", quick, "one short round (1.5 s per policy)");
     app.add_flag("--calibrate", calibrate_only, "print the service times per batch size and exit");
-    app.add_option("--trace", trace_path, "write every batch as CSV (round, policy, ms, batch, service, worst, target, predicted, margin)");
+    app.add_option("--csv", csv_path, "write the per-round table as CSV: one row per round and policy");
+    app.add_option("--csv-series,--trace", trace_path,
+                   "write every batch as CSV: round, policy, time_ms, batch_size, service_ms, worst_latency_ms, "
+                   "target_batch, predicted_ms, margin_ms");
+    app.add_option("--series-round", series_round, "--csv-series: only this round (default: every round)")
+        ->check(CLI::NonNegativeNumber);
+    app.footer("Progress (one line per step) goes to stderr; stdout has the tables and the last line.");
     CLI11_PARSE(app, argc, argv);
     if (quick) {
         rounds = 1;
@@ -320,13 +356,33 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "slab_bench: need 2 <= --max-batch <= 256, --rounds >= 1, --seconds > 0, --slo-ms > 0, --fixed-batch <= --max-batch\n");
         return 2;
     }
+    if (series_round > rounds) {
+        std::fprintf(stderr, "slab_bench: --series-round %d, but only %d round(s) run\n", series_round, rounds);
+        return 2;
+    }
     fs::path work;
+    // Steps: the model (unless given), the instances, calibration, then every policy of every round.
+    report::progress progress("slab_bench", (model.empty() ? 1u : 0u) + 2u + (calibrate_only ? 0u : unsigned(3 * rounds)));
     try {
+        // Opened before minutes of measuring: an unwritable path fails now, naming the file.
+        std::unique_ptr<report::csv_writer> csv, series;
+        if (!csv_path.empty() && !calibrate_only)
+            csv = std::make_unique<report::csv_writer>(
+                csv_path, std::vector<std::string>{"round", "policy", "order_in_round", "rate_req_s", "slo_ms",
+                                                   "seconds", "converge_ms", "reach_ms", "in_band_pct",
+                                                   "within_slo_req_s", "arrivals", "answered", "late", "shed",
+                                                   "violation_pct", "mean_batch", "final_target", "drain_pct", "p50_ms",
+                                                   "p99_ms", "generator_lag_p99_ms"});
+        if (!trace_path.empty() && !calibrate_only)
+            series = std::make_unique<report::csv_writer>(
+                trace_path, std::vector<std::string>{"round", "policy", "time_ms", "batch_size", "service_ms",
+                                                     "worst_latency_ms", "target_batch", "predicted_ms", "margin_ms"});
         if (model.empty()) {
             // The zoo binary of the same build: <build>/bench/slab_bench -> <build>/tools/zoo.
             const char* env = std::getenv("REEFLINE_ZOO");
             const fs::path zoo = env ? fs::path(env) : fs::canonical("/proc/self/exe").parent_path().parent_path() / "tools" / "zoo";
             if (!fs::exists(zoo)) throw std::runtime_error("no zoo binary at " + zoo.string() + " (build tools/zoo, or pass --model)");
+            auto step = progress.begin("resnet50_tiny written by the zoo");
             work = fs::temp_directory_path() / ("slab_bench." + std::to_string(getpid()));
             fs::create_directories(work);
             run_cmd(zoo.string() + " --out " + work.string() + " --tiny --only resnet50_tiny -q");
@@ -339,16 +395,21 @@ int main(int argc, char** argv) {
         std::printf("model %s, batch sizes 1..%u, cpu device with %u compute unit(s), %u hardware threads\n",
                     fs::path(model).filename().c_str(), max_batch, device->caps().compute_units,
                     std::thread::hardware_concurrency());
+        std::fflush(stdout);
+        auto instances = progress.begin("instances for batch 1.." + std::to_string(max_batch));
         served_model sm(rt, model, max_batch);
+        instances.end();
 
         // Calibration: the median service time at every size. On the cpu backend batching
         // pays only up to a point (per-request time falls, then rises once a batch's working
         // set leaves the caches), so the defaults come from the measured curve, not a line.
         // Passes go over all sizes in turn, so that a burst of host load hits them alike.
+        auto calibration = progress.begin("calibration, 9 passes over batch 1.." + std::to_string(max_batch));
         std::vector<std::vector<double>> runs(max_batch + 1);
         for (uint32_t b = 1; b <= max_batch; ++b) sm.median_service(b, 1);  // warm-up
         for (int pass = 0; pass < 9; ++pass)
             for (uint32_t b = 1; b <= max_batch; ++b) runs[b].push_back(sm.median_service(b, 1));
+        calibration.end();
         std::vector<double> t(max_batch + 1, 0.0);
         std::printf("calibration, median of 9 passes (ms):");
         for (uint32_t b = 1; b <= max_batch; ++b) {
@@ -377,12 +438,6 @@ int main(int argc, char** argv) {
         if (rate <= cap1) std::printf("note: batch 1 keeps up with this rate; batching matters little here\n");
         if (rate >= cap_best) std::printf("note: no batch size keeps up with this rate: an overload run\n");
 
-        FILE* trace = nullptr;
-        if (!trace_path.empty()) {
-            trace = std::fopen(trace_path.c_str(), "w");
-            if (!trace) throw std::runtime_error("cannot write " + trace_path);
-            std::fprintf(trace, "round,policy,ms,batch,service_ms,worst_ms,target,predicted_ms,margin_ms\n");
-        }
         // One schedule for every policy and round.
         std::vector<double> schedule;
         std::mt19937_64 rng(2024);
@@ -405,7 +460,26 @@ int main(int argc, char** argv) {
                 o.slo_ms = slo_ms;
                 o.max_batch = max_batch;
                 o.fixed_batch = fixed_batch;
-                const policy_result r = run_policy(sm, o, schedule, seconds, shed, trace, round + 1);
+                std::fflush(stdout);
+                auto step = progress.begin("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", " +
+                                           ml::batching_policy_name(o.policy) + ", " + std::to_string(int(rate)) +
+                                           " req/s for " + report::csv_cell(seconds).text() + " s");
+                const bool record = series && (series_round == 0 || series_round == round + 1);
+                const policy_result r =
+                    run_policy(sm, o, schedule, seconds, shed, record ? series.get() : nullptr, round + 1);
+                char result[96];
+                std::snprintf(result, sizeof result, "mean batch %.2f, %.1f within SLO req/s", r.mean_batch, r.goodput);
+                step.result(result);
+                step.end();
+                if (csv) {
+                    using report::csv_cell;
+                    csv->row({round + 1, ml::batching_policy_name(r.policy), k + 1, csv_cell::fixed(rate, 1), slo_ms,
+                              seconds, csv_cell::fixed(r.converge_ms, 1), csv_cell::fixed(r.reach_ms, 1),
+                              csv_cell::fixed(r.in_band_pct, 1), csv_cell::fixed(r.goodput, 1), r.arrivals, r.answered,
+                              r.late, r.shed, csv_cell::fixed(r.violation_pct(), 2), csv_cell::fixed(r.mean_batch, 2),
+                              r.final_target, csv_cell::fixed(r.drain_pct, 1), csv_cell::fixed(r.p50, 2),
+                              csv_cell::fixed(r.p99, 2), csv_cell::fixed(r.generator_lag_p99, 2)});
+                }
                 good[p] = r.goodput;
                 std::printf("%-6d %5s %7.0fms %6.0fms %6.1f %9.1f %7llu %7llu %7.2f %6.2f %6u %7.1f %7.1f %7.1f %7.1f\n",
                             round + 1, ml::batching_policy_name(r.policy), r.converge_ms, r.reach_ms, r.in_band_pct,
@@ -446,7 +520,8 @@ int main(int argc, char** argv) {
                         range(mb, "%.2f [%.2f .. %.2f]").c_str());
         }
         (void)good_med;
-        if (trace) std::fclose(trace);
+        if (series) series->commit();
+        if (csv) csv->commit();
         if (!work.empty()) fs::remove_all(work);
         std::printf("slab_converge_ms=%.0f aimd_converge_ms=%.0f slab_throughput_vs_aimd=%.3f\n", conv_med[0], conv_med[1],
                     median(ratios));

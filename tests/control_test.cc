@@ -361,7 +361,8 @@ TEST_F(control_test, stats_are_answered_while_a_model_is_being_added) {
     op.join();
     const double add_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     ASSERT_TRUE(added["ok"].get<bool>()) << added.dump();
-    ASSERT_GT(add_ms, 300) << "the add was too quick to tell";
+    // Enough calls fell inside the add to tell (its length depends on the cores it gets).
+    ASSERT_GE(calls, 5) << "the add was too quick to tell: " << add_ms << " ms";
     EXPECT_LT(worst_ms, 100) << calls << " stats calls during a " << add_ms << " ms add_model";
 }
 
