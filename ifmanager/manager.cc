@@ -344,7 +344,7 @@ json if_manager::persisted_config(const model_if& mif) const {
             {"std", {c.std[0], c.std[1], c.std[2]}}};
 }
 
-void if_manager::profile(model_if& mif, const std::string& name, bool keep) {
+void if_manager::profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change) {
     if (!(_info.profile_budget_ms > 0)) return;
     dkp::model_profile stored, out;
     out.device = _info.backend;
@@ -375,7 +375,16 @@ void if_manager::profile(model_if& mif, const std::string& name, bool keep) {
         }
         return us;
     };
-    mif.profile(have ? &stored : nullptr, run_alone, _info.profile_budget_ms, out);
+    if (change) {
+        // Only the change's new instances are measured (on the side); the repository keeps
+        // the profiles of the plans the IF had as well.
+        mif.profile(*change, have ? &stored : nullptr, run_alone, _info.profile_budget_ms, out);
+        if (have)
+            for (const dkp::plan_profile& p : stored.plans)
+                if (!out.find(p.plan, p.key)) out.put(p);
+    } else {
+        mif.profile(have ? &stored : nullptr, run_alone, _info.profile_budget_ms, out);
+    }
     if (keep && _repo && _repo->contains(name)) {
         try {
             _repo->save_profile(name, out.to_json());
@@ -556,12 +565,16 @@ json if_manager::set(const json& f) {
         admit(uint64_t(need), "model '" + name + "' needs " + format_byte_size(double(need)) +
                                   " more for arenas of batch sizes " + sizes_text(sizes));
     }
+    // The new instances are planned, warmed up and profiled on the side while the IF goes on
+    // serving; the switch-over between two batches holds it for microseconds.
+    model_if::prepared_settings change;
     try {
-        mif->update(s);
+        change = mif->prepare(s);
     } catch (const std::invalid_argument& e) {
         bad(e.what());
     }
-    if (!sizes.empty()) profile(*mif, name, true);  // the new batch sizes' plans
+    if (!change.instances.empty()) profile(*mif, name, true, &change);  // the new batch sizes' plans
+    mif->commit(std::move(change));
     if (_repo && _repo->contains(name)) {
         try {
             _repo->save_config(name, persisted_config(*mif));

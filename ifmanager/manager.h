@@ -118,7 +118,8 @@ private:
     nlohmann::json persisted_config(const model_if& mif) const;
     // Profiles the IF's plans (repository first, then measured as BE tasks) and keeps them in
     // its repository entry when `keep`.
-    void profile(model_if& mif, const std::string& name, bool keep);
+    // With `change`, profiles only its new instances (a `set` prepared on the side).
+    void profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change = nullptr);
     nlohmann::json dkp_json() const;
     // The IF's describe object with its memory (weights, host copy, instances).
     nlohmann::json describe(const model_if& mif) const;

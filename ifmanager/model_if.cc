@@ -228,32 +228,59 @@ int64_t model_if::memory_bytes() const {
     return total;
 }
 
-void model_if::plan_sizes(lane& l, uint32_t max_batch) {
+std::unique_ptr<ml::instance> model_if::plan_instance(gpu::task_class cls, uint32_t b, bool through_scheduler,
+                                                      std::vector<std::pair<size_t, double>>& warm_ms) const {
     const std::vector<int64_t> lengths = planned_lengths(_input);
+    auto in = _runtime.link_model(_model, cls == gpu::task_class::rt ? -1 : 0);
+    if (in->batch() != b || !lengths.empty()) _runtime.configure_batch(*in, b, lengths);
+    if (_config.warm_up) {
+        // One run with zero inputs: touches the arena and weights, and seeds the controller's
+        // latency model with a measured time for this size. Sequences warm up every size at
+        // the shortest length and the longer lengths at batch 1 (a batch of the longest would
+        // take seconds on a cpu device for a large encoder).
+        const size_t runs = lengths.empty() || b != 1 ? 1 : lengths.size();
+        for (size_t k = 0; k < runs; ++k) {
+            std::vector<ml::tensor> inputs, outputs;
+            std::vector<ml::tensor_desc> descs = in->inputs();
+            for (auto& d : descs) {
+                if (!lengths.empty()) d.shape[1] = lengths[k];
+                inputs.push_back(ml::tensor::make(d.type, d.shape, ml::bytes_t(ml::dtype_size(d.type) * size_t(ml::element_count(d.shape)))));
+            }
+            if (!through_scheduler) {
+                const uint64_t t0 = rte_rdtsc();
+                _runtime.infer_batch(*in, inputs, outputs);
+                warm_ms.emplace_back(k, double(rte_rdtsc() - t0) * 1e3 / double(_tsc_hz));
+                continue;
+            }
+            // While the IF serves: a BE task like any batch, so that the IF's own batches (and
+            // RT work anywhere) take turns with it instead of queueing behind the whole
+            // warm-up; the time is the task's, taken again if it was preempted.
+            _runtime.write_inputs(*in, inputs);
+            double ms = 0;
+            for (int attempt = 0; attempt < 3; ++attempt) {
+                gpu::task t;
+                t.cls = gpu::task_class::be;
+                t.launches = _runtime.task_launches(*in);
+                const gpu::task_result r = _scheduler.wait(_scheduler.submit(std::move(t)));
+                if (r.status != gpu::task_status::completed)
+                    throw std::runtime_error("model IF '" + _config.name + "': a warm-up run of batch " +
+                                             std::to_string(b) + " did not complete");
+                ms = double(r.end_ns - r.start_ns) / 1e6;
+                if (r.preemptions == 0) break;
+            }
+            warm_ms.emplace_back(k, ms);
+        }
+    }
+    return in;
+}
+
+void model_if::plan_sizes(lane& l, uint32_t max_batch) {
     for (const int64_t size : batch_sizes(max_batch)) {
         const uint32_t b = uint32_t(size);
         if (l.instances.count(b)) continue;
-        auto in = _runtime.link_model(_model, l.cls == gpu::task_class::rt ? -1 : 0);
-        if (in->batch() != b || !lengths.empty()) _runtime.configure_batch(*in, b, lengths);
-        if (_config.warm_up) {
-            // One run with zero inputs: touches the arena and weights, and seeds the
-            // controller's latency model with a measured time for this size. Sequences warm
-            // up every size at the shortest length and the longer lengths at batch 1 (a batch
-            // of the longest would take seconds on a cpu device for a large encoder).
-            const size_t runs = lengths.empty() || b != 1 ? 1 : lengths.size();
-            for (size_t k = 0; k < runs; ++k) {
-                std::vector<ml::tensor> inputs, outputs;
-                std::vector<ml::tensor_desc> descs = in->inputs();
-                for (auto& d : descs) {
-                    if (!lengths.empty()) d.shape[1] = lengths[k];
-                    inputs.push_back(ml::tensor::make(d.type, d.shape, ml::bytes_t(ml::dtype_size(d.type) * size_t(ml::element_count(d.shape)))));
-                }
-                const uint64_t t0 = rte_rdtsc();
-                _runtime.infer_batch(*in, inputs, outputs);
-                const double ms = double(rte_rdtsc() - t0) * 1e3 / double(_tsc_hz);
-                l.controllers[k].observe(b, ms, ms);
-            }
-        }
+        std::vector<std::pair<size_t, double>> warm_ms;
+        auto in = plan_instance(l.cls, b, false, warm_ms);
+        for (const auto& [bucket, ms] : warm_ms) l.controllers[bucket].observe(b, ms, ms);
         l.instances.emplace(b, std::move(in));
     }
     l.publish_targets();
@@ -262,6 +289,26 @@ void model_if::plan_sizes(lane& l, uint32_t max_batch) {
 nlohmann::json model_if::profile(const dkp::model_profile* stored, const ml::runtime::launch_runner& run_alone,
                                  double budget_ms, dkp::model_profile& out) {
     std::lock_guard<std::mutex> g(_mu);
+    std::vector<ml::instance*> all;
+    for (auto& l : _lanes)
+        for (auto& [b, in] : l->instances) all.push_back(in.get());
+    _profile_summary = profile_instances(all, stored, run_alone, budget_ms, out);
+    return _profile_summary;
+}
+
+nlohmann::json model_if::profile(prepared_settings& p, const dkp::model_profile* stored,
+                                 const ml::runtime::launch_runner& run_alone, double budget_ms,
+                                 dkp::model_profile& out) {
+    std::vector<ml::instance*> fresh;
+    for (auto& planned : p.instances) fresh.push_back(planned.instance.get());
+    p.profile_summary = profile_instances(fresh, stored, run_alone, budget_ms, out);
+    return p.profile_summary;
+}
+
+nlohmann::json model_if::profile_instances(const std::vector<ml::instance*>& instances,
+                                           const dkp::model_profile* stored,
+                                           const ml::runtime::launch_runner& run_alone, double budget_ms,
+                                           dkp::model_profile& out) {
     const auto t0 = std::chrono::steady_clock::now();
     const auto elapsed_ms = [&] {
         return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
@@ -269,29 +316,27 @@ nlohmann::json model_if::profile(const dkp::model_profile* stored, const ml::run
     uint32_t plans = 0, reused = 0, measured = 0, skipped = 0;
     const std::vector<int64_t> lengths = planned_lengths(_input);
     const std::vector<int64_t> each = lengths.empty() ? std::vector<int64_t>{0} : lengths;
-    for (auto& l : _lanes)
-        for (auto& [b, in] : l->instances)
-            for (const int64_t len : each) {
-                if (len) _runtime.select_length(*in, len);
-                ++plans;
-                const auto [name, key] = _runtime.profile_name(*in);
-                const dkp::plan_profile* have = out.find(name, key);
-                if (!have && stored) have = stored->find(name, key);
-                if (have && _runtime.apply_profile(*in, *have)) {
-                    out.put(*have);
-                    ++reused;
-                    continue;
-                }
-                if (elapsed_ms() > budget_ms) {
-                    ++skipped;
-                    continue;
-                }
-                out.put(_runtime.profile(*in, 5, run_alone));
-                ++measured;
+    for (ml::instance* in : instances)
+        for (const int64_t len : each) {
+            if (len) _runtime.select_length(*in, len);
+            ++plans;
+            const auto [name, key] = _runtime.profile_name(*in);
+            const dkp::plan_profile* have = out.find(name, key);
+            if (!have && stored) have = stored->find(name, key);
+            if (have && _runtime.apply_profile(*in, *have)) {
+                out.put(*have);
+                ++reused;
+                continue;
             }
-    _profile_summary = {{"device", out.device}, {"plans", plans}, {"profiled", reused + measured}, {"measured", measured},
-                        {"from_repository", reused}, {"not_profiled", skipped}, {"ms", elapsed_ms()}};
-    return _profile_summary;
+            if (elapsed_ms() > budget_ms) {
+                ++skipped;
+                continue;
+            }
+            out.put(_runtime.profile(*in, 5, run_alone));
+            ++measured;
+        }
+    return {{"device", out.device}, {"plans", plans}, {"profiled", reused + measured}, {"measured", measured},
+            {"from_repository", reused}, {"not_profiled", skipped}, {"ms", elapsed_ms()}};
 }
 
 uint32_t model_if::queued() const {
@@ -303,17 +348,57 @@ model_settings model_if::settings() const {
     return _config.settings;
 }
 
-void model_if::update(const model_settings& s) {
+model_if::prepared_settings model_if::prepare(const model_settings& s) const {
     check_settings(s);
-    if (s.tensor_output != _config.settings.tensor_output) request_input(_model->imported(), s);
-    std::lock_guard<std::mutex> g(_mu);
-    for (int i = 0; i < 2; ++i) {
-        lane& l = *_lanes[i];
-        if (lane_planned_by(s, i)) plan_sizes(l, s.batching.max_batch);
-        for (auto& c : l.controllers) c.configure(s.batching);
-        l.publish_targets();
+    if (s.tensor_output != settings().tensor_output) request_input(_model->imported(), s);
+    prepared_settings p;
+    p.settings = s;
+    std::vector<std::pair<int, uint32_t>> wanted;  // (lane, batch size) not planned yet
+    {
+        std::lock_guard<std::mutex> g(_mu);
+        for (int i = 0; i < 2; ++i)
+            if (lane_planned_by(s, i))
+                for (const int64_t b : batch_sizes(s.batching.max_batch))
+                    if (!_lanes[i]->instances.count(uint32_t(b))) wanted.emplace_back(i, uint32_t(b));
     }
-    _config.settings = s;
+    // Planned and warmed up without the IF's lock: the serving thread goes on with the
+    // instances it has (before, a `set` that added batch sizes held the IF for all of this).
+    for (const auto& [i, b] : wanted) {
+        std::vector<std::pair<size_t, double>> warm_ms;
+        p.instances.push_back({i, b, plan_instance(_lanes[i]->cls, b, true, warm_ms)});
+        for (const auto& [bucket, ms] : warm_ms) p.samples.push_back({i, bucket, b, ms});
+    }
+    return p;
+}
+
+void model_if::commit(prepared_settings&& p) {
+    std::unique_lock<std::mutex> g(_mu);
+    const uint64_t t0 = rte_rdtsc();
+    for (auto& planned : p.instances)
+        _lanes[planned.lane]->instances.try_emplace(planned.batch, std::move(planned.instance));
+    for (const auto& w : p.samples) _lanes[w.lane]->controllers[w.bucket].observe(w.batch, w.ms, w.ms);
+    for (auto& l : _lanes) {
+        for (auto& c : l->controllers) c.configure(p.settings.batching);
+        l->publish_targets();
+    }
+    _config.settings = p.settings;
+    if (!p.profile_summary.is_null()) {
+        // What the IF's plans have now: the earlier profile plus the new instances'.
+        if (_profile_summary.is_object()) {
+            for (const char* k : {"plans", "profiled", "measured", "from_repository", "not_profiled"})
+                _profile_summary[k] = _profile_summary.value(k, 0u) + p.profile_summary.value(k, 0u);
+            _profile_summary["ms"] = _profile_summary.value("ms", 0.0) + p.profile_summary.value("ms", 0.0);
+        } else {
+            _profile_summary = p.profile_summary;
+        }
+    }
+    const uint64_t ns = uint64_t(double(rte_rdtsc() - t0) * 1e9 / double(_tsc_hz));
+    g.unlock();
+    // Instances a concurrent change planned first were not moved in: freed here, outside the lock.
+    p.instances.clear();
+    _switch_ns_last.store(ns, std::memory_order_relaxed);
+    if (ns > _switch_ns_max.load(std::memory_order_relaxed)) _switch_ns_max.store(ns, std::memory_order_relaxed);
+    _switches.fetch_add(1, std::memory_order_relaxed);
 }
 
 void model_if::send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec) {
@@ -804,6 +889,9 @@ nlohmann::json model_if::stats() const {
         {"batched_requests_total", _batched_requests.get()},
         {"preemptions_total", _preemptions.get()},
         {"reexecuted_kernels_total", _reexecuted.get()},
+        {"settings_switches_total", _switches.load(std::memory_order_relaxed)},
+        {"switch_us_last", double(_switch_ns_last.load(std::memory_order_relaxed)) / 1e3},
+        {"switch_us_max", double(_switch_ns_max.load(std::memory_order_relaxed)) / 1e3},
         {"latency_seconds",
          {{"le", le}, {"counts", counts}, {"sum", double(_latency_sum_ns.load(std::memory_order_relaxed)) / 1e9},
           {"count", total}}},

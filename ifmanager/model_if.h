@@ -19,7 +19,8 @@
 // tokens and one of 512 have different latencies, so each learns its own latency model.
 //
 // Threads: poll() runs on the serving thread only. The control thread calls settings() /
-// update() / describe() / stats(); the scheduler thread only sets a lane's done flag.
+// prepare() / commit() / update() / describe() / stats(); the scheduler thread only sets a
+// lane's done flag.
 #pragma once
 
 #include <rte_ring.h>
@@ -96,9 +97,36 @@ public:
 
     const model_if_config& config() const { return _config; }
     model_settings settings() const;
-    // Applies new settings at the next batch (plans new batch sizes first). Throws
-    // std::invalid_argument on bad values; the IF keeps its old settings then.
-    void update(const model_settings& s);
+
+    // A settings change built on the side, as GSLICE's shadow IF: prepare() plans and warms
+    // up the instances the new settings need (larger batch sizes, a lane not planned before)
+    // while the IF keeps serving with the ones it has; profile(prepared) measures them, still
+    // on the side; commit() switches over between two batches, holding the IF only to move the
+    // new instances in and reconfigure the controllers (microseconds; `switch_us_*` in stats).
+    // Instances are never replaced, only added: a batch in flight keeps running on its own.
+    struct prepared_settings {
+        model_settings settings;
+        struct planned {
+            int lane;  // 0 RT, 1 BE
+            uint32_t batch;
+            std::unique_ptr<ml::instance> instance;
+        };
+        std::vector<planned> instances;
+        struct warm_up_sample {  // a warm-up run's time, for the lane's latency model
+            int lane;
+            size_t bucket;
+            uint32_t batch;
+            double ms;
+        };
+        std::vector<warm_up_sample> samples;
+        nlohmann::json profile_summary;  // profile(prepared, ...); null when not profiled
+    };
+    // Throws std::invalid_argument on bad values (nothing changes then). Control thread only
+    // (one change at a time: the daemon's operations are serialised).
+    prepared_settings prepare(const model_settings& s) const;
+    void commit(prepared_settings&& p);
+    // prepare() and commit() in one: the new settings apply at the next batch.
+    void update(const model_settings& s) { commit(prepare(s)); }
 
     const std::shared_ptr<ml::model>& model() const { return _model; }
 
@@ -133,6 +161,10 @@ public:
     // the IF's lock (serving skips the IF meanwhile).
     nlohmann::json profile(const dkp::model_profile* stored, const ml::runtime::launch_runner& run_alone,
                            double budget_ms, dkp::model_profile& out);
+    // The same for a prepared change's new instances only, without holding the IF (nothing
+    // serves them yet); commit() adds the summary to the IF's.
+    nlohmann::json profile(prepared_settings& p, const dkp::model_profile* stored,
+                           const ml::runtime::launch_runner& run_alone, double budget_ms, dkp::model_profile& out);
 
 private:
     struct lane;
@@ -147,6 +179,15 @@ private:
     void complete(lane& l);
     void shed_late(lane& l, uint64_t now);
     void plan_sizes(lane& l, uint32_t max_batch);
+    // One instance of batch size b for a lane of class cls, warmed up when the config says so
+    // (directly on the device before the IF serves, as BE tasks through the scheduler while
+    // it does); the warm-up runs' times go to `warm_ms` as (length bucket, ms).
+    std::unique_ptr<ml::instance> plan_instance(gpu::task_class cls, uint32_t b, bool through_scheduler,
+                                                std::vector<std::pair<size_t, double>>& warm_ms) const;
+    // Profiles `instances` (kprof; see profile()) and returns the summary.
+    nlohmann::json profile_instances(const std::vector<ml::instance*>& instances, const dkp::model_profile* stored,
+                                     const ml::runtime::launch_runner& run_alone, double budget_ms,
+                                     dkp::model_profile& out);
     // Whether update(s) plans lane i (the RT lane is 0).
     bool lane_planned_by(const model_settings& s, int i) const;
     void answer_error(const dp::request& r, wire::status status, const std::string& message);
@@ -164,8 +205,9 @@ private:
     std::vector<rte_mbuf*> _tx_burst;  // a response's datagrams (up to the protocol's fragments)
     nlohmann::json _profile_summary;   // the last profile() (guarded by _mu)
 
-    // Settings: written by update() under _mu; the serving thread holds _mu while it polls
-    // (try_lock: a long update() skips this IF for a round instead of stalling the others).
+    // Settings and lanes' instances: written by commit() under _mu; the serving thread holds
+    // _mu while it polls (try_lock: a commit or a whole-IF profile() skips this IF for a round
+    // instead of stalling the others).
     mutable std::mutex _mu;
     std::unique_ptr<lane> _lanes[2];  // [0] RT, [1] BE
 
@@ -176,6 +218,8 @@ private:
     std::array<dp::counter, latency_buckets_s.size() + 1> _latency_hist;  // last: +Inf
     std::atomic<uint64_t> _latency_sum_ns{0};
     std::atomic<uint64_t> _latency_max_ns{0};  // exact, unlike the percentiles
+    // commit(): how many switch-overs and how long the IF was held for each (ns).
+    std::atomic<uint64_t> _switches{0}, _switch_ns_last{0}, _switch_ns_max{0};
     std::atomic<uint32_t> _in_flight{0};
     std::atomic<uint32_t> _pending{0};
 };

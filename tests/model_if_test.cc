@@ -8,8 +8,13 @@
 #include <rte_ethdev.h>
 #include <rte_ring.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
+#include <mutex>
+#include <set>
 #include <random>
 #include <thread>
 
@@ -263,7 +268,9 @@ TEST_F(model_if_test, rt_sources_and_class_changes_reach_the_scheduler) {
     EXPECT_EQ(_scheduler->stats().completed_rt, 0u);
     auto s = _if->settings();
     s.rt_sources_be = {htonl(reefline::testing::camera_ip)};
-    _if->update(s);
+    _if->update(s);  // plans the RT lane, warming it up with BE tasks
+    const uint64_t be_after_update = _scheduler->stats().completed_be;
+    EXPECT_GT(be_after_update, 1u) << "the RT lane's warm-up ran outside the scheduler";
     send_image(2, img, h, w, c);
     ASSERT_EQ(pump_and_collect(1).size(), 1u);
     EXPECT_EQ(_scheduler->stats().completed_rt, 1u);
@@ -273,7 +280,7 @@ TEST_F(model_if_test, rt_sources_and_class_changes_reach_the_scheduler) {
     send_image(3, img, h, w, c);
     ASSERT_EQ(pump_and_collect(1).size(), 1u);
     EXPECT_EQ(_scheduler->stats().completed_rt, 2u);
-    EXPECT_EQ(_scheduler->stats().completed_be, 1u);
+    EXPECT_EQ(_scheduler->stats().completed_be, be_after_update);
     EXPECT_THROW({
         s.batching.min_batch = 9;
         _if->update(s);
@@ -290,11 +297,107 @@ void model_if_test::check_answers(const std::vector<answer>& answers, const std:
         ASSERT_EQ(a.topk.size(), std::min<size_t>(5, want.size()));
         for (size_t j = 0; j < a.topk.size(); ++j) {
             EXPECT_NEAR(a.topk[j].second, want[a.topk[j].first], 1e-4f * (1 + std::fabs(want[a.topk[j].first])));
-            if (j) EXPECT_GE(a.topk[j - 1].second, a.topk[j].second);
+            if (j) {
+                EXPECT_GE(a.topk[j - 1].second, a.topk[j].second);
+            }
         }
         const float best = *std::max_element(want.begin(), want.end());
         EXPECT_NEAR(a.topk[0].second, best, 1e-4f * (1 + std::fabs(best)));
     }
+}
+
+// A `set` that adds batch sizes builds them on the side, like GSLICE's shadow IF: requests go
+// on being answered while the new instances are planned and warmed up (before, the IF was held
+// for all of it and nothing was served), every answer equals libml, none is lost or doubled,
+// the switch-over holds the IF for a small part of the change, and the same image alone
+// answers bit-identically before and after it. The sender and the change run on threads of
+// their own; this thread serves (the EAL lcore that owns the rx queue).
+TEST_F(model_if_test, set_plans_on_the_side_while_requests_are_answered) {
+    using clock = std::chrono::steady_clock;
+    start_if([](reefline::ifm::model_if_config& c) {
+        c.settings.batching.max_batch = 1;
+        c.settings.shed = false;  // every request served, however long it waited
+    });
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
+    auto images = reefline::testing::random_images(400, size_t(h) * w * c, 13);
+    std::vector<answer> answers;
+    std::vector<clock::time_point> answered_at;
+    auto serve_until = [&](const std::function<bool()>& done) {
+        const auto deadline = clock::now() + std::chrono::seconds(60);
+        while (!done() && clock::now() < deadline) {
+            _plane->poll_rx(0);
+            _if->poll();
+            _plane->poll_tx();
+            const size_t before = answers.size();
+            collect(answers);
+            answered_at.resize(answers.size(), clock::now());
+            if (answers.size() == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    };
+    // Before: image 0 alone.
+    send_image(1000, images[0], h, w, c);
+    serve_until([&] { return answers.size() >= 1; });
+    ASSERT_EQ(answers.size(), 1u);
+
+    reefline::ifm::model_settings s = _if->settings();
+    s.batching.max_batch = 64;  // plans and warms up batch sizes 2, 4, 8, 16, 32 and 64
+    std::atomic<bool> changed{false}, stop_sending{false};
+    std::atomic<size_t> sent{1};
+    clock::time_point change_start, change_end;
+    std::thread control([&] {
+        change_start = clock::now();
+        _if->update(s);
+        change_end = clock::now();
+        changed = true;
+    });
+    // A request every 2 ms until the change is done (ids 1001..), at most 390.
+    std::thread sender([&] {
+        while (!stop_sending && sent < 390) {
+            send_image(1000 + sent, images[sent], h, w, c);
+            ++sent;
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+    });
+    serve_until([&] { return changed.load(); });
+    stop_sending = true;
+    sender.join();
+    control.join();
+    ASSERT_TRUE(changed.load());
+    serve_until([&] { return answers.size() >= sent; });
+    // After: image 0 alone again.
+    images[sent] = images[0];
+    const size_t again = sent;
+    send_image(1000 + again, images[again], h, w, c);
+    serve_until([&] { return answers.size() >= again + 1; });
+    serve_until([&, until = clock::now() + std::chrono::milliseconds(100)] { return clock::now() > until; });
+
+    ASSERT_EQ(answers.size(), again + 1) << "lost or doubled answers";
+    std::set<uint64_t> ids;
+    for (const answer& a : answers) ids.insert(a.head.request_id);
+    EXPECT_EQ(ids.size(), answers.size()) << "a request was answered twice";
+    check_answers(answers, images);
+    const double change_ms = std::chrono::duration<double, std::milli>(change_end - change_start).count();
+    size_t during = 0;
+    for (const auto& t : answered_at) during += t > change_start && t < change_end;
+    std::printf("the change took %.1f ms; %zu of %zu requests answered while it ran\n", change_ms, during, sent.load() - 1);
+    EXPECT_GT(during, 0u) << "nothing was answered during the " << change_ms << " ms the change took";
+    const auto st = _if->stats();
+    EXPECT_EQ(st["settings_switches_total"], 1);
+    EXPECT_LT(st["switch_us_max"].get<double>(), 100.0 * change_ms) << "the switch-over held the IF for most of the change";
+    // The same image at batch 1 before and after: bit-identical scores.
+    const answer* first = nullptr;
+    const answer* last = nullptr;
+    for (const answer& a : answers) {
+        if (a.head.request_id == 1000) first = &a;
+        if (a.head.request_id == 1000 + again) last = &a;
+    }
+    ASSERT_TRUE(first && last);
+    ASSERT_EQ(first->topk.size(), last->topk.size());
+    for (size_t j = 0; j < first->topk.size(); ++j) {
+        EXPECT_EQ(first->topk[j].first, last->topk[j].first);
+        EXPECT_EQ(std::memcmp(&first->topk[j].second, &last->topk[j].second, 4), 0) << "score " << j << " changed";
+    }
+    EXPECT_EQ(_if->settings().batching.max_batch, 64u);
 }
 
 TEST_F(model_if_test, wrong_shape_gets_an_error_naming_it) {
