@@ -26,6 +26,16 @@
 // Last line: slab_converge_ms=A aimd_converge_ms=B slab_throughput_vs_aimd=C (medians over the
 // rounds; the ratio is the median of the per-round ratios).
 //
+// --scenario steps (GSLICE Fig. 15's situations): seven phases of --phase-ms at 35% of the best
+// batch's capacity; each of phases 1-6 starts with a step: the rate doubles, comes back, the
+// SLO is tightened to 0.6x (configure(), as an operator's `set`), restored, a second IF starts
+// on the same device (its own instance at batch 4, back to back) and stops. Policies: slab,
+// aimd and fixed at 4, 8 and 16, on the same arrivals. Per step: how long until the target
+// settles again (convergence() within the phase; SLAB's drain-mode batches left out, and
+// counted in a second column); over the scenario: throughput within the SLO (each request held
+// to the SLO in force when it arrived) and violations. Last line: slab_reconverge_ms=A (the
+// worst step, median over the rounds) slab_goodput_vs_best_fixed=B aimd_reconverge_ms=C.
+//
 // Every step (calibration, each policy's run) prints a progress line on stderr. --csv FILE: the
 // per-round table, one row per round and policy; --csv-series FILE (also --trace): one row per
 // batch (time, batch size, service time, worst latency, the controller's target), every round
@@ -122,6 +132,21 @@ struct served_model {
         return ms_between(t0, clk::now());
     }
 
+    // A second IF on the same device (the steps scenario): its own instance at batch 4, run
+    // back to back while `on` holds.
+    void compete(const std::atomic<bool>& on, const std::atomic<bool>& quit) {
+        auto in = rt.link_model(model);
+        if (in->batch() != 4) rt.configure_batch(*in, 4);
+        ml::shape_t shape = one_shape;
+        shape[0] = 4;
+        std::vector<ml::tensor> x{ml::tensor::make(type, shape, ml::bytes_t(image_bytes * 4))};
+        std::vector<ml::tensor> y;
+        while (!quit.load()) {
+            if (on.load()) rt.infer_batch(*in, x, y);
+            else std::this_thread::sleep_for(std::chrono::microseconds(500));
+        }
+    }
+
     double median_service(uint32_t b, int reps) {
         std::vector<uint64_t> ids(b);
         for (uint32_t i = 0; i < b; ++i) ids[i] = i;
@@ -136,8 +161,21 @@ struct served_model {
     }
 };
 
+// The steps scenario (--scenario steps, GSLICE Fig. 15's situations): what changes when.
+// Arrival-rate steps are in the schedule itself; these are the others.
+struct scenario_event {
+    double at_ms;
+    enum kind_t { slo, competitor_on, competitor_off } kind;
+    double slo_ms = 0;  // kind slo: the operator's new SLO
+};
+
 struct policy_result {
     ml::batching_policy policy;
+    uint32_t fixed_batch = 0;  // fixed: its size
+    std::vector<std::pair<double, uint32_t>> trace;  // (ms since the start, target after each batch)
+    // The same without the batches after which SLAB was draining a backlog (draining()): the
+    // SLO-sized target it returns to once the burst is served.
+    std::vector<std::pair<double, uint32_t>> steady_trace;
     double converge_ms = 0;   // until the target stays in the band for good
     double reach_ms = 0;      // until it first enters the band
     double in_band_pct = 0;   // of the batches after reach_ms
@@ -187,9 +225,23 @@ struct request {
 };
 
 // `series`: where each batch goes as a CSV row (null: nowhere).
-policy_result run_policy(served_model& sm, const ml::batching_options& opts, const std::vector<double>& schedule_ms,
-                         double seconds, bool shed, report::csv_writer* series, int round) {
+policy_result run_policy(served_model& sm, ml::batching_options opts, const std::vector<double>& schedule_ms,
+                         double seconds, bool shed, report::csv_writer* series, int round,
+                         const std::vector<scenario_event>& events = {}) {
     ml::batch_controller bc(opts);
+    // The SLO a request arriving at `ms` is held to: the last SLO event before it.
+    const double first_slo = opts.slo_ms;
+    const auto slo_at = [&](double ms) {
+        double slo = first_slo;
+        for (const auto& e : events)
+            if (e.kind == scenario_event::slo && e.at_ms <= ms) slo = e.slo_ms;
+        return slo;
+    };
+    size_t next_event = 0;
+    std::atomic<bool> competing{false}, quit_competitor{false};
+    std::thread competitor;
+    if (std::any_of(events.begin(), events.end(), [](const auto& e) { return e.kind == scenario_event::competitor_on; }))
+        competitor = std::thread([&] { sm.compete(competing, quit_competitor); });
     std::mutex mu;
     std::condition_variable cv;
     std::deque<request> queue;
@@ -236,6 +288,18 @@ policy_result run_policy(served_model& sm, const ml::batching_options& opts, con
     std::vector<uint64_t> ids;
     std::vector<clk::time_point> arrived;
     for (;;) {
+        // Scenario events due now: an operator's SLO change reaches the controller as `set`
+        // does (configure), a second IF starts or stops.
+        for (const double now_ms = ms_between(start, clk::now()); next_event < events.size() && events[next_event].at_ms <= now_ms;
+             ++next_event) {
+            const scenario_event& e = events[next_event];
+            if (e.kind == scenario_event::slo) {
+                opts.slo_ms = e.slo_ms;
+                bc.configure(opts);
+            } else {
+                competing = e.kind == scenario_event::competitor_on;
+            }
+        }
         {
             std::unique_lock<std::mutex> lk(mu);
             if (queue.empty()) {
@@ -276,12 +340,13 @@ policy_result run_policy(served_model& sm, const ml::batching_options& opts, con
             worst = std::max(worst, l);
             latency.push_back(l);
             ++r.answered;
-            if (l > opts.slo_ms) ++r.late;
+            if (l > (events.empty() ? opts.slo_ms : slo_at(ms_between(start, a)))) ++r.late;
         }
         bc.observe(uint32_t(ids.size()), service, worst);
         ++batches;
         draining += bc.draining();
         trace.emplace_back(ms_between(start, end), bc.target());
+        if (!bc.draining()) r.steady_trace.push_back(trace.back());
         // Kept in memory and written after the run: file I/O in this loop would add to the
         // very latencies it records.
         if (series)
@@ -289,6 +354,8 @@ policy_result run_policy(served_model& sm, const ml::batching_options& opts, con
                                  bc.predict_ms(bc.target()), bc.margin_ms()});
     }
     generator.join();
+    quit_competitor = true;
+    if (competitor.joinable()) competitor.join();
     if (series) {
         // Rounded to what the host's timing noise leaves meaningful (tens of microseconds),
         // which keeps a round's series small enough to keep beside its plot.
@@ -299,6 +366,8 @@ policy_result run_policy(served_model& sm, const ml::batching_options& opts, con
                          csv_cell::fixed(b.predicted_ms, 3), csv_cell::fixed(b.margin_ms, 3)});
     }
     convergence(trace, r);
+    r.fixed_batch = opts.policy == ml::batching_policy::fixed ? (opts.fixed_batch ? opts.fixed_batch : opts.max_batch) : 0;
+    r.trace = std::move(trace);
     r.goodput = double(r.answered - r.late) / seconds;
     r.mean_batch = batches ? double(r.answered) / double(batches) : 0;
     r.p50 = percentile(latency, 0.5);
@@ -318,6 +387,120 @@ std::string run_cmd(const std::string& cmd) {
     return out;
 }
 
+// --scenario steps: seven phases of `phase_ms`; each of phases 1-6 starts with a step:
+const char* const step_names[] = {"", "rate x2", "rate back", "SLO x0.6", "SLO back", "2nd IF on", "2nd IF off"};
+constexpr int phases = 7;
+
+// How long after step k (phase k's start) the target settled: the convergence of the trace
+// within the phase, measured from its start.
+double reconverge_ms(const std::vector<std::pair<double, uint32_t>>& trace, int k, double phase_ms) {
+    const double from = k * phase_ms, to = (k + 1) * phase_ms;
+    std::vector<std::pair<double, uint32_t>> slice;
+    uint32_t before = trace.empty() ? 1 : trace.front().second;
+    for (const auto& [t, target] : trace) {
+        if (t < from) before = target;
+        else if (t < to) slice.emplace_back(t - from, target);
+    }
+    slice.insert(slice.begin(), {0.0, before});
+    policy_result r;
+    convergence(slice, r);
+    return r.converge_ms;
+}
+
+void run_steps(served_model& sm, double rate, double slo_ms, uint32_t max_batch, double phase_ms, int rounds,
+               bool shed, report::csv_writer* csv, report::csv_writer* series, report::progress& progress) {
+    // Arrivals: Poisson at `rate`, twice that in phase 1; one schedule for every policy.
+    std::vector<double> schedule;
+    std::mt19937_64 rng(2025);
+    for (int k = 0; k < phases; ++k) {
+        std::exponential_distribution<double> gap((k == 1 ? 2 * rate : rate) / 1000.0);
+        for (double t = k * phase_ms + gap(rng); t < (k + 1) * phase_ms; t += gap(rng)) schedule.push_back(t);
+    }
+    const std::vector<scenario_event> events = {{3 * phase_ms, scenario_event::slo, 0.6 * slo_ms},
+                                                {4 * phase_ms, scenario_event::slo, slo_ms},
+                                                {5 * phase_ms, scenario_event::competitor_on},
+                                                {6 * phase_ms, scenario_event::competitor_off}};
+    // SLAB, AIMD and fixed at several sizes (each starts from a fresh controller).
+    std::vector<ml::batching_options> policies;
+    for (const auto p : {ml::batching_policy::slab, ml::batching_policy::aimd}) {
+        ml::batching_options o;
+        o.policy = p;
+        policies.push_back(o);
+    }
+    for (const uint32_t b : {4u, 8u, 16u})
+        if (b <= max_batch) {
+            ml::batching_options o;
+            o.policy = ml::batching_policy::fixed;
+            o.fixed_batch = b;
+            policies.push_back(o);
+        }
+    for (auto& o : policies) {
+        o.slo_ms = slo_ms;
+        o.max_batch = max_batch;
+    }
+    const double seconds = phases * phase_ms / 1000.0;
+    std::printf("steps scenario: %d phases of %.0f ms; rate %.0f req/s Poisson (x2 in phase 1), SLO %.1f ms (x0.6 in "
+                "phase 3), a second IF running batch 4 back to back in phase 5\n",
+                phases, phase_ms, rate, slo_ms);
+    std::printf("\nre-convergence after each step (ms): until the SLO-sized target stays within +-max(1, 10%%) of where "
+                "it settles in that phase (batches SLAB ran to drain a backlog left out; max+drain counts them), and "
+                "throughput within the SLO over the whole scenario\n");
+    std::printf("%-6s %-9s", "round", "policy");
+    for (int k = 1; k < phases; ++k) std::printf(" %10s", step_names[k]);
+    std::printf(" %8s %9s %9s %7s %6s\n", "max", "max+drain", "within/s", "viol%", "meanb");
+    const auto name_of = [](const policy_result& r) {
+        return r.fixed_batch ? "fixed " + std::to_string(r.fixed_batch) : std::string(ml::batching_policy_name(r.policy));
+    };
+    std::vector<std::vector<double>> worst(policies.size()), good(policies.size());
+    std::vector<double> slab_vs_fixed;
+    for (int round = 0; round < rounds; ++round) {
+        std::vector<double> round_good(policies.size());
+        for (size_t j = 0; j < policies.size(); ++j) {
+            const size_t p = (size_t(round) + j) % policies.size();
+            std::fflush(stdout);
+            auto step = progress.begin("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", steps, " +
+                                       (policies[p].policy == ml::batching_policy::fixed
+                                            ? "fixed " + std::to_string(policies[p].fixed_batch)
+                                            : std::string(ml::batching_policy_name(policies[p].policy))));
+            const policy_result r = run_policy(sm, policies[p], schedule, seconds, shed, series, round + 1, events);
+            double w = 0, w_all = 0;
+            std::printf("%-6d %-9s", round + 1, name_of(r).c_str());
+            for (int k = 1; k < phases; ++k) {
+                const double ms = r.fixed_batch ? 0.0 : reconverge_ms(r.steady_trace, k, phase_ms);
+                const double all = r.fixed_batch ? 0.0 : reconverge_ms(r.trace, k, phase_ms);
+                w = std::max(w, ms);
+                w_all = std::max(w_all, all);
+                std::printf(" %10.0f", ms);
+                if (csv)
+                    csv->row({round + 1, ml::batching_policy_name(r.policy), r.fixed_batch, step_names[k],
+                              report::csv_cell::fixed(k * phase_ms, 0), report::csv_cell::fixed(ms, 1),
+                              report::csv_cell::fixed(all, 1), report::csv_cell::fixed(r.goodput, 1),
+                              report::csv_cell::fixed(r.violation_pct(), 2), report::csv_cell::fixed(r.mean_batch, 2)});
+            }
+            std::printf(" %8.0f %9.0f %9.1f %7.2f %6.2f\n", w, w_all, r.goodput, r.violation_pct(), r.mean_batch);
+            std::fflush(stdout);
+            char result[96];
+            std::snprintf(result, sizeof result, "worst re-convergence %.0f ms, %.1f within SLO req/s", w, r.goodput);
+            step.result(result);
+            worst[p].push_back(w);
+            good[p].push_back(r.goodput);
+            round_good[p] = r.goodput;
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        double best_fixed = 0;
+        for (size_t p = 2; p < policies.size(); ++p) best_fixed = std::max(best_fixed, round_good[p]);
+        slab_vs_fixed.push_back(best_fixed > 0 ? round_good[0] / best_fixed : 0);
+    }
+    std::printf("\nover %d round(s), medians: worst re-convergence ms / within SLO req/s\n", rounds);
+    for (size_t p = 0; p < policies.size(); ++p)
+        std::printf("  %-9s %8.0f %9.1f\n",
+                    policies[p].policy == ml::batching_policy::fixed ? ("fixed " + std::to_string(policies[p].fixed_batch)).c_str()
+                                                                     : ml::batching_policy_name(policies[p].policy),
+                    median(worst[p]), median(good[p]));
+    std::printf("slab_reconverge_ms=%.0f slab_goodput_vs_best_fixed=%.3f aimd_reconverge_ms=%.0f\n", median(worst[0]),
+                median(slab_vs_fixed), median(worst[1]));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -328,6 +511,8 @@ int main(int argc, char** argv) {
     uint32_t max_batch = 16, fixed_batch = 0, units = 0;
     int rounds = 3;
     bool quick = false, uniform = false, shed = false, calibrate_only = false;
+    std::string scenario = "constant";
+    double phase_ms = 2000;
     app.add_option("--model", model, "ONNX model with one image input (default: the zoo's resnet50_tiny, written to a temp dir)");
     app.add_option("--seconds", seconds, "seconds of load per policy and round")->capture_default_str();
     app.add_option("--slo-ms", slo_ms, "per-request latency objective")->capture_default_str();
@@ -340,6 +525,12 @@ int main(int argc, char** argv) {
     app.add_flag("--shed", shed, "answer requests that can no longer make the SLO with a status instead of serving them late");
     app.add_flag("--quick", quick, "one short round (1.5 s per policy)");
     app.add_flag("--calibrate", calibrate_only, "print the service times per batch size and exit");
+    app.add_option("--scenario", scenario,
+                   "constant: one Poisson load; steps: the rate doubles and halves, the SLO is tightened and "
+                   "restored, a second IF starts and stops (one phase each)")
+        ->check(CLI::IsMember({"constant", "steps"}))
+        ->capture_default_str();
+    app.add_option("--phase-ms", phase_ms, "steps: the length of each phase")->capture_default_str();
     app.add_option("--csv", csv_path, "write the per-round table as CSV: one row per round and policy");
     app.add_option("--csv-series,--trace", trace_path,
                    "write every batch as CSV: round, policy, time_ms, batch_size, service_ms, worst_latency_ms, "
@@ -351,6 +542,12 @@ int main(int argc, char** argv) {
     if (quick) {
         rounds = 1;
         seconds = std::min(seconds, 1.5);
+        phase_ms = std::min(phase_ms, 1000.0);
+    }
+    const bool steps = scenario == "steps";
+    if (steps && !(phase_ms >= 200)) {
+        std::fprintf(stderr, "slab_bench: --phase-ms must be at least 200\n");
+        return 2;
     }
     if (max_batch < 2 || max_batch > 256 || rounds < 1 || seconds <= 0 || fixed_batch > max_batch || !(slo_ms > 0)) {
         std::fprintf(stderr, "slab_bench: need 2 <= --max-batch <= 256, --rounds >= 1, --seconds > 0, --slo-ms > 0, --fixed-batch <= --max-batch\n");
@@ -362,11 +559,16 @@ int main(int argc, char** argv) {
     }
     fs::path work;
     // Steps: the model (unless given), the instances, calibration, then every policy of every round.
-    report::progress progress("slab_bench", (model.empty() ? 1u : 0u) + 2u + (calibrate_only ? 0u : unsigned(3 * rounds)));
+    report::progress progress("slab_bench", (model.empty() ? 1u : 0u) + 2u +
+                                                (calibrate_only ? 0u : unsigned((steps ? 5 : 3) * rounds)));
     try {
         // Opened before minutes of measuring: an unwritable path fails now, naming the file.
         std::unique_ptr<report::csv_writer> csv, series;
-        if (!csv_path.empty() && !calibrate_only)
+        if (!csv_path.empty() && !calibrate_only && steps)
+            csv = std::make_unique<report::csv_writer>(
+                csv_path, std::vector<std::string>{"round", "policy", "fixed_batch", "step", "step_at_ms", "reconverge_ms", "reconverge_with_drain_ms",
+                                                   "within_slo_req_s", "violation_pct", "mean_batch"});
+        else if (!csv_path.empty() && !calibrate_only)
             csv = std::make_unique<report::csv_writer>(
                 csv_path, std::vector<std::string>{"round", "policy", "order_in_round", "rate_req_s", "slo_ms",
                                                    "seconds", "converge_ms", "reach_ms", "in_band_pct",
@@ -425,6 +627,16 @@ int main(int argc, char** argv) {
         std::printf("\n  batch 1 serves %.0f req/s; batch %u, the best within the SLO, %.0f req/s (%.2fx); batch %u %.0f req/s\n",
                     cap1, b_best, cap_best, cap_best / cap1, max_batch, 1000.0 * max_batch / t[max_batch]);
         if (calibrate_only) {
+            if (!work.empty()) fs::remove_all(work);
+            return 0;
+        }
+        if (steps) {
+            // Half of what the constant scenario offers, so that the doubled rate is the
+            // constant scenario's load and a tightened SLO or a second IF still leaves room.
+            if (rate <= 0) rate = std::round(0.35 * cap_best);
+            run_steps(sm, rate, slo_ms, max_batch, phase_ms, rounds, shed, csv.get(), series.get(), progress);
+            if (series) series->commit();
+            if (csv) csv->commit();
             if (!work.empty()) fs::remove_all(work);
             return 0;
         }
