@@ -96,7 +96,7 @@ std::array<float, 3> get_triple(const json& o, const char* key) {
 // refused: a misspelt field silently ignored is a setting the operator believes applied, and
 // an unknown one persisted would grow the repository without bound.
 constexpr const char* tunable_fields[] = {"class", "slo_ms", "batching", "min_batch", "max_batch", "fixed_batch",
-                                          "priority", "rt_sources", "output", "shed"};
+                                          "priority", "rt_sources", "output", "shed", "share"};
 constexpr const char* add_only_fields[] = {"name", "port", "onnx", "top_k", "mean", "std"};
 
 bool one_of(std::string_view key, std::span<const char* const> names) {
@@ -151,6 +151,11 @@ void apply_settings(const json& f, model_settings& s) {
     if (s.batching.fixed_batch > s.batching.max_batch) bad("fixed_batch must not exceed max_batch");
     if (field(f, "priority")) s.priority = int(get_int(f, "priority", 0, 2));
     if (field(f, "shed")) s.shed = get_bool(f, "shed");
+    if (field(f, "share")) {
+        const double v = get_number(f, "share");
+        if (!(v > 0 && v <= 1)) bad("field 'share' must be a number > 0 and at most 1 (a fraction of the device)");
+        s.share = v;
+    }
     if (field(f, "output")) {
         const std::string o = get_string(f, "output");
         if (o != "topk" && o != "tensor") bad("field 'output' must be \"topk\" or \"tensor\", got \"" + excerpt(o) + "\"");
@@ -337,11 +342,41 @@ json if_manager::persisted_config(const model_if& mif) const {
             {"fixed_batch", s.batching.fixed_batch},
             {"priority", s.priority},
             {"shed", s.shed},
+            {"share", s.share},
             {"output", s.tensor_output ? "tensor" : "topk"},
             {"rt_sources", sources},
             {"top_k", c.top_k},
             {"mean", {c.mean[0], c.mean[1], c.mean[2]}},
             {"std", {c.std[0], c.std[1], c.std[2]}}};
+}
+
+void if_manager::check_share(const model_settings& s) const {
+    if (s.share < 1 && !_runtime.device().ops().stream_set_units)
+        bad("field 'share' below 1 needs a device with spatial shares; this backend (" + _info.backend +
+            ") has none yet (the cpu device has them)");
+}
+
+// IFs with a share below 1, in name order, each get max(1, round(share x units)) consecutive
+// compute units, starting where the previous one's ended (wrapping round), so that shares do
+// not overlap while they add up to at most the device; past that they overlap, as an
+// over-committed device must. An IF with share 1 runs on every unit.
+void if_manager::place_shares() {
+    const uint32_t n = std::min<uint32_t>(64, _runtime.device().caps().compute_units);
+    const uint64_t every = n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    uint32_t next = 0;
+    std::lock_guard<std::mutex> t(_tables_mu);
+    for (const auto& [name, mif] : _models) {
+        const double share = mif->settings().share;
+        if (share >= 1 || n <= 1) {
+            mif->set_units(0);
+            continue;
+        }
+        const uint32_t k = std::clamp<uint32_t>(uint32_t(std::lround(share * n)), 1, n);
+        uint64_t mask = 0;
+        for (uint32_t i = 0; i < k; ++i) mask |= uint64_t{1} << ((next + i) % n);
+        next = (next + k) % n;
+        mif->set_units(mask == every ? 0 : mask);
+    }
 }
 
 void if_manager::profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change) {
@@ -419,6 +454,7 @@ json if_manager::add_model(const json& f, bool persist) {
         bad("field 'onnx' is missing and the repository has no entry '" + name + "'");
     }
     apply_settings(f, c.settings);
+    check_share(c.settings);
     if (field(f, "top_k")) c.top_k = uint32_t(get_int(f, "top_k", 1, 100));
     if (field(f, "mean")) {
         const auto m = get_triple(f, "mean");
@@ -503,6 +539,7 @@ json if_manager::add_model(const json& f, bool persist) {
         _models[name] = mif;
         _services.push_back(mif);
     }
+    place_shares();  // before it serves: its first batch runs inside its share
     replace_serving(_services);  // the serving thread polls it from now on...
     publish_bindings();          // ...and only then does the data plane fill its ring
     event({{"event", "model_loaded"}, {"name", name}, {"udp_port", port},
@@ -531,6 +568,7 @@ json if_manager::remove_model(const std::string& name) {
         std::lock_guard<std::mutex> t(_tables_mu);
         _models.erase(name);
     }
+    place_shares();
     mif.reset();  // ~model_if waits for a batch in flight
     if (_repo && _repo->contains(name)) {
         try {
@@ -551,6 +589,7 @@ json if_manager::set(const json& f) {
     std::shared_ptr<model_if> mif = find(name);
     model_settings s = mif->settings();
     apply_settings(f, s);
+    check_share(s);
     // New batch sizes (a larger max_batch, a lane that was not planned) are new instances.
     const std::vector<int64_t> sizes = mif->instances_to_plan(s);
     if (!sizes.empty()) {
@@ -575,6 +614,7 @@ json if_manager::set(const json& f) {
     }
     if (!change.instances.empty()) profile(*mif, name, true, &change);  // the new batch sizes' plans
     mif->commit(std::move(change));
+    place_shares();
     if (_repo && _repo->contains(name)) {
         try {
             _repo->save_config(name, persisted_config(*mif));

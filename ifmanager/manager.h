@@ -118,6 +118,10 @@ private:
     nlohmann::json persisted_config(const model_if& mif) const;
     // Profiles the IF's plans (repository first, then measured as BE tasks) and keeps them in
     // its repository entry when `keep`.
+    // A share below 1 needs a device with spatial shares (bad_request otherwise).
+    void check_share(const model_settings& s) const;
+    // Places the IFs' shares on compute units (model_if::set_units); after every add, set and remove.
+    void place_shares();
     // With `change`, profiles only its new instances (a `set` prepared on the side).
     void profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change = nullptr);
     nlohmann::json dkp_json() const;

@@ -38,6 +38,7 @@ void check_settings(const model_settings& s) {
     if (b.min_batch < 1 || b.min_batch > b.max_batch) throw std::invalid_argument("min_batch must be 1..max_batch");
     if (b.fixed_batch > b.max_batch) throw std::invalid_argument("fixed_batch must be <= max_batch");
     if (s.priority < 0 || s.priority > 2) throw std::invalid_argument("priority must be 0, 1 or 2");
+    if (!(s.share > 0 && s.share <= 1)) throw std::invalid_argument("share must be > 0 and at most 1");
 }
 
 std::string ip_str(uint32_t be) {
@@ -260,6 +261,7 @@ std::unique_ptr<ml::instance> model_if::plan_instance(gpu::task_class cls, uint3
             for (int attempt = 0; attempt < 3; ++attempt) {
                 gpu::task t;
                 t.cls = gpu::task_class::be;
+                t.units = units();  // the IF's own work: inside its share
                 t.launches = _runtime.task_launches(*in);
                 const gpu::task_result r = _scheduler.wait(_scheduler.submit(std::move(t)));
                 if (r.status != gpu::task_status::completed)
@@ -610,6 +612,7 @@ void model_if::dispatch(lane& l) {
     }
     t.cls = l.cls;
     t.priority = _config.settings.priority;
+    if (l.cls == gpu::task_class::be) t.units = units();  // its share (RT runs on every unit)
     // PREMA's job length: the profiled kernels' times when the plan was profiled.
     for (const gpu::task_launch& k : t.launches) t.est_us += k.est_us;
     lane* lp = &l;
@@ -793,7 +796,17 @@ nlohmann::json model_if::describe() const {
         {"input_format", _input.format_name()},
         {"request", _input.describe(_model->imported())},
         {"output", s.tensor_output ? "tensor" : "topk"},
+        {"share", s.share},
     };
+    {
+        // The compute units its BE batches run on (every unit when it has the whole device).
+        const uint32_t n = _runtime.device().caps().compute_units;
+        const uint64_t mask = units();
+        nlohmann::json on = nlohmann::json::array();
+        for (uint32_t u = 0; u < n; ++u)
+            if (!mask || (u < 64 && (mask >> u & 1))) on.push_back(u);
+        j["units"] = on;
+    }
     if (_input.kind == ml::request_kind::image) {
         j["image"] = {{"height", _input.height}, {"width", _input.width}, {"channels", _input.channels}};
     } else if (_input.kind == ml::request_kind::tensor) {

@@ -53,6 +53,10 @@ struct model_settings {
     std::vector<uint32_t> rt_sources_be;   // IPv4 sources whose requests are RT
     bool shed = true;                      // answer overloaded instead of serving late
     bool tensor_output = false;            // answer result_tensor_f32 (the output) instead of top-k
+    // GSLICE's spatial share ("GPU%"): the fraction of the device's compute units the IF's BE
+    // batches may run on, 0 < share <= 1; the IF manager places the shares on units
+    // (set_units). RT batches run on every unit.
+    double share = 1;
 };
 
 struct model_if_config {
@@ -129,6 +133,11 @@ public:
     void update(const model_settings& s) { commit(prepare(s)); }
 
     const std::shared_ptr<ml::model>& model() const { return _model; }
+
+    // The compute units its BE batches run on from the next batch (bit u = unit u; 0: every
+    // unit), as the IF manager places the shares.
+    void set_units(uint64_t units) { _units.store(units, std::memory_order_relaxed); }
+    uint64_t units() const { return _units.load(std::memory_order_relaxed); }
 
     // What requests an imported graph takes (ml::derive_request_input) and, with tensor
     // output, that its first output can be answered as a tensor. Throws std::invalid_argument
@@ -220,6 +229,7 @@ private:
     std::atomic<uint64_t> _latency_max_ns{0};  // exact, unlike the percentiles
     // commit(): how many switch-overs and how long the IF was held for each (ns).
     std::atomic<uint64_t> _switches{0}, _switch_ns_last{0}, _switch_ns_max{0};
+    std::atomic<uint64_t> _units{0};  // set_units()
     std::atomic<uint32_t> _in_flight{0};
     std::atomic<uint32_t> _pending{0};
 };

@@ -32,6 +32,10 @@
 // a thread that shares their core, then sleep on a futex (work_seq) that producers and
 // finishers bump, and wake only when someone sleeps.
 //
+// Spatial shares: a stream may be bound to a subset of the units (stream_set_units); a worker
+// outside it skips the stream in its scan, and while any stream is bound a new runnable launch
+// wakes every sleeping worker, since the ones a partial wake-up reaches may not be allowed.
+//
 // Streams are never freed before the device: stream_destroy drains the stream, takes it out of
 // the dispatch list and keeps it for reuse by a later stream_create. Its indices keep growing,
 // so events recorded on it stay valid. The dispatch list is copy-on-write; a replaced list is
@@ -203,6 +207,7 @@ struct cpu_stream {
     std::unique_ptr<slot[]> slots;
     bool live = false;  // guarded by the device mutex
 
+    std::atomic<uint64_t> allowed{~uint64_t{0}};  // units that may run its blocks (stream_set_units)
     alignas(64) std::atomic<uint64_t> head{0};   // first launch not finished
     std::atomic<uint32_t> progress{0};           // bumped after head moves (futex word)
     std::atomic<uint32_t> waiters{0};            // threads sleeping on progress
@@ -245,6 +250,9 @@ struct cpu_device_state {
     std::atomic<const stream_list*> list{nullptr};
     alignas(64) std::atomic<uint32_t> work_seq{0};   // futex word of sleeping workers
     std::atomic<uint32_t> sleepers{0};
+    // Streams bound to a subset of the units: while any is, a launch wakes every sleeper (a
+    // woken worker outside the subset would go back to sleep and leave the blocks waiting).
+    std::atomic<uint32_t> bound_streams{0};
     std::atomic<bool> stop{false};
 
     alignas(64) std::mutex mu;  // everything below
@@ -480,7 +488,10 @@ bool scan(cpu_device_state* d, worker& w, claimed& c) {
             for (uint32_t i = 0; i < n && !got; ++i) {
                 uint32_t k = start + i;
                 if (k >= n) k -= n;
-                got = try_claim(d, l->s[b + k], c);
+                cpu_stream* st = l->s[b + k];
+                const uint64_t allowed = st->allowed.load(std::memory_order_relaxed);
+                if (allowed != ~uint64_t{0} && (w.id >= 64 || !(allowed >> w.id & 1))) continue;
+                got = try_claim(d, st, c);
             }
             if (got) break;
         }
@@ -518,7 +529,9 @@ void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl) {
         // The next launch became runnable. This worker takes one block itself when it scans
         // again; wake sleepers for the others.
         // (A padded launch wakes them all: its pads take the units its own blocks leave.)
-        const uint32_t units = next.n_pads ? UINT32_MAX : next.units.load(std::memory_order_relaxed);
+        const uint32_t units = next.n_pads || d->bound_streams.load(std::memory_order_relaxed)
+                                   ? UINT32_MAX
+                                   : next.units.load(std::memory_order_relaxed);
         d->work_seq.fetch_add(1, std::memory_order_seq_cst);
         const uint32_t sleeping = d->sleepers.load(std::memory_order_seq_cst);
         if (sleeping != 0 && units > 1) wake_word(d->work_seq, std::min(sleeping, units - 1));
@@ -727,13 +740,35 @@ stream* op_stream_create(device* dev, int priority) {
 
 void op_synchronize(device* dev, stream* st);
 
+// Under the device mutex: binds `s` to `units` (~0: every unit), keeping bound_streams.
+void bind_units(cpu_device_state* d, cpu_stream* s, uint64_t units) {
+    const uint64_t before = s->allowed.exchange(units, std::memory_order_seq_cst);
+    if ((before == ~uint64_t{0}) != (units == ~uint64_t{0}))
+        d->bound_streams.fetch_add(units == ~uint64_t{0} ? uint32_t(-1) : 1u, std::memory_order_seq_cst);
+}
+
 void op_stream_destroy(device* dev, stream* st) {
     if (!st) return;
     cpu_device_state* d = state_of(dev);
     op_synchronize(dev, st);
     std::lock_guard lk(d->mu);
     as_cpu(st)->live = false;
+    bind_units(d, as_cpu(st), ~uint64_t{0});  // a reused stream starts on every unit
     publish_list(d);
+}
+
+void op_stream_set_units(device* dev, stream* st, uint64_t units) {
+    cpu_device_state* d = state_of(dev);
+    const uint64_t all = d->units >= 64 ? ~uint64_t{0} : (uint64_t{1} << d->units) - 1;
+    units &= all;
+    if (units == 0 || units == all) units = ~uint64_t{0};
+    {
+        std::lock_guard lk(d->mu);
+        bind_units(d, as_cpu(st), units);
+    }
+    // Units that may run its blocks now may be asleep.
+    d->work_seq.fetch_add(1, std::memory_order_seq_cst);
+    if (d->sleepers.load(std::memory_order_seq_cst) != 0) wake_word(d->work_seq, UINT32_MAX);
 }
 
 void check_launch(const cpu_device_state* d, const launch& l) {
@@ -855,7 +890,9 @@ void enqueue(cpu_device_state* d, cpu_stream* s, const launch& l, const launch* 
     if (at_head) {
         d->work_seq.fetch_add(1, std::memory_order_seq_cst);
         const uint32_t sleeping = d->sleepers.load(std::memory_order_seq_cst);
-        if (sleeping != 0) wake_word(d->work_seq, std::min(sleeping, units + pad_blocks));
+        if (sleeping != 0)
+            wake_word(d->work_seq, d->bound_streams.load(std::memory_order_relaxed) ? UINT32_MAX
+                                                                                    : std::min(sleeping, units + pad_blocks));
     }
 }
 
@@ -976,6 +1013,8 @@ const device_ops cpu_ops = {
     op_task_flag_set,
     op_launch_padded,
     op_padding_stats,
+    nullptr,  // kernel_resources_of: kernel_info's figures are the cpu kernels' own
+    op_stream_set_units,
 };
 
 }  // namespace

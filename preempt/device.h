@@ -170,6 +170,12 @@ struct device_ops {
     // attributes and the occupancy calculator's answer); null, or false, where only
     // kernel_info's nominal figures are known.
     bool (*kernel_resources_of)(device* d, const kernel_info* k, kernel_resources& out);
+    // Spatial shares (GSLICE's "GPU%"): the compute units whose blocks of launches on `s` may
+    // run on, bit u for unit u (units past 63 take part only in the full set). A set with no
+    // unit of this device, or every unit, means every unit. Applies to launches not yet
+    // dispatched; a caller changes it between tasks. Padded launches' pads are not bound by
+    // it (callers pad only with work that may run anywhere). Null on a backend without it.
+    void (*stream_set_units)(device* d, stream* s, uint64_t units);
 };
 
 class device {

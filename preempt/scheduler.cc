@@ -66,6 +66,7 @@ struct scheduler::vhq {
     std::unique_ptr<std::vector<launch>> pending;  // launches not yet submitted
     size_t head = 0;                               // next entry of *pending
     uint32_t submitted = 0;                        // kernels submitted (index of the next + 0)
+    uint64_t units = 0;                            // what its stream is bound to (0: every unit)
     // DKP, for a preempted BE task: the last pad issued (its kernel index, and the RT task
     // and RT kernel it rode on).
     bool pad_pending = false;
@@ -213,9 +214,18 @@ void scheduler::lower_flag(vhq& q) {
     if (q.w->preempt.load(std::memory_order_seq_cst) != 0) _dev.set_task_flag(q.w, 0);
 }
 
+void scheduler::bind_units(vhq& q) {
+    if (&q == _rt.get() || !q.cur) return;
+    const uint64_t want = q.cur->t.units;
+    if (want == q.units || !_dev.ops().stream_set_units) return;
+    _dev.ops().stream_set_units(&_dev, q.s, want ? want : ~uint64_t{0});
+    q.units = want;
+}
+
 void scheduler::start_task(vhq& q, record* r) {
     q.cur = r;
     if (r->res.start_ns == 0) r->res.start_ns = now_ns();
+    bind_units(q);
     lower_flag(q);
     q.w->completed.store(0, std::memory_order_seq_cst);
     q.pending = build_pending(r->t, q.w, 0);
@@ -280,7 +290,7 @@ void scheduler::pump_padded(vhq& rt) {
                 vhq& q = *qp;
                 // A BE task waiting at the head of its queue offers its first kernel: it starts
                 // as if preempted before its first launch (REEF pads from the queues' heads).
-                if (q.st == vhq::state::idle && !q.waiting.empty()) {
+                if (q.st == vhq::state::idle && !q.waiting.empty() && q.waiting.front()->t.units == 0) {
                     record* r = q.waiting.front();
                     q.waiting.pop_front();
                     q.cur = r;
@@ -294,7 +304,7 @@ void scheduler::pump_padded(vhq& rt) {
                     _dev.ops().event_record(&_dev, q.drain, q.s);
                     q.st = vhq::state::preempted;
                 }
-                if (n == std::size(cand) || q.st != vhq::state::preempted || !q.cur) continue;
+                if (n == std::size(cand) || q.st != vhq::state::preempted || !q.cur || q.cur->t.units) continue;
                 uint32_t k;
                 const bool rode_ahead = q.pad_pending && q.pad_rt_task == rt.cur && done <= q.pad_rt_kernel;
                 if (rode_ahead) {
@@ -418,6 +428,7 @@ bool scheduler::try_restore(vhq& q) {
     }
     // The stream is drained: no stale launch of this task is left to run.
     q.w->completed.store(from, std::memory_order_seq_cst);
+    bind_units(q);  // a task that started as a pad never went through start_task
     lower_flag(q);
     q.pending = build_pending(r->t, q.w, from);
     q.head = 0;

@@ -117,6 +117,11 @@ struct task {
     int priority = 0;       // prema: 0 low, 1 medium, >= 2 high (RT tasks count as high)
     double est_us = 0;      // prema: estimated isolated run time; 0: from measured averages
     int be_queue = -1;      // BE queue to use; -1: the one with the least work waiting
+    // BE tasks: the compute units its blocks may run on (GSLICE's spatial share; bit u = unit u,
+    // device_ops::stream_set_units); 0: every unit. RT tasks run on every unit whatever this
+    // says (they preempt BE work in any share), and a bound BE task is never used as a DKP pad
+    // (pads run where the RT kernel leaves units idle, which its share may not cover).
+    uint64_t units = 0;
     std::vector<task_launch> launches;
     // Called on the scheduler thread when the task ends. Without it, the result is kept until
     // wait() collects it.
@@ -202,6 +207,8 @@ private:
     void intake();
     void finish(record* r, task_status st);
     void start_task(vhq& q, record* r);
+    // Binds q's stream to its task's units (BE queues; on a drained stream, before launches).
+    void bind_units(vhq& q);
     // The vHQ's task flag, through the device (a GPU keeps the copy kernels read in device
     // memory). Lowering waits for the device's copy, so it is skipped when already down.
     void raise_flag(vhq& q);

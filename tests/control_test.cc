@@ -56,7 +56,11 @@ protected:
         _tx = _ring->tx;
         const auto c = _ring->config();
         _plane = std::make_unique<dp::dataplane>(c);
-        _device = reefline::gpu::make_cpu_device();
+        // Spatial shares need units to place them on: the shares test gets a 4-unit device.
+        reefline::gpu::cpu_device_options dopt;
+        if (std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()).starts_with("shares_"))
+            dopt.compute_units = 4;
+        _device = reefline::gpu::make_cpu_device(dopt);
         _runtime = std::make_unique<ml::runtime>(*_device);
         _scheduler = std::make_unique<reefline::gpu::scheduler>(*_device);
         _endpoint = "ipc://" + (_dir / "control.sock").string();
@@ -299,6 +303,49 @@ TEST_F(control_test, models_are_added_described_set_persisted_and_removed) {
 }
 
 // An IF keeps answering every request while another model is added and removed.
+// Spatial shares: `share` in add_model and set, placed on disjoint compute units in name order
+// (describe's `units`), persisted, placed again when an IF goes; bad values refused.
+TEST_F(control_test, shares_are_placed_on_disjoint_units_set_persisted_and_refused_when_bad) {
+    const auto units_of = [&](const std::string& name) {
+        const json d = call({{"v", 1}, {"op", "describe"}, {"name", name}});
+        EXPECT_TRUE(d["ok"].get<bool>()) << d.dump();
+        return d["result"]["units"].get<std::vector<uint32_t>>();
+    };
+    const std::string alex = (_dir / "alexnet_tiny.onnx").string();
+    const json a = add("a", 9100, alex, {{"share", 0.5}});
+    ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
+    EXPECT_EQ(a["result"]["share"], 0.5);
+    ASSERT_TRUE(add("b", 9101, alex, {{"share", 0.25}})["ok"].get<bool>());
+    ASSERT_TRUE(add("c", 9102, alex)["ok"].get<bool>());
+    EXPECT_EQ(units_of("a"), (std::vector<uint32_t>{0, 1}));
+    EXPECT_EQ(units_of("b"), (std::vector<uint32_t>{2}));
+    EXPECT_EQ(units_of("c"), (std::vector<uint32_t>{0, 1, 2, 3}));  // share 1: the whole device
+
+    const json s = call({{"v", 1}, {"op", "set"}, {"name", "a"}, {"share", 0.25}});
+    ASSERT_TRUE(s["ok"].get<bool>()) << s.dump();
+    EXPECT_EQ(s["result"]["share"], 0.25);
+    EXPECT_EQ(units_of("a"), (std::vector<uint32_t>{0}));
+    EXPECT_EQ(units_of("b"), (std::vector<uint32_t>{1}));
+    for (const json& bad : {json(0), json(1.5), json(-0.5), json("half")}) {  // (null means "not given")
+        const std::string why = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "b"}, {"share", bad}}), "bad_request");
+        EXPECT_NE(why.find("share"), std::string::npos) << why;
+        expect_error(add("d", 9103, alex, {{"share", bad}}), "bad_request");
+    }
+    EXPECT_EQ(call({{"v", 1}, {"op", "describe"}, {"name", "b"}})["result"]["share"], 0.25);
+
+    // Persisted, and placed again after a restart.
+    std::ifstream cfg(_dir / "repo" / "a" / "config.json");
+    EXPECT_EQ(json::parse(cfg)["share"], 0.25);
+    stop_daemon();
+    start_daemon();
+    EXPECT_TRUE(_load_problems.empty());
+    EXPECT_EQ(units_of("a"), (std::vector<uint32_t>{0}));
+    EXPECT_EQ(units_of("b"), (std::vector<uint32_t>{1}));
+    // An IF that goes frees its units: b moves up.
+    ASSERT_TRUE(call({{"v", 1}, {"op", "remove_model"}, {"name", "a"}})["ok"].get<bool>());
+    EXPECT_EQ(units_of("b"), (std::vector<uint32_t>{0}));
+}
+
 TEST_F(control_test, adding_and_removing_a_model_does_not_disturb_another_if) {
     const json a = add("steady", 9100, _model, {{"slo_ms", 2000}});
     ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();
@@ -510,7 +557,7 @@ TEST_F(control_test, unknown_fields_are_refused_by_every_operation_and_the_repos
         EXPECT_TRUE(key == "name" || key == "port" || key == "onnx" || key == "class" || key == "slo_ms" ||
                     key == "batching" || key == "min_batch" || key == "max_batch" || key == "fixed_batch" ||
                     key == "priority" || key == "shed" || key == "rt_sources" || key == "top_k" || key == "mean" ||
-                    key == "std" || key == "output")
+                    key == "std" || key == "output" || key == "share")
             << key;
     // A config made huge or deep by hand is refused at start-up, naming the file.
     stop_daemon();

@@ -423,6 +423,82 @@ TEST(CpuDevice, StreamsRunConcurrently) {
     EXPECT_EQ(met.load(), 3u);
 }
 
+// Spatial shares: a stream bound to units runs its blocks there only, other streams are not
+// held back by it, and unbinding gives it every unit again.
+struct where_args {
+    std::atomic<uint32_t>* worker_of;  // per block: 1 + the unit that ran it
+};
+bool where_block(const void* a, const block_context& ctx) {
+    auto& p = *static_cast<const where_args*>(a);
+    p.worker_of[ctx.block].store(ctx.worker + 1);
+    std::this_thread::sleep_for(100us);
+    return true;
+}
+const kernel_info k_where = kernel("where", where_block);
+
+TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
+    auto d = make(4);
+    ASSERT_NE(d->ops().stream_set_units, nullptr);
+    stream* a = d->create_stream(3);
+    stream* b = d->create_stream(3);
+    stream* c = d->create_stream(3);
+    d->ops().stream_set_units(d.get(), a, 0b0110);  // units 1 and 2
+    d->ops().stream_set_units(d.get(), b, 0b1000);  // unit 3
+    constexpr uint32_t launches = 4, blocks = 24;
+    std::vector<std::atomic<uint32_t>> wa(launches * blocks), wb(launches * blocks), wc(launches * blocks);
+    std::vector<where_args> aa, ab, ac;
+    for (uint32_t i = 0; i < launches; ++i) {
+        aa.push_back({wa.data() + i * blocks});
+        ab.push_back({wb.data() + i * blocks});
+        ac.push_back({wc.data() + i * blocks});
+    }
+    for (uint32_t i = 0; i < launches; ++i) {
+        d->launch(a, make_launch(k_where, aa[i], blocks));
+        d->launch(b, make_launch(k_where, ab[i], blocks));
+        d->launch(c, make_launch(k_where, ac[i], blocks));
+    }
+    d->synchronize(a);
+    d->synchronize(b);
+    d->synchronize(c);
+    std::vector<uint32_t> used_a(4), used_c(4);
+    for (uint32_t i = 0; i < launches * blocks; ++i) {
+        ASSERT_NE(wa[i].load(), 0u) << "block " << i << " of stream a never ran";
+        ASSERT_NE(wb[i].load(), 0u);
+        ASSERT_NE(wc[i].load(), 0u);
+        const uint32_t ua = wa[i].load() - 1, ub = wb[i].load() - 1;
+        EXPECT_TRUE(ua == 1 || ua == 2) << "a block of stream a ran on unit " << ua;
+        EXPECT_EQ(ub, 3u) << "a block of stream b ran on unit " << ub;
+        ++used_a[ua];
+        ++used_c[wc[i].load() - 1];
+    }
+    std::printf("[ shares ] stream a (units 1,2): %u/%u blocks; unbound stream c: %u/%u/%u/%u\n", used_a[1],
+                used_a[2], used_c[0], used_c[1], used_c[2], used_c[3]);
+    // Unbound again (every unit), and a set naming no unit of this device means every unit:
+    // four blocks that wait for each other meet only if all four units take one.
+    for (const uint64_t every : {~uint64_t{0}, uint64_t{1} << 40}) {
+        d->ops().stream_set_units(d.get(), a, 0b0001);
+        d->ops().stream_set_units(d.get(), a, every);
+        std::atomic<uint32_t> arrived{0}, met{0};
+        meet_args m{&arrived, 4, &met};
+        d->launch(a, make_launch(k_meet, m, 4));
+        d->synchronize(a);
+        EXPECT_EQ(met.load(), 4u);
+    }
+    // A stream bound to two units: two blocks meet, and the other units stay free for others.
+    d->ops().stream_set_units(d.get(), b, 0b0011);
+    std::atomic<uint32_t> arrived{0}, met{0};
+    meet_args m2{&arrived, 2, &met};
+    d->launch(b, make_launch(k_meet, m2, 2));
+    std::atomic<uint32_t> arrived_c{0}, met_c{0};
+    meet_args mc{&arrived_c, 2, &met_c};
+    d->launch(c, make_launch(k_meet, mc, 2));
+    d->synchronize(b);
+    d->synchronize(c);
+    EXPECT_EQ(met.load(), 2u);
+    EXPECT_EQ(met_c.load(), 2u);
+    for (stream* s : {a, b, c}) d->ops().stream_destroy(d.get(), s);
+}
+
 TEST(CpuDevice, HigherPriorityStreamGoesFirst) {
     auto d = make(1);
     stream* low = d->create_stream(7);

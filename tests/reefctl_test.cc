@@ -343,6 +343,7 @@ TEST_F(reefctl_cli, EverySubcommandSendsItsOperation) {
           {"rt_sources", {"10.0.0.1", "10.0.0.2"}}}},
         {"set cam --clear-rt-sources --no-shed",
          {{"v", 1}, {"op", "set"}, {"name", "cam"}, {"rt_sources", json::array()}, {"shed", false}}},
+        {"set cam --share 0.25", {{"v", 1}, {"op", "set"}, {"name", "cam"}, {"share", 0.25}}},
         {"stats", {{"v", 1}, {"op", "stats"}}},
         {"stats --name cam", {{"v", 1}, {"op", "stats"}, {"name", "cam"}}},
         {"watch --count 1 --interval 0.1", {{"v", 1}, {"op", "stats"}}},
@@ -369,7 +370,8 @@ TEST_F(reefctl_cli, UsageErrorsSendNothing) {
           "add-model --name cam --port 9100 --min-batch 8 --max-batch 4",
           "add-model --name cam --port 9100 --std 1,0,1",
           "add-model --name cam --port 9100 --mean 1,nan,1", "add-model --name cam --port 9100 --slo-ms inf",
-          "add-model --name cam --port 9100 --slo-ms 0", "set cam --slo-ms -5", "remove-model",
+          "add-model --name cam --port 9100 --slo-ms 0", "set cam --slo-ms -5", "set cam --share 0",
+          "set cam --share 1.5", "set cam --share half", "remove-model",
           "frobnicate", ""}) {
         const auto r = run(args);
         EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;

@@ -153,6 +153,58 @@ TEST(Scheduler, RunsTasksToCompletion) {
     EXPECT_EQ(s.wait(r).status, task_status::rejected);
 }
 
+// Spatial shares: a BE task bound to units runs every block there, also after it was
+// preempted and restored; two BE tasks bound to disjoint units never share a unit; an RT task
+// runs on every unit whatever its `units` says.
+struct unit_args {
+    std::atomic<uint32_t>* worker_of;  // per block: 1 + the unit
+    uint32_t spin_us;
+};
+bool unit_block(const void* a, const block_context& ctx) {
+    const auto& p = *static_cast<const unit_args*>(a);
+    p.worker_of[ctx.block].store(ctx.worker + 1);
+    const int64_t end = now_ns() + int64_t(p.spin_us) * 1000;
+    while (now_ns() < end)
+        if (ctx.preempted()) return false;
+    return true;
+}
+const kernel_info k_unit{"unit", unit_block, nullptr, 128, 32, 0, 0};
+
+TEST(Scheduler, BeTasksRunInsideTheirUnits) {
+    auto dev = make(4);
+    scheduler s(*dev);
+    constexpr uint32_t kernels = 30, grid = 8;
+    // Per task: one slot per block of every kernel (a restored kernel overwrites its own).
+    std::vector<std::atomic<uint32_t>> w0(kernels * grid), w1(kernels * grid), wrt(4 * grid);
+    auto make_task = [&](std::vector<std::atomic<uint32_t>>& w, uint32_t n, task_class cls, uint64_t units) {
+        task t;
+        t.cls = cls;
+        t.units = units;
+        for (uint32_t k = 0; k < n; ++k)
+            t.launches.push_back(task_launch::make(&k_unit, unit_args{w.data() + k * grid, 300}, grid));
+        return t;
+    };
+    const task_id a = s.submit(make_task(w0, kernels, task_class::be, 0b0011));
+    const task_id b = s.submit(make_task(w1, kernels, task_class::be, 0b1100));
+    std::this_thread::sleep_for(5ms);
+    const task_id r = s.submit(make_task(wrt, 4, task_class::rt, 0b0001));  // preempts both
+    ASSERT_EQ(s.wait(r).status, task_status::completed);
+    const task_result ra = s.wait(a), rb = s.wait(b);
+    ASSERT_EQ(ra.status, task_status::completed);
+    ASSERT_EQ(rb.status, task_status::completed);
+    for (uint32_t i = 0; i < kernels * grid; ++i) {
+        const uint32_t ua = w0[i].load(), ub = w1[i].load();
+        ASSERT_TRUE(ua && ub) << "block " << i << " never ran";
+        EXPECT_TRUE(ua - 1 == 0 || ua - 1 == 1) << "task a's block " << i << " ran on unit " << ua - 1;
+        EXPECT_TRUE(ub - 1 == 2 || ub - 1 == 3) << "task b's block " << i << " ran on unit " << ub - 1;
+    }
+    std::vector<uint32_t> rt_units(4);
+    for (auto& u : wrt) ++rt_units[u.load() - 1];
+    std::printf("[ shares ] RT blocks per unit: %u %u %u %u; BE preemptions %u + %u\n", rt_units[0], rt_units[1],
+                rt_units[2], rt_units[3], ra.preemptions, rb.preemptions);
+    EXPECT_GT(rt_units[1] + rt_units[2] + rt_units[3], 0u) << "the RT task was held to unit 0";
+}
+
 // A long BE task, then an RT task mid-way: the BE task is preempted, restored exactly, and
 // its output is still right; approximate restore re-executes kernels.
 void preempt_once(restore_mode mode) {

@@ -111,6 +111,16 @@ std::string check_slo_ms(const std::string& text) {
     return "the SLO is a number of milliseconds above 0, got '" + text + "'";
 }
 
+std::string check_share(const std::string& text) {
+    try {
+        size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used == text.size() && v > 0 && v <= 1) return {};
+    } catch (const std::exception&) {
+    }
+    return "a share is a fraction of the device above 0 and at most 1, got '" + text + "'";
+}
+
 std::string check_model_name(const std::string& name) {
     static const std::regex re("[A-Za-z0-9_.-]{1,64}");
     return std::regex_match(name, re)
@@ -122,7 +132,7 @@ std::string check_model_name(const std::string& name) {
 // daemon's defaults (add_model) or the IF's current values (set) apply to the rest.
 struct tunables {
     std::string cls, batching, mean, std_dev, output;
-    double slo_ms = 0;
+    double slo_ms = 0, share = 1;
     unsigned min_batch = 0, max_batch = 0, fixed_batch = 0, priority = 0, top_k = 0;
     std::vector<std::string> rt_sources;
     bool shed = true, clear_rt_sources = false;
@@ -168,6 +178,10 @@ struct tunables {
                                          "Answers: topk (the best classes, default) or tensor (the model's "
                                          "output for the request, format result_tensor_f32)")
                               ->check(CLI::IsMember({"topk", "tensor"}));
+        given["share"] = app.add_option("--share", share,
+                                        "Fraction of the device's compute units the IF's BE batches may run on "
+                                        "(0 < F <= 1; GSLICE's GPU%)")
+                             ->check(check_share);
         given["shed"] = app.add_flag("--shed,!--no-shed", shed,
                                      "Answer requests that can no longer meet the SLO with status "
                                      "overloaded (default) or, with --no-shed, serve them late");
@@ -205,6 +219,7 @@ struct tunables {
         if (is("rt_sources")) req["rt_sources"] = rt_sources;
         if (is("clear_rt_sources")) req["rt_sources"] = json::array();
         if (is("shed")) req["shed"] = shed;
+        if (is("share")) req["share"] = number_value(share);
         if (is("output")) req["output"] = output;
         if (is("min_batch") && is("max_batch") && min_batch > max_batch)
             throw usage_error("--min-batch " + std::to_string(min_batch) + " is above --max-batch " +

@@ -236,7 +236,7 @@ std::string render_list(const json& result) {
 std::string render_describe(const json& result) {
     return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "input_format", "request",
                                "output", "batching", "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
-                               "shed", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
+                               "shed", "share", "units", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
                                "kernels", "weight_bytes", "arena_bytes", "memory", "instances",
                                "requests_total", "responses_total"});
 }
