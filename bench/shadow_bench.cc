@@ -69,13 +69,7 @@ std::vector<std::vector<uint8_t>> request_frames(const gen::request_payload& pay
     a.dst_ip = 0xc6120002;
     a.src_port = 40000;
     a.dst_port = if_port;
-    std::vector<std::vector<uint8_t>> frames;
-    for (const wire::fields& f : gen::plan_fragments(payload, id, 1024)) {
-        std::vector<uint8_t> udp;
-        gen::append_udp_payload(udp, f, {payload.bytes.data() + f.payload_offset, gen::fragment_length(f, 1024)});
-        frames.push_back(gen::build_frame(a, 1, udp));
-    }
-    return frames;
+    return gen::request_frames(a, payload, id, 1024);
 }
 
 struct change_record {

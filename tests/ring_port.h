@@ -61,10 +61,7 @@ inline void enqueue_request(dp::dataplane& plane, rte_ring* rx, uint64_t id, uin
     a.dst_ip = 0xc6120002;
     a.src_port = 40000;
     a.dst_port = dport;
-    for (const wire::fields& f : reefgen::plan_fragments(payload, id, frag)) {
-        std::vector<uint8_t> udp;
-        reefgen::append_udp_payload(udp, f, {payload.bytes.data() + f.payload_offset, reefgen::fragment_length(f, frag)});
-        const auto frame = reefgen::build_frame(a, 1, udp);
+    for (const auto& frame : reefgen::request_frames(a, payload, id, frag)) {
         rte_mbuf* m = rte_pktmbuf_alloc(plane.eth().rx_pool());
         ASSERT_NE(m, nullptr);
         std::memcpy(rte_pktmbuf_append(m, uint16_t(frame.size())), frame.data(), frame.size());

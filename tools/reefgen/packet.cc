@@ -47,6 +47,18 @@ void append_udp_payload(std::vector<uint8_t>& out, const wire::fields& header,
         std::memcpy(out.data() + at + wire::header_size, fragment.data(), fragment.size());
 }
 
+std::vector<std::vector<uint8_t>> request_frames(const frame_addresses& addresses, const request_payload& payload,
+                                                 uint64_t request_id, uint32_t frag, uint16_t ip_id) {
+    std::vector<std::vector<uint8_t>> frames;
+    std::vector<uint8_t> udp;
+    for (const wire::fields& f : plan_fragments(payload, request_id, frag)) {
+        udp.clear();
+        append_udp_payload(udp, f, {payload.bytes.data() + f.payload_offset, fragment_length(f, frag)});
+        frames.push_back(build_frame(addresses, ip_id, udp));
+    }
+    return frames;
+}
+
 std::vector<uint8_t> build_frame(const frame_addresses& a, uint16_t ip_id,
                                  std::span<const uint8_t> udp_payload) {
     std::vector<uint8_t> f(frame_overhead + udp_payload.size());

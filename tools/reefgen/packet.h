@@ -18,6 +18,7 @@
 #include "clients/c/wire_header.h"
 #include "dataplane/protocol.h"
 #include "tools/reefgen/common.h"
+#include "tools/reefgen/payload.h"
 
 namespace reefline::reefgen {
 
@@ -61,6 +62,11 @@ void append_udp_payload(std::vector<uint8_t>& out, const wire::fields& header,
 // A complete Ethernet II / IPv4 (DF set, TTL 64) / UDP frame around `udp_payload`.
 std::vector<uint8_t> build_frame(const frame_addresses& addresses, uint16_t ip_id,
                                  std::span<const uint8_t> udp_payload);
+
+// One request as a camera sends it: the fragments plan_fragments() cuts `payload` into at
+// `frag` payload bytes, each wrapped by build_frame() (all with IPv4 id `ip_id`).
+std::vector<std::vector<uint8_t>> request_frames(const frame_addresses& addresses, const request_payload& payload,
+                                                 uint64_t request_id, uint32_t frag, uint16_t ip_id = 1);
 
 // An Ethernet ARP request (IPv4 over Ethernet, to the broadcast address) from `src_mac` /
 // `src_ip` asking for `target_ip` (host order).
