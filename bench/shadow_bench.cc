@@ -7,6 +7,10 @@
 //         are built on the side (model_if::prepare) while the IF goes on serving with the
 //         instances it has; commit() then switches over between two batches.
 //   tune: an SLO or batching policy change, no new instance: only the switch-over.
+//   replace (--replace): the plan change also swaps the model for a new version (the zoo's
+//         resnet50_tiny with other weights, or --replace FILE), as `set --onnx` does: every
+//         batch size planned on the new weights on the side, the old instances retired after
+//         the switch-over.
 // Every trial starts a fresh IF at max_batch 1 and runs one plan change, then --tunes tune
 // changes 50 ms apart.
 //
@@ -89,6 +93,7 @@ struct options {
     int trials = 5;
     int tunes = 20;
     std::string model;
+    std::shared_ptr<ml::model> replacement;  // --replace: the new version the plan change switches to
 };
 
 trial_result run_trial(dp::dataplane& plane, rte_ring* rx, rte_ring* tx, ml::runtime& runtime,
@@ -148,7 +153,8 @@ trial_result run_trial(dp::dataplane& plane, rte_ring* rx, rte_ring* tx, ml::run
             else if (k % 2) s.batching.slo_ms = 40;
             else s.batching.slo_ms = 50;
             const auto a = clock::now();
-            mif->update(s);
+            if (k == 0 && o.replacement) mif->commit(mif->prepare(s, o.replacement));
+            else mif->update(s);
             const auto b = clock::now();
             r.changes.push_back({k == 0, since(a), since(b), mif->stats()["switch_us_last"].get<double>()});
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -222,6 +228,11 @@ int main(int argc, char** argv) {
     app.add_option("--tunes", o.tunes, "tune changes (SLO only) per trial")->capture_default_str();
     app.add_option("--model", o.model, "ONNX model (default: the zoo's tiny ResNet-50, written by build/tools/zoo)");
     app.add_flag("--quick", quick, "2 trials of 5 tune changes");
+    std::string replace;
+    auto* replace_opt = app.add_option("--replace", replace,
+                                       "the plan change also replaces the model by this new version (without a "
+                                       "FILE: the zoo's resnet50_tiny with seed 2)")
+                            ->expected(0, 1);
     CLI11_PARSE(app, argc, argv);
     if (quick) {
         o.trials = 2;
@@ -246,6 +257,17 @@ int main(int argc, char** argv) {
             if (std::system(cmd.c_str()) != 0) throw std::runtime_error("the zoo tool failed: " + cmd);
             o.model = (work / "resnet50_tiny.onnx").string();
         }
+        if (replace_opt->count() && replace.empty()) {
+            const fs::path zoo = fs::canonical("/proc/self/exe").parent_path().parent_path() / "tools" / "zoo";
+            if (work.empty()) {
+                work = fs::temp_directory_path() / ("shadow_bench." + std::to_string(getpid()));
+                fs::create_directories(work);
+            }
+            auto step = progress.begin("the new version: resnet50_tiny with seed 2");
+            const std::string cmd = zoo.string() + " --out " + (work / "v2").string() + " --tiny --only resnet50_tiny --seed 2 -q";
+            if (std::system(cmd.c_str()) != 0) throw std::runtime_error("the zoo tool failed: " + cmd);
+            replace = (work / "v2" / "resnet50_tiny.onnx").string();
+        }
         rte_ring* rx = rte_ring_create("shadow_rx", 16384, 0, RING_F_SC_DEQ);
         rte_ring* tx = rte_ring_create("shadow_tx", 16384, 0, RING_F_SP_ENQ | RING_F_SC_DEQ);
         if (!rx || !tx) throw std::runtime_error("rings");
@@ -260,9 +282,11 @@ int main(int argc, char** argv) {
         auto device = reefline::gpu::make_cpu_device();
         auto runtime = std::make_unique<ml::runtime>(*device);
         auto scheduler = std::make_unique<reefline::gpu::scheduler>(*device);
+        if (!replace.empty()) o.replacement = runtime->load_model(replace, ifm::model_if::import_options());
 
-        std::printf("model %s, cpu device with %u compute unit(s), %.0f req/s Poisson, %d trial(s) of 1 plan + %d tune changes\n",
-                    fs::path(o.model).filename().c_str(), device->caps().compute_units, o.rate, o.trials, o.tunes);
+        std::printf("model %s%s, cpu device with %u compute unit(s), %.0f req/s Poisson, %d trial(s) of 1 plan + %d tune changes\n",
+                    fs::path(o.model).filename().c_str(), o.replacement ? " (each plan change replaces it by a new version)" : "",
+                    device->caps().compute_units, o.rate, o.trials, o.tunes);
         std::printf("%-6s %8s %8s %10s %12s %12s %14s %14s\n", "trial", "sent", "answered", "plan ms", "plan gap us",
                     "tune gap p99", "stall max ms", "others max ms");
         std::vector<double> gaps, plan_ms, stalled, others;
@@ -308,6 +332,7 @@ int main(int argc, char** argv) {
                     plan_ms.empty() ? 0 : *std::max_element(plan_ms.begin(), plan_ms.end()));
         std::printf("answered %llu of %llu\n", (unsigned long long)answered, (unsigned long long)sent);
         scheduler.reset();
+        o.replacement.reset();
         runtime.reset();
         plane->eth().close();
         plane.reset();

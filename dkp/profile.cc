@@ -68,6 +68,36 @@ plan_profile parse_plan(const json& j, const std::string& where) {
     return p;
 }
 
+json knee_json(const knee_curve& k) {
+    json points = json::array();
+    for (const share_point& p : k.points) points.push_back({{"units", p.units}, {"ms", p.ms}});
+    return {{"plan", k.plan}, {"key", k.key}, {"batch", k.batch}, {"device_units", k.device_units}, {"points", points}};
+}
+
+knee_curve parse_knee(const json& j) {
+    const std::string where = "profile knee";
+    if (!j.is_object()) throw std::invalid_argument(where + ": not an object");
+    knee_curve k;
+    k.plan = text(j, "plan", where);
+    k.key = text(j, "key", where);
+    k.batch = number<uint32_t>(j, "batch", where, 1u << 16);
+    k.device_units = number<uint32_t>(j, "device_units", where, 1u << 16);
+    const auto p = j.find("points");
+    if (p == j.end() || !p->is_array() || p->size() > 1024)
+        throw std::invalid_argument(where + ": \"points\" missing or not an array of at most 1024");
+    for (size_t i = 0; i < p->size(); ++i) {
+        const std::string at = where + " point " + std::to_string(i);
+        if (!(*p)[i].is_object()) throw std::invalid_argument(at + ": not an object");
+        share_point s;
+        s.units = number<uint32_t>((*p)[i], "units", at, k.device_units);
+        s.ms = number<double>((*p)[i], "ms", at, 3.6e6);
+        if (s.units == 0 || (!k.points.empty() && s.units <= k.points.back().units))
+            throw std::invalid_argument(at + ": units must be positive and ascending");
+        k.points.push_back(s);
+    }
+    return k;
+}
+
 }  // namespace
 
 const plan_profile* model_profile::find(const std::string& plan, const std::string& key) const {
@@ -96,6 +126,7 @@ std::string model_profile::to_json() const {
         for (const plan_profile& p : plans) all.push_back(plan_json(p));
         j["plans"] = all;
     }
+    if (!knee.points.empty()) j["knee"] = knee_json(knee);
     return j.dump(1) + "\n";
 }
 
@@ -116,6 +147,7 @@ model_profile model_profile::parse(const std::string& text_in) {
     } else {
         m.plans.push_back(parse_plan(j, "profile"));
     }
+    if (j.contains("knee")) m.knee = parse_knee(j["knee"]);
     return m;
 }
 

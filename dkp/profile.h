@@ -9,6 +9,8 @@
 //    "launches": [{"kernel": "gemm", "node": "fc1", "time_us": 41.5, "blocks": 12,
 //                  "threads": 256, "registers": 128, "shared_bytes": 32768, "occupancy": 1}, ...]}
 // several plans: {"device": "...", "plans": [<one plan, as above, without "device">, ...]}.
+// Either may carry the knee curve: "knee": {"plan": "b16", "key": "...", "batch": 16,
+//   "device_units": 4, "points": [{"units": 1, "ms": 80.2}, ..., {"units": 4, "ms": 23.9}]}.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +38,26 @@ struct plan_profile {
     std::vector<kernel_profile> launches;
 };
 
+// GSLICE's knee curve: how long one batch of a plan takes on k of the device's compute units,
+// for shares sampled from one unit to all of them. Past the knee, a larger share buys little
+// throughput (the knee point itself is the IF manager's reading of the curve).
+struct share_point {
+    uint32_t units = 0;
+    double ms = 0;  // median time of the batch on `units` units, alone on the device
+};
+
+struct knee_curve {
+    std::string plan;  // the plan measured ("b16", "b8_l32")
+    std::string key;   // its plan_key()
+    uint32_t batch = 0;
+    uint32_t device_units = 0;
+    std::vector<share_point> points;  // ascending units
+};
+
 struct model_profile {
     std::string device;  // device_caps::name
     std::vector<plan_profile> plans;
+    knee_curve knee;     // no points: not measured
 
     // The plan with this name and key, or null (never profiled, or the plan changed).
     const plan_profile* find(const std::string& plan, const std::string& key) const;

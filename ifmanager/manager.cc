@@ -21,6 +21,7 @@
 
 #include "ifmanager/bounded_json.h"
 #include "ifmanager/byte_size.h"
+#include "ifmanager/share_tuner.h"
 
 namespace reefline::ifm {
 
@@ -152,9 +153,16 @@ void apply_settings(const json& f, model_settings& s) {
     if (field(f, "priority")) s.priority = int(get_int(f, "priority", 0, 2));
     if (field(f, "shed")) s.shed = get_bool(f, "shed");
     if (field(f, "share")) {
-        const double v = get_number(f, "share");
-        if (!(v > 0 && v <= 1)) bad("field 'share' must be a number > 0 and at most 1 (a fraction of the device)");
-        s.share = v;
+        const json& v = f["share"];
+        if (v.is_string() && v.get<std::string>() == "auto") {
+            s.share_auto = true;
+        } else {
+            const double x = v.is_number() ? v.get<double>() : -1;
+            if (!(x > 0 && x <= 1))
+                bad("field 'share' must be a number > 0 and at most 1 (a fraction of the device) or \"auto\"");
+            s.share = x;
+            s.share_auto = false;
+        }
     }
     if (field(f, "output")) {
         const std::string o = get_string(f, "output");
@@ -173,13 +181,6 @@ void apply_settings(const json& f, model_settings& s) {
         }
     }
 }
-
-// A model file read once, after its size was checked: the bytes that are hashed, imported and
-// stored in the repository are the same.
-struct model_file {
-    std::string bytes;
-    uint64_t hash = 0;
-};
 
 model_file read_model_file(const std::string& path, uint64_t limit) {
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -342,7 +343,7 @@ json if_manager::persisted_config(const model_if& mif) const {
             {"fixed_batch", s.batching.fixed_batch},
             {"priority", s.priority},
             {"shed", s.shed},
-            {"share", s.share},
+            {"share", s.share_auto ? json("auto") : json(s.share)},
             {"output", s.tensor_output ? "tensor" : "topk"},
             {"rt_sources", sources},
             {"top_k", c.top_k},
@@ -351,32 +352,102 @@ json if_manager::persisted_config(const model_if& mif) const {
 }
 
 void if_manager::check_share(const model_settings& s) const {
-    if (s.share < 1 && !_runtime.device().ops().stream_set_units)
-        bad("field 'share' below 1 needs a device with spatial shares; this backend (" + _info.backend +
-            ") has none yet (the cpu device has them)");
+    if ((s.share < 1 || s.share_auto) && !_runtime.device().ops().stream_set_units)
+        bad("field 'share' below 1 or \"auto\" needs a device with spatial shares; this backend (" + _info.backend +
+            ") has none");
 }
 
-// IFs with a share below 1, in name order, each get max(1, round(share x units)) consecutive
-// compute units, starting where the previous one's ended (wrapping round), so that shares do
-// not overlap while they add up to at most the device; past that they overlap, as an
-// over-committed device must. An IF with share 1 runs on every unit.
+uint32_t if_manager::share_units() const {
+    return std::min<uint32_t>(64, _runtime.device().caps().compute_units);
+}
+
+// Static shares first: IFs with a share below 1, in name order, each get max(1, round(share x
+// units)) consecutive compute units, starting where the previous one's ended (wrapping round),
+// so that shares do not overlap while they add up to at most the device; past that they
+// overlap, as an over-committed device must. Then the self-tuned IFs divide what the static
+// ones left (all of it when there are none) max-min fairly by their demands, placed the same
+// way after them. An IF with share 1 runs on every unit.
 void if_manager::place_shares() {
-    const uint32_t n = std::min<uint32_t>(64, _runtime.device().caps().compute_units);
+    const uint32_t n = share_units();
     const uint64_t every = n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
-    uint32_t next = 0;
+    uint32_t next = 0, used = 0;
     std::lock_guard<std::mutex> t(_tables_mu);
-    for (const auto& [name, mif] : _models) {
-        const double share = mif->settings().share;
-        if (share >= 1 || n <= 1) {
-            mif->set_units(0);
-            continue;
-        }
-        const uint32_t k = std::clamp<uint32_t>(uint32_t(std::lround(share * n)), 1, n);
+    const auto place = [&](model_if& mif, uint32_t k) {
         uint64_t mask = 0;
         for (uint32_t i = 0; i < k; ++i) mask |= uint64_t{1} << ((next + i) % n);
         next = (next + k) % n;
-        mif->set_units(mask == every ? 0 : mask);
+        used += k;
+        mif.set_units(mask == every ? 0 : mask);
+    };
+    std::vector<std::pair<model_if*, uint32_t>> tuned;  // (IF, demand)
+    for (auto it = _tuning.begin(); it != _tuning.end();)  // removed IFs and IFs no longer tuned
+        it = _models.count(it->first) && _models.at(it->first)->settings().share_auto ? std::next(it) : _tuning.erase(it);
+    for (const auto& [name, mif] : _models) {
+        const model_settings s = mif->settings();
+        if (n <= 1 || (s.share >= 1 && !s.share_auto)) {
+            mif->set_units(0);
+        } else if (s.share_auto) {
+            share_tuning& st = _tuning[name];
+            if (st.demand == 0) {  // starts at its knee, else at its share
+                const uint32_t knee = knee_units(mif->knee());
+                st.demand = knee ? knee : std::clamp<uint32_t>(uint32_t(std::lround(s.share * n)), 1, n);
+                st.last = mif->share_counters();
+                st.at = std::chrono::steady_clock::now();
+            }
+            tuned.emplace_back(mif.get(), st.demand);
+        } else {
+            place(*mif, std::clamp<uint32_t>(uint32_t(std::lround(s.share * n)), 1, n));
+        }
     }
+    std::vector<uint32_t> demands;
+    for (const auto& [mif, d] : tuned) demands.push_back(d);
+    const std::vector<uint32_t> got = max_min_fair(demands, used >= n ? 0 : n - used);
+    for (size_t i = 0; i < tuned.size(); ++i) {
+        _tuning[tuned[i].first->name()].units = got[i];
+        place(*tuned[i].first, got[i]);
+    }
+}
+
+// GSLICE's self-tuning: every tuned IF's window since the last round becomes a step of its
+// demand (share_step), and the demands are placed again. A step moves 1/16 of the device (at
+// least one unit), so a GPU with a hundred SMs converges in as many rounds as a small one.
+void if_manager::tune_shares() {
+    const uint32_t n = share_units();
+    const auto now = std::chrono::steady_clock::now();
+    bool changed = false;
+    for (const auto& [name, mif] : _models) {
+        const auto it = _tuning.find(name);
+        if (it == _tuning.end()) continue;
+        share_tuning& st = it->second;
+        const model_if::share_totals c = mif->share_counters();
+        share_window w;
+        w.seconds = std::chrono::duration<double>(now - st.at).count();
+        w.arrived = c.arrived - st.last.arrived;
+        w.answered = c.answered - st.last.answered;
+        w.late = c.late - st.last.late;
+        const uint64_t batches = c.be_batches - st.last.be_batches;
+        w.service_ms = batches ? double(c.be_busy_ns - st.last.be_busy_ns) / 1e6 / double(batches) : 0;
+        w.busy = w.seconds > 0 ? double(c.be_busy_ns - st.last.be_busy_ns) / 1e9 / w.seconds : 0;
+        w.queued = c.queued;
+        w.slo_ms = mif->settings().batching.slo_ms;
+        st.last = c;
+        st.at = now;
+        const int step = share_step(w);
+        const uint32_t size = std::max<uint32_t>(1, n / 16);
+        const uint32_t demand = step > 0   ? std::min(n, st.demand + size)
+                                : step < 0 ? std::max<uint32_t>(1, st.demand > size ? st.demand - size : 1)
+                                           : st.demand;
+        changed |= demand != st.demand;
+        st.demand = demand;
+    }
+    if (!changed) return;
+    std::map<std::string, uint32_t> before;
+    for (const auto& [name, st] : _tuning) before[name] = st.units;
+    place_shares();
+    for (const auto& [name, st] : _tuning)
+        if (before[name] != st.units)
+            event({{"event", "share_changed"}, {"name", name}, {"units", st.units}, {"demand", st.demand},
+                   {"share", double(st.units) / n}});
 }
 
 void if_manager::profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change) {
@@ -396,12 +467,14 @@ void if_manager::profile(model_if& mif, const std::string& name, bool keep, mode
         }
     }
     // Each launch alone, as a BE task through the scheduler: RT traffic on the other IFs
-    // preempts profiling; a preempted measurement is taken again.
-    const auto run_alone = [this](std::vector<gpu::task_launch> launches) {
+    // preempts profiling; a preempted measurement is taken again. A knee measurement binds
+    // the task to the units of the share it measures.
+    const auto run_on = [this](std::vector<gpu::task_launch> launches, uint64_t units) {
         double us = 0;
         for (int attempt = 0; attempt < 3; ++attempt) {
             gpu::task t;
             t.cls = gpu::task_class::be;
+            t.units = units;
             t.launches = launches;
             const gpu::task_result r = _scheduler.wait(_scheduler.submit(std::move(t)));
             if (r.status != gpu::task_status::completed) throw std::runtime_error("a profiling task did not complete");
@@ -410,15 +483,29 @@ void if_manager::profile(model_if& mif, const std::string& name, bool keep, mode
         }
         return us;
     };
+    const auto run_alone = [&run_on](std::vector<gpu::task_launch> launches) { return run_on(std::move(launches), 0); };
     if (change) {
         // Only the change's new instances are measured (on the side); the repository keeps
         // the profiles of the plans the IF had as well.
         mif.profile(*change, have ? &stored : nullptr, run_alone, _info.profile_budget_ms, out);
-        if (have)
+        if (have && !change->model)  // a replaced model's plans are gone
             for (const dkp::plan_profile& p : stored.plans)
                 if (!out.find(p.plan, p.key)) out.put(p);
     } else {
         mif.profile(have ? &stored : nullptr, run_alone, _info.profile_budget_ms, out);
+    }
+    // The knee, where shares can be placed: on the IF's largest batch (a change's, when it
+    // plans a larger one; the IF's stays otherwise).
+    if (_runtime.device().ops().stream_set_units) {
+        dkp::knee_curve knee = mif.measure_knee(change, have ? &stored.knee : nullptr, run_on, share_units(),
+                                                _info.profile_budget_ms);
+        if (!knee.points.empty()) {
+            out.knee = knee;
+            if (change) change->knee = std::move(knee);
+            else mif.set_knee(std::move(knee));
+        } else {
+            out.knee = mif.knee();  // kept as it was
+        }
     }
     if (keep && _repo && _repo->contains(name)) {
         try {
@@ -427,6 +514,59 @@ void if_manager::profile(model_if& mif, const std::string& name, bool keep, mode
             // The profile is an optimisation: measured again at the next start.
         }
     }
+}
+
+if_manager::loaded_model if_manager::load_model_file(const std::string& name, const std::string& onnx,
+                                                    const model_settings& settings, const std::vector<int64_t>& sizes) {
+    // The file's size is checked before it is read, and it must fit the budget on its own:
+    // importing holds at least its bytes.
+    std::error_code ec;
+    if (!fs::is_regular_file(onnx, ec)) throw control_error("bad_model", "no such model file: " + onnx);
+    const uint64_t file_size = fs::file_size(onnx, ec);
+    if (!ec && file_size <= _info.max_model_file_bytes)
+        admit(file_size, "model '" + name + "': reading " + onnx + " needs " + format_byte_size(double(file_size)));
+    loaded_model out;
+    out.file = read_model_file(onnx, _info.max_model_file_bytes);
+    const model_file& file = out.file;
+
+    // Share the weights of a loaded copy of the same file, or import it; then the footprint of
+    // everything the IF will allocate, from the graph and its plans, before any of it is.
+    out.key = std::make_pair(file.hash, uint64_t(file.bytes.size()));
+    std::shared_ptr<ml::model> model;
+    if (auto it = _loaded.find(out.key); it != _loaded.end()) model = it->second.lock();
+    const std::string label = "model '" + name + "' (" + onnx + ")";
+    std::optional<ml::graph> imported;
+    ml::memory_footprint need;
+    std::vector<int64_t> lengths;
+    try {
+        if (!model)
+            imported = ml::import_onnx_buffer(file.bytes.data(), file.bytes.size(), model_if::import_options(), onnx);
+        lengths = model_if::planned_lengths(model_if::request_input(model ? model->imported() : *imported, settings));
+        need = model ? _runtime.footprint(*model, sizes, model_if::segments_per_request, lengths)
+                     : _runtime.footprint(*imported, sizes, model_if::segments_per_request, lengths);
+    } catch (const std::exception& e) {
+        throw control_error("bad_model", label + ": " + e.what());
+    }
+    // The file's bytes stay in memory until the entry is stored in the repository.
+    const uint64_t peak = uint64_t(need.peak_bytes()) + file.bytes.size();
+    std::string needs = label + " needs " + format_byte_size(double(peak)) + ": ";
+    if (model)
+        needs += "weights shared with a loaded IF of the same file, ";
+    else
+        needs += "weights " + format_byte_size(double(need.weight_bytes)) + " (+ " + format_byte_size(double(need.host_bytes)) +
+                 " host copy), ";
+    needs += "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes) +
+             (lengths.empty() ? "" : " at sequence lengths " + sizes_text(lengths)) +
+             ", while loading the file " + format_byte_size(double(file.bytes.size()));
+    if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
+    admit(peak, needs);
+    try {
+        if (!model) model = _runtime.load_graph(std::move(*imported), fs::path(onnx).filename().string());
+    } catch (const std::exception& e) {
+        throw control_error("bad_model", label + ": " + e.what());
+    }
+    out.model = std::move(model);
+    return out;
 }
 
 json if_manager::add_model(const json& f, bool persist) {
@@ -468,57 +608,15 @@ json if_manager::add_model(const json& f, bool persist) {
     }
     c.slot = free_slot();
 
-    // The file's size is checked before it is read, and it must fit the budget on its own:
-    // importing holds at least its bytes.
-    std::error_code ec;
-    if (!fs::is_regular_file(c.onnx, ec)) throw control_error("bad_model", "no such model file: " + c.onnx);
-    const uint64_t file_size = fs::file_size(c.onnx, ec);
-    if (!ec && file_size <= _info.max_model_file_bytes)
-        admit(file_size, "model '" + name + "': reading " + c.onnx + " needs " + format_byte_size(double(file_size)));
-    model_file file = read_model_file(c.onnx, _info.max_model_file_bytes);
-
-    // Share the weights of a loaded copy of the same file, or import it; then the footprint of
-    // everything the IF will allocate, from the graph and its plans, before any of it is.
-    const auto key = std::make_pair(file.hash, uint64_t(file.bytes.size()));
-    std::shared_ptr<ml::model> model;
-    if (auto it = _loaded.find(key); it != _loaded.end()) model = it->second.lock();
-    const std::string label = "model '" + name + "' (" + c.onnx + ")";
-    std::optional<ml::graph> imported;
-    ml::memory_footprint need;
-    const std::vector<int64_t> sizes = model_if::initial_instances(c.settings);
-    std::vector<int64_t> lengths;
-    try {
-        if (!model)
-            imported = ml::import_onnx_buffer(file.bytes.data(), file.bytes.size(), model_if::import_options(), c.onnx);
-        lengths = model_if::planned_lengths(model_if::request_input(model ? model->imported() : *imported, c.settings));
-        need = model ? _runtime.footprint(*model, sizes, model_if::segments_per_request, lengths)
-                     : _runtime.footprint(*imported, sizes, model_if::segments_per_request, lengths);
-    } catch (const std::exception& e) {
-        throw control_error("bad_model", label + ": " + e.what());
-    }
-    // The file's bytes stay in memory until the entry is stored in the repository.
-    const uint64_t peak = uint64_t(need.peak_bytes()) + file.bytes.size();
-    std::string needs = label + " needs " + format_byte_size(double(peak)) + ": ";
-    if (model)
-        needs += "weights shared with a loaded IF of the same file, ";
-    else
-        needs += "weights " + format_byte_size(double(need.weight_bytes)) + " (+ " + format_byte_size(double(need.host_bytes)) +
-                 " host copy), ";
-    needs += "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes) +
-             (lengths.empty() ? "" : " at sequence lengths " + sizes_text(lengths)) +
-             ", while loading the file " + format_byte_size(double(file.bytes.size()));
-    if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
-    admit(peak, needs);
-
+    loaded_model l = load_model_file(name, c.onnx, c.settings, model_if::initial_instances(c.settings));
     std::shared_ptr<model_if> mif;
     try {
-        if (!model) model = _runtime.load_graph(std::move(*imported), fs::path(c.onnx).filename().string());
-        imported.reset();
-        mif = std::make_shared<model_if>(_plane, _runtime, _scheduler, c, model);
+        mif = std::make_shared<model_if>(_plane, _runtime, _scheduler, c, l.model);
     } catch (const std::exception& e) {
-        throw control_error("bad_model", label + ": " + e.what());
+        throw control_error("bad_model", "model '" + name + "' (" + c.onnx + "): " + e.what());
     }
-    _loaded[key] = model;
+    _loaded[l.key] = l.model;
+    const model_file& file = l.file;
 
     if (persist && _repo) {
         try {
@@ -583,16 +681,20 @@ json if_manager::remove_model(const std::string& name) {
 
 json if_manager::set(const json& f) {
     std::lock_guard<std::recursive_mutex> g(_ops_mu);
-    static constexpr const char* name_field[] = {"name"};
-    check_fields(f, "set", {name_field, tunable_fields});
+    static constexpr const char* set_only_fields[] = {"name", "onnx"};
+    check_fields(f, "set", {set_only_fields, tunable_fields});
     const std::string name = get_string(f, "name");
     std::shared_ptr<model_if> mif = find(name);
     model_settings s = mif->settings();
     apply_settings(f, s);
     check_share(s);
-    // New batch sizes (a larger max_batch, a lane that was not planned) are new instances.
-    const std::vector<int64_t> sizes = mif->instances_to_plan(s);
-    if (!sizes.empty()) {
+    std::optional<loaded_model> replacement;
+    if (field(f, "onnx")) {
+        // A new version of the model: every batch size the IF plans, on the new weights, admitted
+        // beside what the IF holds now (both are held until the switch-over).
+        replacement = load_model_file(name, get_string(f, "onnx"), s, mif->instances_to_plan(s, true));
+    } else if (const std::vector<int64_t> sizes = mif->instances_to_plan(s); !sizes.empty()) {
+        // New batch sizes (a larger max_batch, a lane that was not planned) are new instances.
         int64_t need = 0;
         try {
             need = _runtime.footprint(*mif->model(), sizes, model_if::segments_per_request,
@@ -605,19 +707,32 @@ json if_manager::set(const json& f) {
                                   " more for arenas of batch sizes " + sizes_text(sizes));
     }
     // The new instances are planned, warmed up and profiled on the side while the IF goes on
-    // serving; the switch-over between two batches holds it for microseconds.
+    // serving (GSLICE's shadow IF); the switch-over between two batches holds it for
+    // microseconds.
     model_if::prepared_settings change;
     try {
-        change = mif->prepare(s);
+        change = mif->prepare(s, replacement ? replacement->model : nullptr);
     } catch (const std::invalid_argument& e) {
+        if (replacement) throw control_error("bad_model", "model '" + name + "' (" + get_string(f, "onnx") + "): " + e.what());
         bad(e.what());
+    } catch (const std::exception& e) {
+        if (!replacement) throw;
+        throw control_error("bad_model", "model '" + name + "' (" + get_string(f, "onnx") + "): " + e.what());
     }
-    if (!change.instances.empty()) profile(*mif, name, true, &change);  // the new batch sizes' plans
+    const bool stored = _repo && _repo->contains(name);
+    if (replacement) {
+        _loaded[replacement->key] = replacement->model;
+        change.onnx = stored ? _repo->entry(name).onnx.string() : get_string(f, "onnx");
+    }
+    if (!change.instances.empty()) profile(*mif, name, true, &change);  // the new plans
     mif->commit(std::move(change));
     place_shares();
-    if (_repo && _repo->contains(name)) {
+    if (replacement)
+        event({{"event", "model_replaced"}, {"name", name}, {"onnx", get_string(f, "onnx")}});
+    if (stored) {
         try {
-            _repo->save_config(name, persisted_config(*mif));
+            if (replacement) _repo->save(name, persisted_config(*mif), get_string(f, "onnx"), replacement->file.bytes);
+            else _repo->save_config(name, persisted_config(*mif));
         } catch (const std::exception& e) {
             throw control_error("io_error", std::string("model repository: ") + e.what());
         }
@@ -627,6 +742,11 @@ json if_manager::set(const json& f) {
 
 json if_manager::describe(const model_if& mif) const {
     json d = mif.describe();
+    if (const auto it = _tuning.find(mif.name()); it != _tuning.end()) {
+        // A tuned IF's share is what the tuner gave it last.
+        d["share"] = double(it->second.units) / share_units();
+        d["share_demand"] = double(it->second.demand) / share_units();
+    }
     const auto& m = mif.model();
     const int64_t instances = mif.memory_bytes();
     // The weights are shared when another IF serves the same loaded model.
@@ -772,6 +892,7 @@ void if_manager::add_if_counters(dp::counter_snapshot& s) const {
 
 void if_manager::tick() {
     std::lock_guard<std::recursive_mutex> g(_ops_mu);
+    tune_shares();
     for (const auto& [name, mif] : _models) {
         const json s = mif->stats();
         const uint64_t v = s["slo_violations_total"].get<uint64_t>() + s["shed_total"].get<uint64_t>();

@@ -56,6 +56,13 @@ inline constexpr size_t max_request_bytes = size_t(1) << 20;
 inline constexpr size_t max_string_bytes = 4096;  // any string field (a path fits)
 inline constexpr size_t max_array_items = 64;     // any array field (rt_sources)
 
+// A model file read once, after its size was checked: the bytes that are hashed, imported and
+// stored in the repository are the same.
+struct model_file {
+    std::string bytes;
+    uint64_t hash = 0;
+};
+
 class if_manager {
 public:
     if_manager(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& scheduler,
@@ -110,6 +117,17 @@ public:
 
 private:
     nlohmann::json dispatch(const nlohmann::json& request);
+    // A model file for an IF named `name` with these settings and instances of these batch
+    // sizes: read (its size checked first), its weights shared with a loaded copy of the same
+    // bytes or imported, and its footprint admitted against the memory budget. Throws
+    // control_error (bad_model, or the budget's refusal).
+    struct loaded_model {
+        std::shared_ptr<ml::model> model;
+        model_file file;
+        std::pair<uint64_t, uint64_t> key;  // _loaded's
+    };
+    loaded_model load_model_file(const std::string& name, const std::string& onnx, const model_settings& settings,
+                                 const std::vector<int64_t>& sizes);
     nlohmann::json set(const nlohmann::json& fields);
     // Refuses `need` more bytes when they do not fit the budget beside what is in use;
     // `what` says what they are for ("model 'cam' needs 3.1 GiB: ...").
@@ -120,8 +138,13 @@ private:
     // its repository entry when `keep`.
     // A share below 1 needs a device with spatial shares (bad_request otherwise).
     void check_share(const model_settings& s) const;
-    // Places the IFs' shares on compute units (model_if::set_units); after every add, set and remove.
+    // Places the IFs' shares on compute units (model_if::set_units); after every add, set and
+    // remove, and when the tuner changed a demand.
     void place_shares();
+    // One round of the self-tuned shares (from tick()).
+    void tune_shares();
+    // The compute units shares are placed on (a mask holds 64).
+    uint32_t share_units() const;
     // With `change`, profiles only its new instances (a `set` prepared on the side).
     void profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change = nullptr);
     nlohmann::json dkp_json() const;
@@ -178,6 +201,14 @@ private:
     // tick(): previous counter values.
     std::map<std::string, uint64_t> _last_violations;
     std::vector<uint64_t> _last_drops;
+    // Self-tuned shares, by IF name (under _ops_mu): demand and placement in units, and the
+    // counters at the last round.
+    struct share_tuning {
+        uint32_t demand = 0, units = 0;
+        model_if::share_totals last;
+        std::chrono::steady_clock::time_point at;
+    };
+    std::map<std::string, share_tuning> _tuning;
 };
 
 }  // namespace reefline::ifm

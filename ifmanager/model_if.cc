@@ -10,8 +10,10 @@
 #include <cstring>
 #include <numeric>
 #include <stdexcept>
+#include <thread>
 
 #include "dataplane/response.h"
+#include "ifmanager/share_tuner.h"
 
 namespace reefline::ifm {
 
@@ -39,6 +41,46 @@ void check_settings(const model_settings& s) {
     if (b.fixed_batch > b.max_batch) throw std::invalid_argument("fixed_batch must be <= max_batch");
     if (s.priority < 0 || s.priority > 2) throw std::invalid_argument("priority must be 0, 1 or 2");
     if (!(s.share > 0 && s.share <= 1)) throw std::invalid_argument("share must be > 0 and at most 1");
+}
+
+// Why requests the IF takes as `now` would not fit `next` (empty: they fit).
+std::string same_requests(const ml::request_input& now, const ml::request_input& next) {
+    if (now.kind != next.kind) return std::string(next.format_name()) + " instead of " + now.format_name();
+    switch (now.kind) {
+    case ml::request_kind::image:
+        if (now.channels != next.channels || now.height != next.height || now.width != next.width)
+            return "images of " + std::to_string(next.height) + "x" + std::to_string(next.width) + "x" +
+                   std::to_string(next.channels) + " instead of " + std::to_string(now.height) + "x" +
+                   std::to_string(now.width) + "x" + std::to_string(now.channels);
+        break;
+    case ml::request_kind::tensor:
+        if (now.item != next.item) return "tensors of " + ml::shape_str(next.item) + " instead of " + ml::shape_str(now.item);
+        break;
+    case ml::request_kind::sequence:
+        if (now.lengths != next.lengths || now.exact_length != next.exact_length)
+            return "sequences of up to " + std::to_string(next.max_length()) + " tokens at other lengths than the " +
+                   std::to_string(now.max_length()) + " it takes now";
+        break;
+    }
+    return {};
+}
+
+// The knee as describe() shows it: null when not measured.
+nlohmann::json knee_json(const dkp::knee_curve& k) {
+    if (k.points.empty() || k.device_units == 0) return nullptr;
+    nlohmann::json curve = nlohmann::json::array();
+    for (const dkp::share_point& p : k.points)
+        curve.push_back({{"share", double(p.units) / k.device_units},
+                         {"units", p.units},
+                         {"batch_ms", p.ms},
+                         {"throughput_rps", p.ms > 0 ? 1e3 * k.batch / p.ms : 0.0}});
+    const uint32_t units = knee_units(k);
+    return {{"share", double(units) / k.device_units},
+            {"units", units},
+            {"device_units", k.device_units},
+            {"batch", k.batch},
+            {"plan", k.plan},
+            {"curve", curve}};
 }
 
 std::string ip_str(uint32_t be) {
@@ -210,13 +252,13 @@ bool model_if::lane_planned_by(const model_settings& s, int i) const {
     return used || !_lanes[i]->instances.empty();
 }
 
-std::vector<int64_t> model_if::instances_to_plan(const model_settings& s) const {
+std::vector<int64_t> model_if::instances_to_plan(const model_settings& s, bool all) const {
     std::lock_guard<std::mutex> g(_mu);
     std::vector<int64_t> sizes;
     for (int i = 0; i < 2; ++i) {
         if (!lane_planned_by(s, i)) continue;
         for (const int64_t b : batch_sizes(s.batching.max_batch))
-            if (!_lanes[i]->instances.count(uint32_t(b))) sizes.push_back(b);
+            if (all || !_lanes[i]->instances.count(uint32_t(b))) sizes.push_back(b);
     }
     return sizes;
 }
@@ -229,10 +271,12 @@ int64_t model_if::memory_bytes() const {
     return total;
 }
 
-std::unique_ptr<ml::instance> model_if::plan_instance(gpu::task_class cls, uint32_t b, bool through_scheduler,
+std::unique_ptr<ml::instance> model_if::plan_instance(const std::shared_ptr<ml::model>& model,
+                                                      const ml::request_input& input, gpu::task_class cls, uint32_t b,
+                                                      bool through_scheduler,
                                                       std::vector<std::pair<size_t, double>>& warm_ms) const {
-    const std::vector<int64_t> lengths = planned_lengths(_input);
-    auto in = _runtime.link_model(_model, cls == gpu::task_class::rt ? -1 : 0);
+    const std::vector<int64_t> lengths = planned_lengths(input);
+    auto in = _runtime.link_model(model, cls == gpu::task_class::rt ? -1 : 0);
     if (in->batch() != b || !lengths.empty()) _runtime.configure_batch(*in, b, lengths);
     if (_config.warm_up) {
         // One run with zero inputs: touches the arena and weights, and seeds the controller's
@@ -281,7 +325,7 @@ void model_if::plan_sizes(lane& l, uint32_t max_batch) {
         const uint32_t b = uint32_t(size);
         if (l.instances.count(b)) continue;
         std::vector<std::pair<size_t, double>> warm_ms;
-        auto in = plan_instance(l.cls, b, false, warm_ms);
+        auto in = plan_instance(_model, _input, l.cls, b, false, warm_ms);
         for (const auto& [bucket, ms] : warm_ms) l.controllers[bucket].observe(b, ms, ms);
         l.instances.emplace(b, std::move(in));
     }
@@ -341,6 +385,72 @@ nlohmann::json model_if::profile_instances(const std::vector<ml::instance*>& ins
             {"from_repository", reused}, {"not_profiled", skipped}, {"ms", elapsed_ms()}};
 }
 
+model_if::share_totals model_if::share_counters() const {
+    share_totals t;
+    t.arrived = _counters.requests_served.get();
+    t.answered = _responses.get();
+    t.late = _slo_violations.get() + _shed.get();
+    t.be_batches = _be_batches.load(std::memory_order_relaxed);
+    t.be_busy_ns = _be_busy_ns.load(std::memory_order_relaxed);
+    t.queued = queued();
+    return t;
+}
+
+dkp::knee_curve model_if::measure_knee(prepared_settings* p, const dkp::knee_curve* stored, const bound_runner& run_on,
+                                       uint32_t device_units, double budget_ms) {
+    dkp::knee_curve k;
+    if (device_units < 2) return k;
+    const auto t0 = std::chrono::steady_clock::now();
+    const int lane_index = settings().cls == gpu::task_class::rt ? 0 : 1;
+    std::unique_lock<std::mutex> g(_mu, std::defer_lock);
+    ml::instance* in = nullptr;
+    uint32_t batch = 0;
+    if (p) {
+        for (auto& planned : p->instances)
+            if (planned.lane == lane_index && planned.batch > batch) {
+                batch = planned.batch;
+                in = planned.instance.get();
+            }
+        if (!in || (batch <= knee().batch && !p->model)) return k;
+    } else {
+        g.lock();  // before the IF serves: nobody else waits for it
+        const auto& instances = _lanes[lane_index]->instances;
+        if (instances.empty()) return k;
+        batch = instances.rbegin()->first;
+        in = instances.rbegin()->second.get();
+    }
+    const std::vector<int64_t> lengths = planned_lengths(_input);
+    if (!lengths.empty()) _runtime.select_length(*in, lengths.front());
+    const auto [plan, key] = _runtime.profile_name(*in);
+    if (stored && stored->plan == plan && stored->key == key && stored->device_units == device_units &&
+        !stored->points.empty())
+        return *stored;
+    k.plan = plan;
+    k.key = key;
+    k.batch = batch;
+    k.device_units = device_units;
+    for (const uint32_t units : knee_samples(device_units)) {
+        if (std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() > budget_ms)
+            return {};  // a partial curve would put the knee wrong
+        const uint64_t mask = units >= 64 || units >= device_units ? 0 : (uint64_t{1} << units) - 1;
+        std::array<double, 3> ms{};
+        for (double& m : ms) m = run_on(_runtime.task_launches(*in), mask) / 1e3;
+        std::sort(ms.begin(), ms.end());
+        k.points.push_back({units, ms[1]});
+    }
+    return k;
+}
+
+void model_if::set_knee(dkp::knee_curve k) {
+    std::lock_guard<std::mutex> g(_mu);
+    _knee = std::move(k);
+}
+
+dkp::knee_curve model_if::knee() const {
+    std::lock_guard<std::mutex> g(_mu);
+    return _knee;
+}
+
 uint32_t model_if::queued() const {
     return rte_ring_count(_ring) + _pending.load(std::memory_order_relaxed);
 }
@@ -350,24 +460,36 @@ model_settings model_if::settings() const {
     return _config.settings;
 }
 
-model_if::prepared_settings model_if::prepare(const model_settings& s) const {
+model_if::prepared_settings model_if::prepare(const model_settings& s, std::shared_ptr<ml::model> replacement) const {
     check_settings(s);
-    if (s.tensor_output != settings().tensor_output) request_input(_model->imported(), s);
     prepared_settings p;
     p.settings = s;
+    p.input = _input;
+    if (replacement) {
+        // A new version of the model must take the requests the IF takes: clients keep sending
+        // what they sent.
+        p.input = request_input(replacement->imported(), s);
+        if (const std::string why = same_requests(_input, p.input); !why.empty())
+            throw std::invalid_argument("the new model takes other requests than the IF (" + why +
+                                        "): remove the IF and add the model");
+        p.model = std::move(replacement);
+    } else if (s.tensor_output != settings().tensor_output) {
+        request_input(_model->imported(), s);
+    }
     std::vector<std::pair<int, uint32_t>> wanted;  // (lane, batch size) not planned yet
     {
         std::lock_guard<std::mutex> g(_mu);
         for (int i = 0; i < 2; ++i)
             if (lane_planned_by(s, i))
                 for (const int64_t b : batch_sizes(s.batching.max_batch))
-                    if (!_lanes[i]->instances.count(uint32_t(b))) wanted.emplace_back(i, uint32_t(b));
+                    if (p.model || !_lanes[i]->instances.count(uint32_t(b))) wanted.emplace_back(i, uint32_t(b));
     }
     // Planned and warmed up without the IF's lock: the serving thread goes on with the
     // instances it has (before, a `set` that added batch sizes held the IF for all of this).
+    const std::shared_ptr<ml::model>& model = p.model ? p.model : _model;
     for (const auto& [i, b] : wanted) {
         std::vector<std::pair<size_t, double>> warm_ms;
-        p.instances.push_back({i, b, plan_instance(_lanes[i]->cls, b, true, warm_ms)});
+        p.instances.push_back({i, b, plan_instance(model, p.input, _lanes[i]->cls, b, true, warm_ms)});
         for (const auto& [bucket, ms] : warm_ms) p.samples.push_back({i, bucket, b, ms});
     }
     return p;
@@ -376,6 +498,25 @@ model_if::prepared_settings model_if::prepare(const model_settings& s) const {
 void model_if::commit(prepared_settings&& p) {
     std::unique_lock<std::mutex> g(_mu);
     const uint64_t t0 = rte_rdtsc();
+    std::vector<std::unique_ptr<ml::instance>> retired;
+    if (p.model) {
+        // The new version takes over at the next batch; a batch in flight finishes on the old
+        // instances, retired below. Fresh controllers: the old model's latencies do not
+        // describe the new one (its warm-up runs seed them).
+        for (auto& l : _lanes) {
+            for (auto& [b, in] : l->instances) retired.push_back(std::move(in));
+            l->instances.clear();
+            for (auto& c : l->controllers) c = ml::batch_controller(p.settings.batching);
+        }
+        {
+            std::lock_guard<std::mutex> m(_model_mu);
+            _model = std::move(p.model);
+        }
+        _input = p.input;
+        if (!p.onnx.empty()) _config.onnx = p.onnx;
+        _knee = {};  // measured again on the new model (p.knee, below)
+        _profile_summary = nullptr;
+    }
     for (auto& planned : p.instances)
         _lanes[planned.lane]->instances.try_emplace(planned.batch, std::move(planned.instance));
     for (const auto& w : p.samples) _lanes[w.lane]->controllers[w.bucket].observe(w.batch, w.ms, w.ms);
@@ -384,6 +525,7 @@ void model_if::commit(prepared_settings&& p) {
         l->publish_targets();
     }
     _config.settings = p.settings;
+    if (!p.knee.points.empty()) _knee = std::move(p.knee);
     if (!p.profile_summary.is_null()) {
         // What the IF's plans have now: the earlier profile plus the new instances'.
         if (_profile_summary.is_object()) {
@@ -398,6 +540,26 @@ void model_if::commit(prepared_settings&& p) {
     g.unlock();
     // Instances a concurrent change planned first were not moved in: freed here, outside the lock.
     p.instances.clear();
+    // Retired instances: freed once no batch runs on them (a lane's batch in flight ends
+    // within one batch time; the serving thread clears `busy` when it has answered it).
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (!retired.empty()) {
+        if (std::chrono::steady_clock::now() > deadline) {  // nothing serves the IF: the destructor frees them
+            std::lock_guard<std::mutex> r(_mu);
+            for (auto& in : retired) _retired.push_back(std::move(in));
+            break;
+        }
+        bool running = false;
+        {
+            std::lock_guard<std::mutex> r(_mu);
+            for (auto& l : _lanes)
+                running |= l->busy && std::any_of(retired.begin(), retired.end(),
+                                                  [&](const auto& in) { return in.get() == l->batch_instance; });
+        }
+        if (!running) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    retired.clear();
     _switch_ns_last.store(ns, std::memory_order_relaxed);
     if (ns > _switch_ns_max.load(std::memory_order_relaxed)) _switch_ns_max.store(ns, std::memory_order_relaxed);
     _switches.fetch_add(1, std::memory_order_relaxed);
@@ -673,6 +835,11 @@ void model_if::complete(lane& l) {
         }
         _batches.add();
         _batched_requests.add(n);
+        if (l.cls == gpu::task_class::be) {
+            _be_busy_ns.store(_be_busy_ns.load(std::memory_order_relaxed) + uint64_t(service_ms * 1e6),
+                              std::memory_order_relaxed);
+            _be_batches.store(_be_batches.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        }
         l.controllers[l.batch_bucket].observe(n, service_ms, worst_ms);
         l.publish_targets();
     }
@@ -797,6 +964,7 @@ nlohmann::json model_if::describe() const {
         {"request", _input.describe(_model->imported())},
         {"output", s.tensor_output ? "tensor" : "topk"},
         {"share", s.share},
+        {"share_policy", s.share_auto ? "auto" : "static"},
     };
     {
         // The compute units its BE batches run on (every unit when it has the whole device).
@@ -827,6 +995,7 @@ nlohmann::json model_if::describe() const {
     j["rt_sources"] = sources;
     std::lock_guard<std::mutex> g(_mu);
     j["profile"] = _profile_summary.is_null() ? nlohmann::json("not profiled") : _profile_summary;
+    j["knee"] = knee_json(_knee);
     const lane& own = *_lanes[s.cls == gpu::task_class::rt ? 0 : 1];
     if (!own.instances.empty()) {
         const ml::instance& one = *own.instances.begin()->second;

@@ -27,6 +27,7 @@
 
 #include <array>
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -55,8 +56,10 @@ struct model_settings {
     bool tensor_output = false;            // answer result_tensor_f32 (the output) instead of top-k
     // GSLICE's spatial share ("GPU%"): the fraction of the device's compute units the IF's BE
     // batches may run on, 0 < share <= 1; the IF manager places the shares on units
-    // (set_units). RT batches run on every unit.
+    // (set_units). RT batches run on every unit. With share_auto the IF manager tunes it
+    // (GSLICE's self-tuning; `share` is then where the tuner starts and what it last chose).
     double share = 1;
+    bool share_auto = false;
 };
 
 struct model_if_config {
@@ -110,6 +113,11 @@ public:
     // Instances are never replaced, only added: a batch in flight keeps running on its own.
     struct prepared_settings {
         model_settings settings;
+        // A new version of the model (null: the same model): every planned batch size is
+        // planned anew on it, and commit() retires the old instances once no batch runs on them.
+        std::shared_ptr<ml::model> model;
+        ml::request_input input;  // the new model's (the same requests as the old one's)
+        std::string onnx;         // the new model's file, as the repository keeps it
         struct planned {
             int lane;  // 0 RT, 1 BE
             uint32_t batch;
@@ -124,20 +132,48 @@ public:
         };
         std::vector<warm_up_sample> samples;
         nlohmann::json profile_summary;  // profile(prepared, ...); null when not profiled
+        dkp::knee_curve knee;            // measure_knee(&prepared, ...); no points: unchanged
     };
-    // Throws std::invalid_argument on bad values (nothing changes then). Control thread only
-    // (one change at a time: the daemon's operations are serialised).
-    prepared_settings prepare(const model_settings& s) const;
+    // Throws std::invalid_argument on bad values, or a `replacement` that does not take the
+    // requests the IF takes (nothing changes then). Control thread only (one change at a time:
+    // the daemon's operations are serialised).
+    prepared_settings prepare(const model_settings& s, std::shared_ptr<ml::model> replacement = nullptr) const;
     void commit(prepared_settings&& p);
     // prepare() and commit() in one: the new settings apply at the next batch.
     void update(const model_settings& s) { commit(prepare(s)); }
 
-    const std::shared_ptr<ml::model>& model() const { return _model; }
+    // The model it serves now (a replacement's once committed). Any thread.
+    std::shared_ptr<ml::model> model() const {
+        std::lock_guard<std::mutex> g(_model_mu);
+        return _model;
+    }
 
     // The compute units its BE batches run on from the next batch (bit u = unit u; 0: every
     // unit), as the IF manager places the shares.
     void set_units(uint64_t units) { _units.store(units, std::memory_order_relaxed); }
     uint64_t units() const { return _units.load(std::memory_order_relaxed); }
+
+    // What the share tuner reads, as totals since the IF started (it takes differences).
+    struct share_totals {
+        uint64_t arrived = 0, answered = 0, late = 0;
+        uint64_t be_batches = 0;
+        uint64_t be_busy_ns = 0;  // BE batches on the device, launch to completion
+        uint32_t queued = 0;
+    };
+    share_totals share_counters() const;
+
+    // GSLICE's knee curve: one batch of the IF's largest batch size (its BE lane's; an RT
+    // IF's RT lane's), timed alone on each of knee_samples(device_units) unit counts by
+    // `run_on` (a task bound to that many units). With `p`, the largest of p's new instances
+    // instead, only when it is larger than the batch of the knee the IF has (the result goes
+    // into p.knee; commit() takes it). `stored` is reused when it describes the same plan. No
+    // points when `budget_ms` runs out first, or device_units < 2. Call before the IF serves,
+    // or with `p` (its instances serve nothing yet).
+    using bound_runner = std::function<double(std::vector<gpu::task_launch>, uint64_t units)>;
+    dkp::knee_curve measure_knee(prepared_settings* p, const dkp::knee_curve* stored, const bound_runner& run_on,
+                                 uint32_t device_units, double budget_ms);
+    void set_knee(dkp::knee_curve k);
+    dkp::knee_curve knee() const;
 
     // What requests an imported graph takes (ml::derive_request_input) and, with tensor
     // output, that its first output can be answered as a tensor. Throws std::invalid_argument
@@ -151,8 +187,9 @@ public:
     static std::vector<int64_t> batch_sizes(uint32_t max_batch);
     // The instances (one batch size per entry) a new IF with these settings plans.
     static std::vector<int64_t> initial_instances(const model_settings& s);
-    // The instances update(s) would add to those planned now.
-    std::vector<int64_t> instances_to_plan(const model_settings& s) const;
+    // The instances update(s) would add to those planned now; with `all`, every instance the
+    // settings plan (what a replacement model needs).
+    std::vector<int64_t> instances_to_plan(const model_settings& s, bool all = false) const;
     // Gather segments per request the data plane can hand over (its fragments per request).
     static constexpr int64_t segments_per_request = wire::max_fragments;
     // Memory the IF's instances hold now (arenas, inputs, gather lists; not the weights).
@@ -191,7 +228,8 @@ private:
     // One instance of batch size b for a lane of class cls, warmed up when the config says so
     // (directly on the device before the IF serves, as BE tasks through the scheduler while
     // it does); the warm-up runs' times go to `warm_ms` as (length bucket, ms).
-    std::unique_ptr<ml::instance> plan_instance(gpu::task_class cls, uint32_t b, bool through_scheduler,
+    std::unique_ptr<ml::instance> plan_instance(const std::shared_ptr<ml::model>& model, const ml::request_input& input,
+                                                gpu::task_class cls, uint32_t b, bool through_scheduler,
                                                 std::vector<std::pair<size_t, double>>& warm_ms) const;
     // Profiles `instances` (kprof; see profile()) and returns the summary.
     nlohmann::json profile_instances(const std::vector<ml::instance*>& instances, const dkp::model_profile* stored,
@@ -207,18 +245,25 @@ private:
     ml::runtime& _runtime;
     gpu::scheduler& _scheduler;
     model_if_config _config;
+    // The model and its request format: replaced by commit() under _mu (and _model_mu, for
+    // model() on other threads); the serving and control threads read them under _mu or as
+    // the only writer.
     std::shared_ptr<ml::model> _model;
+    mutable std::mutex _model_mu;
     rte_ring* _ring = nullptr;
     ml::request_input _input;
     uint64_t _tsc_hz = 1;
     std::vector<rte_mbuf*> _tx_burst;  // a response's datagrams (up to the protocol's fragments)
     nlohmann::json _profile_summary;   // the last profile() (guarded by _mu)
+    dkp::knee_curve _knee;             // guarded by _mu
 
     // Settings and lanes' instances: written by commit() under _mu; the serving thread holds
     // _mu while it polls (try_lock: a commit or a whole-IF profile() skips this IF for a round
     // instead of stalling the others).
     mutable std::mutex _mu;
     std::unique_ptr<lane> _lanes[2];  // [0] RT, [1] BE
+    // A replaced model's instances a batch still ran on when commit() gave up waiting.
+    std::vector<std::unique_ptr<ml::instance>> _retired;
 
     dp::if_counters _counters;
     // Statistics beyond the data plane's IF counters; single writer (the serving thread).
@@ -227,6 +272,7 @@ private:
     std::array<dp::counter, latency_buckets_s.size() + 1> _latency_hist;  // last: +Inf
     std::atomic<uint64_t> _latency_sum_ns{0};
     std::atomic<uint64_t> _latency_max_ns{0};  // exact, unlike the percentiles
+    std::atomic<uint64_t> _be_busy_ns{0}, _be_batches{0};
     // commit(): how many switch-overs and how long the IF was held for each (ns).
     std::atomic<uint64_t> _switches{0}, _switch_ns_last{0}, _switch_ns_max{0};
     std::atomic<uint64_t> _units{0};  // set_units()

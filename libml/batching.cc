@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -43,6 +44,16 @@ constexpr double size_gain = 0.3;
 // the batch at its minimum, where the only size run cannot correct the line).
 constexpr int shift_batches = 2;
 constexpr double shift_rel = 0.2;
+// A shift is first taken up as one ratio, the only reading the size it was seen at allows. It
+// may as well be a fixed cost per batch (another IF's kernels ahead of each of ours, on a
+// shared device): then a ratio overrates the sizes above that size and underrates those below,
+// by up to 10x on the cpu device, and the target moves far, then climbs back one size at a time
+// as each is measured again. For learn_batches batches after the shift, the observations are
+// fitted as a mix of the two readings once two sizes at least min_spread apart have run (the
+// target moves after a shift, so they come by themselves), and the table is rebuilt from the one
+// before the shift.
+constexpr int learn_batches = 32;
+constexpr double min_spread = 0.25;
 // How far one sample may move its size's entry: clip_devs deviations, or clip_rel of the entry.
 constexpr double clip_devs = 3.0;
 constexpr double clip_rel = 0.1;
@@ -237,6 +248,9 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
     if (_batches == 0) {
         _dev_ms = 0.1 * service_ms;  // a first guess; residuals take over from the next batch
     } else {
+        // Within a shift's window every sample first refines its form (learn_shift); what is
+        // still off after that is judged as usual, and may start another shift.
+        if (_learn_left > 0) learn_shift(batch, service_ms);
         const double predicted = predict_ms(batch);
         const double residual = service_ms - predicted;
         // A device that slows down (another tenant, thermal limits, a smaller GPU share) slows
@@ -245,23 +259,51 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
         // the line and send the batch size the wrong way). Only sizes run lately count as
         // evidence: a size run for the first time in a while may simply sit off the line (past
         // a knee), which is not a change of the device.
-        const bool known = batch < _sizes.size() && _sizes[batch].count &&
-                           double(_batches - _sizes[batch].last) <= half_life;
-        if (known && predicted > 0 && std::abs(residual) > shift_rel * predicted) {
-            const bool same_side = _shift_run && (residual > 0) == _shift_up;
+        // So does a size just below one run lately (within a quarter of it): when the device
+        // slows, the margin grows with the misses and moves the target down by a size or two
+        // per batch, and each new size would otherwise restart the run, leaving the change to
+        // the slow per-size averages. Not above: past a knee the line underrates sizes not
+        // run yet, and that is not a change of the device.
+        const auto recent = [this](int64_t b) {
+            return b >= 1 && b < int64_t(_sizes.size()) && _sizes[size_t(b)].count &&
+                   double(_batches - _sizes[size_t(b)].last) <= half_life;
+        };
+        bool known = false;
+        const int64_t near = std::max<int64_t>(1, int64_t(batch) / 4);
+        for (int64_t b = int64_t(batch); b <= int64_t(batch) + near && !known; ++b) known = recent(b);
+        // Judged against the size's own recent measurement where it has one: the line bends
+        // away from sizes at the ends of a curve with a knee, and a size the line misreads is
+        // not a device that changed.
+        const double expected = recent(batch) ? _sizes[batch].ewma_ms : predicted;
+        const double off = service_ms - expected;
+        // And only batches of at least half the target: under a light load most batches are
+        // a few requests, whose times jitter by half on this kind of host (caches, wake-ups),
+        // and a shift read off them would move the sizes that matter on noise.
+        if (known && 2 * batch >= _target && expected > 0 && std::abs(off) > shift_rel * expected) {
+            const bool same_side = _shift_run && (off > 0) == _shift_up;
             if (!same_side) {
-                _shift_up = residual > 0;
+                _shift_up = off > 0;
                 _shift_base.resize(_sizes.size());
                 for (size_t b = 0; b < _sizes.size(); ++b) _shift_base[b] = _sizes[b].ewma_ms;
+                _shift_a = _a_ms;
+                _shift_c = _c_ms;
+                _shift_samples.clear();
             }
             _shift_run = same_side ? _shift_run + 1 : 1;
-            _shift_ratio = (same_side ? _shift_ratio : 0) + service_ms / predicted;
+            _shift_ratio = (same_side ? _shift_ratio : 0) + service_ms / expected;
+            _shift_samples.emplace_back(batch, service_ms);
             if (_shift_run >= shift_batches) {
                 // From the table as it was before the shift: sizes run during it have partly
                 // moved already and would be scaled twice.
                 const double f = _shift_ratio / _shift_run;
                 for (size_t b = 0; b < _shift_base.size(); ++b)
                     if (_shift_base[b] > 0) _sizes[b].ewma_ms = _shift_base[b] * f;
+                _learn_base = _shift_base;
+                _learn_a = _shift_a;
+                _learn_c = _shift_c;
+                _learn_samples = _shift_samples;
+                _learn_left = learn_batches;
+                _learn_at = _batches;
                 _shift_run = 0;
                 _shift_ratio = 0;
                 refit();
@@ -273,7 +315,12 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
         // Clipped (at 4 deviations, or clip_rel): a lone spike raises the margin a little
         // instead of shrinking the batch for the next ten batches; noise that lasts still
         // doubles the deviation every few batches until it is matched.
-        _dev_ms += dev_gain * (std::min(std::abs(residual), std::max(4 * _dev_ms, clip_rel * predicted)) - _dev_ms);
+        // A batch far faster than the model says (past shift_rel) is not noise to guard
+        // against but a device that got faster (another IF stopped) or a model that overrates
+        // it: it must not widen the margin, which would shrink the batch just when the device
+        // has room. It counts as one deviation (no change).
+        const double spread = residual < -shift_rel * predicted ? _dev_ms : std::abs(residual);
+        _dev_ms += dev_gain * (std::min(spread, std::max(4 * _dev_ms, clip_rel * predicted)) - _dev_ms);
     }
     _dev_hold_ms = std::max(_dev_ms, _batches ? _dev_hold_ms * std::exp2(-1 / hold_half_life) : 0.0);
     ++_batches;
@@ -299,6 +346,94 @@ void batch_controller::observe(uint32_t batch, double service_ms, double worst_l
     case batching_policy::fixed: break;
     }
     _last_service_ms = service_ms;
+}
+
+// The service time of a batch size before the last shift: its entry in the table then, or the
+// line then for a size that had not run.
+double batch_controller::base_ms(uint32_t batch) const {
+    if (batch < _learn_base.size() && _learn_base[batch] > 0) return _learn_base[batch];
+    return std::max(0.0, _learn_a + _learn_c * batch);
+}
+
+// A shift seen at several sizes: t_new(b) = f t_old(b) + d, fitted to the samples by least
+// squares under one constraint: a device that got slower made no size faster, and one that got
+// faster made none slower (checked at the table's ends: f t + d against t for the smallest and
+// the largest size; the constraint is linear, so the ends suffice). Within it any form is
+// allowed: a ratio (a slower device, a smaller share), a fixed cost (another IF's kernels ahead
+// of every batch), or a flat time (a batch that mostly waits for another IF's, whatever its
+// size). Noise between two sizes can then not make large batches cheaper than before a
+// slowdown. Fitted on the boundary where the free fit breaks the constraint; with no
+// spread between the sizes, nothing is learned (the ratio stays). Rebuilds the table from the
+// one before the shift.
+void batch_controller::learn_shift(uint32_t batch, double service_ms) {
+    --_learn_left;
+    if (_learn_samples.size() >= size_t(learn_batches + shift_batches)) return;
+    _learn_samples.emplace_back(batch, service_ms);
+    uint32_t lo = ~0u, hi = 0;
+    double sx = 0, sy = 0;
+    for (const auto& [b, y] : _learn_samples) {
+        lo = std::min(lo, b);
+        hi = std::max(hi, b);
+        sx += base_ms(b);
+        sy += y;
+    }
+    const double n = double(_learn_samples.size());
+    if (hi < lo + std::max(1.0, std::ceil(min_spread * lo)) || !(sx > 0)) return;
+    const double xm = sx / n, ym = sy / n, ratio = sy / sx;
+    double sxx = 0;
+    for (const auto& [b, y] : _learn_samples) sxx += (base_ms(b) - xm) * (base_ms(b) - xm);
+    if (!(sxx > 1e-6 * xm * xm * n)) return;  // the sizes took the same time before: no slope to learn
+    const bool slower = ratio >= 1;
+    const double ends[2] = {base_ms(std::max<uint32_t>(1, _options.min_batch)),
+                            base_ms(std::max<uint32_t>(_options.max_batch, uint32_t(_learn_base.size()) - 1))};
+    const auto feasible = [&](double f, double d) {
+        if (!(f >= 0) || !std::isfinite(f) || !std::isfinite(d)) return false;
+        for (const double t : ends)
+            if (slower ? f * t + d < t * (1 - 1e-9) : f * t + d > t * (1 + 1e-9)) return false;
+        return true;
+    };
+    const auto sse = [&](double f, double d) {
+        double e = 0;
+        for (const auto& [b, y] : _learn_samples) e += (y - f * base_ms(b) - d) * (y - f * base_ms(b) - d);
+        return e;
+    };
+    // Candidates: the free fit, the fits through each end's boundary point (t, t), and the two
+    // pure readings (which meet the constraint whenever any line does near the samples).
+    std::vector<std::pair<double, double>> candidates;
+    double sxy = 0;
+    for (const auto& [b, y] : _learn_samples) sxy += (base_ms(b) - xm) * (y - ym);
+    candidates.emplace_back(sxy / sxx, ym - sxy / sxx * xm);
+    for (const double t : ends) {
+        double num = 0, den = 0;  // y - t = f (x - t)
+        for (const auto& [b, y] : _learn_samples) {
+            num += (y - t) * (base_ms(b) - t);
+            den += (base_ms(b) - t) * (base_ms(b) - t);
+        }
+        if (den > 0) candidates.emplace_back(num / den, t * (1 - num / den));
+    }
+    candidates.emplace_back(ratio, 0.0);
+    candidates.emplace_back(1.0, ym - xm);
+    double f = ratio, d = 0, best = std::numeric_limits<double>::infinity();
+    for (const auto& [cf, cd] : candidates)
+        if (feasible(cf, cd) && sse(cf, cd) < best) {
+            best = sse(cf, cd);
+            f = cf;
+            d = cd;
+        }
+    // Only sizes run shortly before the shift describe the device the shift started from; an
+    // older entry may predate an earlier change that was followed without a shift (the target
+    // slid away from it), and a fixed cost applied to it can make it absurdly fast or slow.
+    // Such sizes are forgotten: the line speaks for them until they run again.
+    for (size_t b = 1; b < _learn_base.size() && b < _sizes.size(); ++b) {
+        if (!(_learn_base[b] > 0)) continue;
+        if (double(_learn_at - std::min(_learn_at, _sizes[b].last)) > half_life) {
+            _sizes[b] = size_stats{};
+            _learn_base[b] = 0;
+            continue;
+        }
+        _sizes[b].ewma_ms = std::max(0.05 * _learn_base[b], f * _learn_base[b] + d);
+    }
+    refit();
 }
 
 // SLAB. GSLICE moves each IF's batch size in proportion to its headroom (SLO - observed

@@ -118,6 +118,18 @@ private:
     bool _shift_up = false;   // the run's sign: slower than predicted
     double _shift_ratio = 0;  // sum of observed / predicted over the run
     std::vector<double> _shift_base;  // the service times per size when the run began
+    double _shift_a = 0, _shift_c = 0; // the line when the run began (sizes without entries)
+    std::vector<std::pair<uint32_t, double>> _shift_samples;  // the run's (batch, service ms)
+    // After a shift is taken up (as one ratio: the only reading one size allows), the window in
+    // which it is learned as a mix of a slower device (a ratio) and a fixed cost per batch
+    // (another IF's kernels ahead of every batch) from the sizes run since (learn_shift()).
+    int _learn_left = 0;
+    std::vector<double> _learn_base;  // the table before the shift
+    double _learn_a = 0, _learn_c = 0;
+    uint64_t _learn_at = 0;  // _batches when the shift was taken up
+    std::vector<std::pair<uint32_t, double>> _learn_samples;
+    double base_ms(uint32_t batch) const;
+    void learn_shift(uint32_t batch, double service_ms);
 };
 
 }  // namespace reefline::ml

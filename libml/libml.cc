@@ -270,6 +270,12 @@ void runtime::infer_batch(instance& in, std::span<const tensor> inputs, std::vec
     run(in, inputs, outputs, nullptr);
 }
 
+bool runtime::set_units(instance& in, uint64_t units) {
+    if (!_device.ops().stream_set_units) return false;
+    _device.ops().stream_set_units(&_device, in._stream, units);
+    return true;
+}
+
 void runtime::infer_batch_profiled(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
                                    std::vector<double>& launch_ms) {
     run(in, inputs, outputs, &launch_ms);

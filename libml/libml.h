@@ -161,6 +161,10 @@ public:
     // for an instance with a plan per length, the shapes select the plan) into the instance,
     // runs every launch and copies the outputs back.
     void infer_batch(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs);
+    // Binds the instance's own stream (infer_batch's launches) to these compute units (a
+    // spatial share, device_ops::stream_set_units; ~0: every unit). False on a device without
+    // shares. Call between batches.
+    bool set_units(instance& in, uint64_t units);
     // For running an instance under the scheduler (preempt/scheduler.h): write its inputs,
     // submit task_launches() as a task, read its outputs once the task has completed.
     void write_inputs(instance& in, std::span<const tensor> inputs);

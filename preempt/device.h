@@ -172,9 +172,20 @@ struct device_ops {
     bool (*kernel_resources_of)(device* d, const kernel_info* k, kernel_resources& out);
     // Spatial shares (GSLICE's "GPU%"): the compute units whose blocks of launches on `s` may
     // run on, bit u for unit u (units past 63 take part only in the full set). A set with no
-    // unit of this device, or every unit, means every unit. Applies to launches not yet
-    // dispatched; a caller changes it between tasks. Padded launches' pads are not bound by
-    // it (callers pad only with work that may run anywhere). Null on a backend without it.
+    // unit of this device, or every unit, means every unit. A caller changes it between tasks;
+    // launches stay in order across a change. Null on a backend without it. Per backend:
+    // - cpu: workers outside the set skip the stream; applies to launches not yet dispatched.
+    // - hip: a CU-mask stream per set (hipExtStreamCreateWithCUMask), exactly these CUs; the
+    //   SIMT emulation (-Dgpu_emu=true) does the same with emulated units.
+    // - cuda: a stream in a green context (CUDA 12.5+ driver), which partitions SMs by count,
+    //   not by SM id: the set is its size rounded up to the architecture's step (8 SMs on
+    //   Hopper), placed at its lowest unit as far as the driver hands SMs out in order; a size
+    //   that rounds to the whole device, or a driver without green contexts, runs unbound
+    //   (gpu_device_stats::units_fallbacks counts the latter).
+    // On cuda and hip it applies to launches made after the call (queued ones keep theirs). A
+    // padded launch's pads are not bound by it (callers pad only with work that may run
+    // anywhere); on cuda and hip a padded launch on a bound stream is a plain launch (its pads
+    // dropped), since the DKP kernel splits the whole device by SM id.
     void (*stream_set_units)(device* d, stream* s, uint64_t units);
 };
 

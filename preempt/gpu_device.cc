@@ -39,11 +39,28 @@
 // own (after an event, so the RT stream never waits for it) takes it off. On the GPU, "another
 // pad of the task is running" is a device word beside the task's flag twin, which the DKP
 // kernel takes and releases; the host's pads_running stays 0.
+//
+// Spatial shares (stream_set_units): a reefline stream has its home vendor stream (unbound) and
+// keeps up to kMaxUnitStreams vendor streams for unit sets it was bound to, made by
+// open_unit_stream: on HIP a CU-mask stream (hipExtStreamCreateWithCUMask), exactly the units
+// asked; under the SIMT emulation its counterpart (simt_emu.h); on CUDA a stream in a green
+// context, which partitions the SMs by count, not by SM id (see open_unit_stream). Launches go
+// to the stream's current vendor stream; a change of it records an event on the old one that the
+// new one waits for, so launches stay in order across the change, never overlap (the stream's
+// launch counter stays valid), and the stream's finished word, sequence numbers, task words and
+// flag twins work whichever vendor stream ran a launch. Where no such stream can be made (CUDA
+// without green contexts: a driver older than 12.5, or an error) the stream runs unbound and
+// the device counts it (gpu_device_stats::units_fallbacks); MPS-style limits
+// (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE, per process) are not a per-stream mechanism and not used.
+// Padded launches on a bound stream are plain launches: the DKP kernel splits every SM of the
+// device by SM id, which a bound stream's SMs would contradict (the scheduler pads only on its
+// RT stream, which it never binds).
 #include "preempt/gpu_device.h"
 
 #include <algorithm>
 #include <array>
 #include <atomic>
+#include <bit>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -52,6 +69,7 @@
 #include <new>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
@@ -95,10 +113,45 @@ std::string runtime_error_text(cudaError_t e) { return cudaGetErrorString(e); }
     throw std::runtime_error(std::string(kBackend) + " device: " + what + ": " + runtime_error_text(e));
 }
 
-struct gpu_stream {
+constexpr uint32_t kMaxUnitStreams = 8;  // vendor streams a stream keeps for unit sets
+
+#if defined(RL_GPU_GREEN_CONTEXTS)
+// A green context: SMs [first, first + count) of a split of the device's SMs, as far as the
+// driver hands them out in order (see open_unit_stream); shared by every stream bound to a set
+// that maps to it, destroyed with the last of their vendor streams.
+struct green_partition {
+    uint32_t first = 0, count = 0;
+    CUgreenCtx ctx = nullptr;  // null: making it failed (kept, so that it is not tried again)
+    uint32_t refs = 0;
+    std::string why;           // why it failed
+};
+#endif
+
+// A vendor stream whose launches run on a set of compute units (stream_set_units).
+struct unit_stream {
+    uint64_t units = 0;        // the set (bit u: unit u), as the caller asked
     cudaStream_t s = nullptr;
+    uint64_t last_used = 0;    // when it last became the stream's current one (LRU)
+#if defined(RL_GPU_GREEN_CONTEXTS)
+    green_partition* partition = nullptr;
+#endif
+};
+
+struct gpu_stream {
+    cudaStream_t s = nullptr;              // home: the unbound vendor stream
     int priority = 0;
-    std::mutex producer;                   // serialises launches and event records on it
+    std::mutex producer;                   // serialises launches, event records and unit changes on it
+    // Spatial shares (producer held to change them): the vendor stream launches go to (`s`, or
+    // one of unit_streams), the unit set (~0: every unit), the streams kept for unit sets, a
+    // count of their uses (LRU), the event that orders a new current stream after the old one,
+    // and synchronize() calls that read `cur` without the lock (a stream they may wait on is
+    // not destroyed meanwhile).
+    std::atomic<cudaStream_t> cur{nullptr};
+    std::atomic<uint64_t> units{~uint64_t{0}};
+    std::vector<unit_stream> unit_streams;
+    uint64_t unit_uses = 0;
+    cudaEvent_t handoff = nullptr;
+    std::atomic<uint32_t> waiters{0};
     std::atomic<uint32_t> submitted{0};    // sequence number of the last launch submitted
     uint32_t* counter = nullptr;           // device memory: {blocks finished, flagged}
     std::atomic<uint32_t>* done = nullptr; // host-mapped: sequence of the last finished launch
@@ -169,6 +222,30 @@ struct gpu_device_state {
     gpu_pad_totals* pad_totals = nullptr;
     cudaStream_t pad_release_stream = nullptr;
     std::atomic<uint64_t> padded_launches{0}, pads_accepted{0};
+
+    // Spatial shares: counts (gpu_device_stats), and on CUDA the green contexts' driver
+    // functions and partitions (units_mu, taken after a stream's producer).
+    std::atomic<uint64_t> units_binds{0}, units_fallbacks{0}, unit_switches{0}, unit_streams_made{0};
+    std::atomic<uint32_t> unit_streams_live{0};
+    std::atomic<bool> units_fallback_reported{false};
+    std::mutex units_mu;
+#if defined(RL_GPU_GREEN_CONTEXTS)
+    struct {
+        PFN_cuDeviceGet_v2000 device_get = nullptr;
+        PFN_cuDeviceGetDevResource_v12040 get_resource = nullptr;
+        PFN_cuDevSmResourceSplitByCount_v12040 split = nullptr;
+        PFN_cuDevResourceGenerateDesc_v12040 generate_desc = nullptr;
+        PFN_cuGreenCtxCreate_v12040 create = nullptr;
+        PFN_cuGreenCtxDestroy_v12040 destroy = nullptr;
+        PFN_cuGreenCtxStreamCreate_v12050 stream_create = nullptr;
+        PFN_cuStreamDestroy_v4000 stream_destroy = nullptr;
+    } green;
+    int green_state = 0;  // 0: not tried yet, 1: usable, -1: unavailable (green_why)
+    std::string green_why;
+    CUdevice cu_device = 0;
+    CUdevResource sm_all{};  // every SM of the device
+    std::vector<std::unique_ptr<green_partition>> partitions;
+#endif
 };
 
 gpu_device_state* state_of(const device* d) { return static_cast<gpu_device_state*>(d->state()); }
@@ -324,10 +401,185 @@ bool pool_free(gpu_device_state* d, void* p) {
     return true;
 }
 
+// ---- spatial shares: vendor streams for unit sets ------------------------------------------
+
+enum class unit_open {
+    made,          // `out` holds a vendor stream for the set
+    whole_device,  // the set amounts to every unit here: the home stream serves it
+    unavailable,   // the runtime cannot bind this stream (`why`): it runs unbound
+};
+
+#if defined(RL_GPU_GREEN_CONTEXTS)
+// Resolves the green contexts' driver functions and the device's SM resource, once (units_mu
+// held). False, with the reason in green_why, where the driver lacks them.
+bool green_ready(gpu_device_state* d) {
+    if (d->green_state != 0) return d->green_state > 0;
+    d->green_state = -1;
+    int driver = 0;
+    if (cudaDriverGetVersion(&driver) != cudaSuccess || driver < 12050) {
+        (void)cudaGetLastError();
+        d->green_why = "the driver (CUDA " + std::to_string(driver / 1000) + "." + std::to_string(driver % 1000 / 10) +
+                       ") has no green-context streams (12.5+)";
+        return false;
+    }
+    auto get = [&](const char* name, auto& fn, unsigned version) {
+        void* p = nullptr;
+        cudaDriverEntryPointQueryResult q{};
+        if (cudaGetDriverEntryPointByVersion(name, &p, version, cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess || !p) {
+            (void)cudaGetLastError();
+            if (d->green_why.empty()) d->green_why = std::string("the driver has no ") + name;
+            return false;
+        }
+        fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+        return true;
+    };
+    auto& g = d->green;
+    if (!(get("cuDeviceGet", g.device_get, 2000) & get("cuDeviceGetDevResource", g.get_resource, 12040) &
+          get("cuDevSmResourceSplitByCount", g.split, 12040) &
+          get("cuDevResourceGenerateDesc", g.generate_desc, 12040) & get("cuGreenCtxCreate", g.create, 12040) &
+          get("cuGreenCtxDestroy", g.destroy, 12040) & get("cuGreenCtxStreamCreate", g.stream_create, 12050) &
+          get("cuStreamDestroy", g.stream_destroy, 4000)))
+        return false;
+    CUresult r = g.device_get(&d->cu_device, d->ordinal);
+    if (r == CUDA_SUCCESS) r = g.get_resource(d->cu_device, &d->sm_all, CU_DEV_RESOURCE_TYPE_SM);
+    if (r != CUDA_SUCCESS || d->sm_all.sm.smCount == 0) {
+        d->green_why = "the device's SM resource: driver error " + std::to_string(int(r));
+        return false;
+    }
+    d->green_state = 1;
+    return true;
+}
+
+// The green context of SMs [first, first + count) (units_mu held): made at its first use, by
+// splitting off `first` SMs and taking `count` of the rest. The driver's split says how many
+// SMs a group gets, not which: the position is the order the driver hands SMs out in, which
+// its documentation does not promise. A failed one is kept (ctx null) and not tried again.
+green_partition* green_partition_for(gpu_device_state* d, uint32_t first, uint32_t count) {
+    for (auto& p : d->partitions)
+        if (p->first == first && p->count == count) return p.get();
+    auto p = std::make_unique<green_partition>();
+    p->first = first;
+    p->count = count;
+    auto& g = d->green;
+    CUdevResource rest{}, part{}, skipped{};
+    const CUdevResource* input = &d->sm_all;
+    unsigned groups = 1;
+    CUresult r = CUDA_SUCCESS;
+    if (first > 0) {
+        r = g.split(&skipped, &groups, &d->sm_all, &rest, 0, first);
+        if (r == CUDA_SUCCESS && groups == 1 && rest.sm.smCount >= count) input = &rest;
+    }
+    groups = 1;
+    r = g.split(&part, &groups, input, nullptr, 0, count);
+    if (r == CUDA_SUCCESS && groups != 1 && input != &d->sm_all) {
+        groups = 1;  // the SMs past `first` were too few: any `count` of the device's
+        r = g.split(&part, &groups, &d->sm_all, nullptr, 0, count);
+    }
+    CUdevResourceDesc desc = nullptr;
+    if (r == CUDA_SUCCESS && groups == 1) r = g.generate_desc(&desc, &part, 1);
+    if (r == CUDA_SUCCESS && groups == 1) r = g.create(&p->ctx, desc, d->cu_device, CU_GREEN_CTX_DEFAULT_STREAM);
+    if (r != CUDA_SUCCESS || groups != 1) {
+        p->ctx = nullptr;
+        p->why = "a green context of " + std::to_string(count) + " SMs: " +
+                 (r != CUDA_SUCCESS ? "driver error " + std::to_string(int(r)) : std::string("the split gave no group"));
+    }
+    d->partitions.push_back(std::move(p));
+    return d->partitions.back().get();
+}
+#endif
+
+// Makes a vendor stream whose launches run on `units` (a proper, non-empty subset of the
+// device's units, as bits), with the stream's priority where the runtime takes one.
+// - HIP: a CU-mask stream, exactly these CUs (units past 63 take part only in the full set).
+// - SIMT emulation: its counterpart (simt_emu.h), exactly these emulated units.
+// - CUDA: a stream in a green context. Green contexts partition by SM count, in steps of the
+//   architecture's granularity (CUdevSmResource: minSmPartitionSize, smCoscheduledAlignment;
+//   e.g. 8 SMs on Hopper): the set becomes its size rounded up to that step, placed from its
+//   lowest unit rounded down to it, so sets placed side by side (the IF manager's placement)
+//   get disjoint partitions as far as the driver hands SMs out in order. Blocks do not run on
+//   the SM ids of the mask. A size that rounds up to the whole device is unbound.
+unit_open open_unit_stream(gpu_device_state* d, int priority, uint64_t units, unit_stream& out, std::string& why) {
+    out = unit_stream{};
+    out.units = units;
+#if defined(RL_GPU_CU_MASK_STREAM)
+    (void)priority;  // a CU-mask stream has the default priority
+    const uint32_t n = d->caps.compute_units;
+    std::vector<uint32_t> mask((n + 31) / 32, 0u);
+    for (uint32_t u = 0; u < n && u < 64; ++u)
+        if (units >> u & 1) mask[u / 32] |= 1u << (u % 32);
+    const cudaError_t e = RL_GPU_CU_MASK_STREAM(&out.s, uint32_t(mask.size()), mask.data());
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        out.s = nullptr;
+        why = "a stream with a unit mask: " + runtime_error_text(e);
+        return unit_open::unavailable;
+    }
+    return unit_open::made;
+#elif defined(RL_GPU_GREEN_CONTEXTS)
+    std::lock_guard lk(d->units_mu);
+    if (!green_ready(d)) {
+        why = d->green_why;
+        return unit_open::unavailable;
+    }
+    const CUdevSmResource& sm = d->sm_all.sm;
+    const uint32_t total = sm.smCount;
+    const uint32_t step = std::max(1u, sm.smCoscheduledAlignment);
+    const uint32_t least = std::max(step, sm.minSmPartitionSize);
+    const uint32_t want = uint32_t(std::popcount(units));
+    const uint32_t count = std::max(least, (want + step - 1) / step * step);
+    if (count >= total) return unit_open::whole_device;
+    const uint32_t lowest = uint32_t(std::countr_zero(units)) / step * step;
+    const uint32_t first = std::min(lowest, (total - count) / step * step);
+    green_partition* p = green_partition_for(d, first, count);
+    if (!p->ctx) {
+        why = p->why;
+        return unit_open::unavailable;
+    }
+    CUstream cs = nullptr;
+    const CUresult r = d->green.stream_create(&cs, p->ctx, CU_STREAM_NON_BLOCKING, priority);
+    if (r != CUDA_SUCCESS) {
+        why = "a stream in a green context: driver error " + std::to_string(int(r));
+        return unit_open::unavailable;
+    }
+    ++p->refs;
+    out.s = reinterpret_cast<cudaStream_t>(cs);
+    out.partition = p;
+    return unit_open::made;
+#else
+    (void)d, (void)priority, (void)units;
+    why = "this runtime has no per-stream unit sets";
+    return unit_open::unavailable;
+#endif
+}
+
+// Destroys a stream made by open_unit_stream (idle, or its work is not waited for).
+void close_unit_stream(gpu_device_state* d, unit_stream& u) {
+#if defined(RL_GPU_GREEN_CONTEXTS)
+    std::lock_guard lk(d->units_mu);
+    (void)d->green.stream_destroy(reinterpret_cast<CUstream>(u.s));
+    if (u.partition && --u.partition->refs == 0) {
+        (void)d->green.destroy(u.partition->ctx);
+        std::erase_if(d->partitions, [&](const auto& p) { return p.get() == u.partition; });
+    }
+#else
+    (void)d;
+    (void)cudaStreamDestroy(u.s);
+#endif
+    u.s = nullptr;
+    d->unit_streams_live.fetch_sub(1, std::memory_order_relaxed);
+}
+
 // ---- device_ops ---------------------------------------------------------------------------
 
 // A stream's runtime objects and device memory (its finished word is a cell, recycled apart).
-void free_stream(gpu_stream* s) {
+void free_stream(gpu_device_state* d, gpu_stream* s) {
+    // A bound stream's last launches may be on a unit stream: the current one is the tail of
+    // the chain of handoffs, so once it is idle every vendor stream of this one is.
+    if (!s->unit_streams.empty()) (void)cudaStreamSynchronize(s->cur.load());
+    for (unit_stream& u : s->unit_streams) close_unit_stream(d, u);
+    s->unit_streams.clear();
+    if (s->handoff) (void)cudaEventDestroy(s->handoff);
     (void)cudaStreamDestroy(s->s);
     (void)cudaFree(s->counter);
     if (s->pad_ended) (void)cudaEventDestroy(s->pad_ended);
@@ -347,7 +599,7 @@ void op_destroy(device* dev) {
             delete e;
         }
         for (gpu_stream* s : d->streams) {
-            free_stream(s);
+            free_stream(d, s);
             delete s;
         }
         if (d->pad_release_stream) (void)cudaStreamDestroy(d->pad_release_stream);
@@ -475,6 +727,7 @@ stream* op_stream_create(device* dev, int priority) {
     s->priority = priority;
     cudaError_t e = cudaStreamCreateWithPriority(&s->s, cudaStreamNonBlocking, priority);
     if (e != cudaSuccess) fail("stream creation", e);
+    s->cur.store(s->s, std::memory_order_relaxed);
     void* counter = nullptr;
     e = cudaMalloc(&counter, 2 * sizeof(uint32_t));
     if (e == cudaSuccess) e = cudaMemset(counter, 0, 2 * sizeof(uint32_t));
@@ -495,7 +748,12 @@ stream* op_stream_create(device* dev, int priority) {
 void op_synchronize(device* dev, stream* st) {
     gpu_device_state* d = state_of(dev);
     bind(d);
-    const cudaError_t e = cudaStreamSynchronize(as_gpu(st)->s);
+    gpu_stream* s = as_gpu(st);
+    // The current vendor stream, read without the producer lock (a launch blocked on a full
+    // queue holds it): counted first, so a change of units does not destroy it meanwhile.
+    s->waiters.fetch_add(1, std::memory_order_seq_cst);
+    const cudaError_t e = cudaStreamSynchronize(s->cur.load(std::memory_order_seq_cst));
+    s->waiters.fetch_sub(1, std::memory_order_seq_cst);
     if (e != cudaSuccess)
         std::fprintf(stderr, "reefline %s device: synchronize: %s\n", kBackend, runtime_error_text(e).c_str());
 }
@@ -507,7 +765,7 @@ void op_stream_destroy(device* dev, stream* st) {
     op_synchronize(dev, st);
     std::lock_guard lk(d->mu);
     if (!d->streams.erase(s)) return;
-    free_stream(s);
+    free_stream(d, s);
     d->free_cells.push_back(reinterpret_cast<std::byte*>(s->done));
     delete s;
 }
@@ -553,6 +811,19 @@ resolved_kernel check_launch(gpu_device_state* d, const launch& l) {
     return r;
 }
 
+// Whether every launch queued on the stream has ended (s->producer held). The current vendor
+// stream waits for the ones before it; the others of a stream that changed units are asked too,
+// so that the verdict does not rest on how a runtime counts a pending wait.
+cudaError_t query_stream(gpu_stream* s) {
+    const cudaStream_t cur = s->cur.load(std::memory_order_relaxed);
+    cudaError_t e = cudaStreamQuery(cur);
+    if (e != cudaSuccess || s->unit_streams.empty()) return e;
+    if (s->s != cur && (e = cudaStreamQuery(s->s)) != cudaSuccess) return e;
+    for (const unit_stream& u : s->unit_streams)
+        if (u.s != cur && (e = cudaStreamQuery(u.s)) != cudaSuccess) return e;
+    return cudaSuccess;
+}
+
 // With s->producer held: waits while queue_depth launches are outstanding (their last blocks
 // advance the finished word; a stream that went idle without it, a device fault, or failed
 // ends the wait with an error), then orders the stream after the latest flag write when the
@@ -568,7 +839,7 @@ uint32_t begin_launch(gpu_device_state* d, gpu_stream* s, const task_words* task
                 cpu_relax();
                 continue;
             }
-            const cudaError_t e = cudaStreamQuery(s->s);
+            const cudaError_t e = query_stream(s);
             if (e != cudaSuccess && e != cudaErrorNotReady) fail("waiting for the device queue", e);
             if (e == cudaSuccess && seq - finished(s) >= depth)
                 throw std::runtime_error(std::string(kBackend) + " device: stream idle with launches unaccounted");
@@ -578,7 +849,7 @@ uint32_t begin_launch(gpu_device_state* d, gpu_stream* s, const task_words* task
     }
     if (task && task->preempt.load(std::memory_order_acquire) != 0) {
         std::lock_guard flk(d->flag_mu);
-        const cudaError_t e = cudaStreamWaitEvent(s->s, d->flag_written, 0);
+        const cudaError_t e = cudaStreamWaitEvent(s->cur.load(std::memory_order_relaxed), d->flag_written, 0);
         if (e != cudaSuccess) fail("ordering a launch after its task's flag", e);
     }
     return seq + 1;
@@ -606,7 +877,7 @@ void op_launch(device* dev, stream* st, const launch& l) {
     p.flag = l.task ? cell_flag_address(d, l.task) : nullptr;
     p.counter = s->counter;
     p.stream_done = s->done_dev;
-    p.stream = static_cast<void*>(s->s);
+    p.stream = static_cast<void*>(s->cur.load(std::memory_order_relaxed));
     const int rc = k.entry->launch(p);
     if (rc != 0) {
         throw std::runtime_error(std::string(kBackend) + " device: launch of '" + l.kernel->name + "' (" +
@@ -615,6 +886,86 @@ void op_launch(device* dev, stream* st, const launch& l) {
     }
     s->submitted.store(seq, std::memory_order_release);
     d->launches.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ---- spatial shares: stream_set_units ---------------------------------------------------------
+
+// Destroys the least recently used unit streams past kMaxUnitStreams that are idle and not
+// current (s->producer held); busy ones wait for a later change of units.
+void trim_unit_streams(gpu_device_state* d, gpu_stream* s) {
+    while (s->unit_streams.size() > kMaxUnitStreams) {
+        if (s->waiters.load(std::memory_order_seq_cst) != 0) return;  // a synchronize may be on one
+        const cudaStream_t cur = s->cur.load(std::memory_order_relaxed);
+        size_t victim = s->unit_streams.size();
+        for (size_t i = 0; i < s->unit_streams.size(); ++i) {
+            const unit_stream& u = s->unit_streams[i];
+            if (u.s == cur || (victim < s->unit_streams.size() && u.last_used >= s->unit_streams[victim].last_used))
+                continue;
+            const cudaError_t e = cudaStreamQuery(u.s);
+            if (e == cudaSuccess) victim = i;
+            else if (e != cudaErrorNotReady) (void)cudaGetLastError();
+        }
+        if (victim == s->unit_streams.size()) return;
+        close_unit_stream(d, s->unit_streams[victim]);
+        s->unit_streams.erase(s->unit_streams.begin() + std::ptrdiff_t(victim));
+    }
+}
+
+void op_stream_set_units(device* dev, stream* st, uint64_t units) {
+    gpu_device_state* d = state_of(dev);
+    gpu_stream* s = as_gpu(st);
+    if (!s) throw std::invalid_argument(std::string(kBackend) + " device: set_units without a stream");
+    const uint32_t n = d->caps.compute_units;
+    const uint64_t all = n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    units &= all;
+    if (units == 0 || units == all) units = ~uint64_t{0};
+    bind(d);
+    std::lock_guard lk(s->producer);
+    if (units == s->units.load(std::memory_order_relaxed)) return;
+    cudaStream_t target = s->s;
+    if (units != ~uint64_t{0}) {
+        d->units_binds.fetch_add(1, std::memory_order_relaxed);
+        unit_stream* u = nullptr;
+        for (unit_stream& c : s->unit_streams)
+            if (c.units == units) u = &c;
+        if (!u) {
+            unit_stream made;
+            std::string why;
+            switch (open_unit_stream(d, s->priority, units, made, why)) {
+            case unit_open::made:
+                s->unit_streams.push_back(made);
+                u = &s->unit_streams.back();
+                d->unit_streams_made.fetch_add(1, std::memory_order_relaxed);
+                d->unit_streams_live.fetch_add(1, std::memory_order_relaxed);
+                break;
+            case unit_open::whole_device: break;
+            case unit_open::unavailable:
+                d->units_fallbacks.fetch_add(1, std::memory_order_relaxed);
+                if (!d->units_fallback_reported.exchange(true))
+                    std::fprintf(stderr, "reefline %s device: streams bound to compute units run on every unit: %s\n",
+                                 kBackend, why.c_str());
+                break;
+            }
+        }
+        if (u) {
+            u->last_used = ++s->unit_uses;
+            target = u->s;
+        }
+    }
+    const cudaStream_t cur = s->cur.load(std::memory_order_relaxed);
+    if (target != cur) {
+        // Launches stay in order across the change: the new vendor stream starts after what the
+        // old one holds (and so never overlaps it: the stream's launch counter stays valid).
+        cudaError_t e = cudaSuccess;
+        if (!s->handoff) e = cudaEventCreateWithFlags(&s->handoff, cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(s->handoff, cur);
+        if (e == cudaSuccess) e = cudaStreamWaitEvent(target, s->handoff, 0);
+        if (e != cudaSuccess) fail("ordering a stream's launches across a change of its units", e);
+        s->cur.store(target, std::memory_order_seq_cst);
+        d->unit_switches.fetch_add(1, std::memory_order_relaxed);
+    }
+    s->units.store(units, std::memory_order_relaxed);
+    trim_unit_streams(d, s);
 }
 
 // ---- DKP -------------------------------------------------------------------------------------
@@ -686,6 +1037,9 @@ void op_launch_padded(device* dev, stream* st, const launch& l, const launch* pa
         check_launch(d, pads[i]);
         if (!pads[i].task) throw std::invalid_argument(std::string(kBackend) + " device: a pad without task words");
     }
+    // A stream bound to units launches plainly: the DKP kernel splits every SM of the device
+    // by SM id (RT units, then pads), which a bound stream's SMs would contradict.
+    if (s->units.load(std::memory_order_relaxed) != ~uint64_t{0}) return op_launch(dev, st, l);
     // The parts. Pads the DKP kernel cannot hold (beyond kMaxGpuPads, kernels without a DKP
     // case) are dropped, as launch_padded allows; with none left, or an RT kernel that fills
     // every unit, this is a plain launch.
@@ -711,6 +1065,7 @@ void op_launch_padded(device* dev, stream* st, const launch& l, const launch* pa
     if (!paddable || p.n_pads == 0 || rt_units >= units) return op_launch(dev, st, l);
 
     std::lock_guard lk(s->producer);
+    const cudaStream_t vs = s->cur.load(std::memory_order_relaxed);
     pad_buffers(d, s);
     const uint32_t seq = begin_launch(d, s, l.task);
     p.units = units;
@@ -721,11 +1076,11 @@ void op_launch_padded(device* dev, stream* st, const launch& l, const launch* pa
     p.stream_done = s->done_dev;
     p.work = s->pad_work;
     p.totals = d->pad_totals;
-    p.stream = static_cast<void*>(s->s);
+    p.stream = static_cast<void*>(vs);
     // Stage the parts and copy them where the kernel reads them, in stream order.
     gpu_padded_params* staged = s->pad_staging + seq % s->pad_staging_n;
     std::memcpy(static_cast<void*>(staged), &p, sizeof p);
-    cudaError_t e = cudaMemcpyAsync(s->pad_params, staged, sizeof p, cudaMemcpyHostToDevice, s->s);
+    cudaError_t e = cudaMemcpyAsync(s->pad_params, staged, sizeof p, cudaMemcpyHostToDevice, vs);
     if (e != cudaSuccess) fail("copying the parts of a padded launch", e);
     for (uint32_t i = 0; i < release->n; ++i) release->owners[i]->pads.fetch_add(1, std::memory_order_acq_rel);
     const int rc = d->padded->launch(p, s->pad_params);
@@ -742,7 +1097,7 @@ void op_launch_padded(device* dev, stream* st, const launch& l, const launch* pa
     // The pads' tasks are released once the launch ended, on a stream of their own: the RT
     // stream's next launch does not wait for the host function. (If queueing it fails the
     // device is broken; the tasks keep their pads counted, so none restores into it.)
-    e = cudaEventRecord(s->pad_ended, s->s);
+    e = cudaEventRecord(s->pad_ended, vs);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(d->pad_release_stream, s->pad_ended, 0);
     if (e == cudaSuccess) e = cudaStreamAddCallback(d->pad_release_stream, release_pads, release.get(), 0);
     if (e != cudaSuccess) fail("queueing the release of a padded launch's tasks", e);
@@ -814,7 +1169,7 @@ void op_event_record(device* dev, event* ev, stream* st) {
     bind(state_of(dev));
     gpu_stream* s = as_gpu(st);
     std::lock_guard lk(s->producer);  // orders the marker among this stream's launches
-    const cudaError_t e = cudaEventRecord(as_gpu(ev)->e, s->s);
+    const cudaError_t e = cudaEventRecord(as_gpu(ev)->e, s->cur.load(std::memory_order_relaxed));
     if (e != cudaSuccess) fail("event record", e);
 }
 
@@ -898,6 +1253,7 @@ const device_ops gpu_ops = {
     op_launch_padded,
     op_padding_stats,
     op_kernel_resources_of,
+    op_stream_set_units,
 };
 
 std::unique_ptr<device> make_device(const gpu_device_options& options) {
@@ -992,6 +1348,11 @@ bool gpu_device_stats_of(const device& dv, gpu_device_stats& out) {
     out.pool_cached_bytes = d->cached_bytes;
     out.device_bytes_in_use = d->live_bytes;
     out.registered_ranges = uint32_t(d->registered.size());
+    out.units_binds = d->units_binds.load(std::memory_order_relaxed);
+    out.units_fallbacks = d->units_fallbacks.load(std::memory_order_relaxed);
+    out.unit_switches = d->unit_switches.load(std::memory_order_relaxed);
+    out.unit_streams_made = d->unit_streams_made.load(std::memory_order_relaxed);
+    out.unit_streams_live = d->unit_streams_live.load(std::memory_order_relaxed);
     return true;
 }
 

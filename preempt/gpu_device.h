@@ -55,6 +55,12 @@ struct gpu_device_stats {
     uint64_t pool_hits = 0, pool_misses = 0;
     size_t pool_cached_bytes = 0, device_bytes_in_use = 0;
     uint32_t registered_ranges = 0;
+    // Spatial shares (device_ops::stream_set_units): binds to a proper subset of the units;
+    // those served unbound because the runtime could not make a stream for the set (CUDA
+    // without green contexts); changes of a stream's vendor stream; vendor streams made for
+    // unit sets, and those alive now (at most 8 per stream once idle).
+    uint64_t units_binds = 0, units_fallbacks = 0, unit_switches = 0, unit_streams_made = 0;
+    uint32_t unit_streams_live = 0;
 };
 // False when `d` is not a GPU device.
 bool gpu_device_stats_of(const device& d, gpu_device_stats& out);

@@ -21,6 +21,9 @@
     ::rl_emu::enqueue((stream), (grid), (block), (shared), [=] { kernel(__VA_ARGS__); })
 #define RL_DYNAMIC_SHARED(name) unsigned char* name = ::rl_emu::dynamic_shared()
 #define RL_GPU_WMMA 1  // emulated (simt_emu.h), so the tensor-core path's tiling runs too
+// Spatial shares: a stream whose launches run only on the emulated units of a mask (the
+// emulation's extension, shaped like HIP's below).
+#define RL_GPU_CU_MASK_STREAM rlEmuStreamCreateWithCUMask
 
 #elif defined(__HIPCC__) || (defined(REEFLINE_HIP) && REEFLINE_HIP)
 #define RL_GPU_HIP 1
@@ -105,6 +108,9 @@
 #define cudaStreamWaitEvent hipStreamWaitEvent
 #define cudaEventElapsedTime hipEventElapsedTime
 #define cudaStreamAddCallback hipStreamAddCallback
+// Spatial shares: a stream whose launches run only on the CUs of a mask (AMD's extension; the
+// stream gets the default priority, since HIP has no call taking both).
+#define RL_GPU_CU_MASK_STREAM hipExtStreamCreateWithCUMask
 
 // Kernel attributes and occupancy
 #define cudaFuncAttributes hipFuncAttributes
@@ -120,6 +126,14 @@
 #endif
 #define RL_GPU_RUNTIME_NAME "CUDA"
 #define RL_HOST_COHERENT 0u  // cudaHostAlloc memory is coherent with the GPU
+// Spatial shares: green contexts (driver API, CUDA 12.4+; streams in them 12.5+), which
+// partition the SMs by count. Host code reaches them through the runtime's driver entry points
+// (cudaGetDriverEntryPointByVersion), so nothing links libcuda and an older driver only lacks
+// them at run time.
+#define RL_GPU_GREEN_CONTEXTS 1
+#if !defined(__CUDACC__)
+#include <cudaTypedefs.h>  // cuda.h's types and the driver functions' pointer types
+#endif
 #define RL_LAUNCH(kernel, grid, block, shared, stream, ...) kernel<<<(grid), (block), (shared), (stream)>>>(__VA_ARGS__)
 #endif
 

@@ -10,9 +10,12 @@
 // %smid. A block's shared memory is the dynamic shared memory of its launch (RL_DYNAMIC_SHARED:
 // the kernels declare no static __shared__ arrays, which would be one copy for all units);
 // __syncthreads is a barrier of the block's threads, the shuffles exchange through memory
-// between the 32 lanes of a group. Streams are in-order queues, each with its own thread; one
-// launch runs at a time on the whole machine, so streams interleave at launch boundaries, not
-// block by block, and priorities are not modelled. Memory is host memory: device, pinned and
+// between the 32 lanes of a group. Streams are in-order queues, each with its own thread. A
+// launch holds the units it runs on until its last block ends: every unit, or the units of its
+// stream's mask (rlEmuStreamCreateWithCUMask, the emulation's counterpart of HIP's CU-mask
+// streams, which the backend's spatial shares use); launches on disjoint sets of units run side
+// by side, others wait, so streams interleave at launch boundaries, not block by block, and
+// priorities are not modelled. Memory is host memory: device, pinned and
 // host-mapped allocations are the same kind here. What it cannot show: timing, tensor-core
 // code (WMMA is emulated by plain arithmetic), memory coherence across PCIe, and the
 // hardware's own limits (registers, shared memory size: the attributes it reports are
@@ -35,6 +38,7 @@
 #include <cstring>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -110,9 +114,12 @@ inline thread_local launch_state* current = nullptr;
 inline thread_local unsigned current_unit = 0;
 
 // The machine: `units` block slots (emulated SMs, REEFLINE_EMU_UNITS, default 1) of
-// kMaxThreads threads each, which run one launch at a time; each slot takes the launch's
-// blocks one after another from a shared counter, so with several units blocks run
-// concurrently, on units a kernel can tell apart (%smid: rl_emu::current_unit).
+// kMaxThreads threads each. A launch takes a set of units (every unit, or the unit mask of its
+// stream: rlEmuStreamCreateWithCUMask) and each of them takes the launch's blocks one after
+// another from a shared counter, so with several units blocks run concurrently, on units a
+// kernel can tell apart (%smid: rl_emu::current_unit). Launches whose sets are disjoint run side
+// by side; one that needs a unit in use waits for it, in arrival order among the launches that
+// want that unit (a launch on every unit is not starved by a stream of bound ones).
 class machine {
 public:
     static machine& get() {
@@ -120,100 +127,137 @@ public:
         return m;
     }
     unsigned units() const { return _units; }
-    // Runs every block of a launch; returns when all are done.
-    void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body) {
-        std::lock_guard one(_one_launch);
-        const unsigned threads = std::min(block.x, kMaxThreads);
-        std::vector<std::unique_ptr<launch_state>> slots;
-        for (unsigned u = 0; u < _units; ++u) slots.push_back(std::make_unique<launch_state>(threads, shared_bytes));
-        std::atomic<unsigned> next{0};
-        {
-            std::lock_guard lk(_mu);
-            _slots = &slots;
-            _next = &next;
-            _grid = grid;
-            _block = block;
-            _body = &body;
-            _left = threads * _units;
-            ++_generation;
-        }
-        _cv.notify_all();
+    uint64_t all_units() const { return _units >= 64 ? ~uint64_t{0} : (uint64_t{1} << _units) - 1; }
+    // Runs every block of a launch on the units of `mask` (none of the machine's: every unit);
+    // returns when all are done.
+    void run(dim3 grid, dim3 block, size_t shared_bytes, const std::function<void()>& body,
+             uint64_t mask = ~uint64_t{0}) {
+        mask &= all_units();
+        if (mask == 0) mask = all_units();
+        job j;
+        j.threads = std::min(block.x, kMaxThreads);
+        j.grid = grid;
+        j.block = block;
+        j.body = &body;
+        for (unsigned u = 0; u < _units; ++u)
+            if (mask >> u & 1) j.slots[u] = std::make_unique<launch_state>(j.threads, shared_bytes);
         std::unique_lock lk(_mu);
-        _done_cv.wait(lk, [&] { return _left == 0; });
-        _slots = nullptr;
+        const uint64_t ticket = _tickets++;
+        _waiting.push_back({ticket, mask});
+        _free_cv.wait(lk, [&] {
+            if (_busy & mask) return false;
+            for (const waiter& w : _waiting) {
+                if (w.ticket == ticket) break;
+                if (w.mask & mask) return false;  // an earlier launch wants one of these units
+            }
+            return true;
+        });
+        for (auto it = _waiting.begin(); it != _waiting.end(); ++it)
+            if (it->ticket == ticket) {
+                _waiting.erase(it);
+                break;
+            }
+        _busy |= mask;
+        j.left = j.threads * unsigned(std::popcount(mask));
+        for (unsigned u = 0; u < _units; ++u)
+            if (mask >> u & 1) {
+                _unit[u].current = &j;
+                ++_unit[u].generation;
+            }
+        _cv.notify_all();
+        _done_cv.wait(lk, [&] { return j.left == 0; });
+        for (unsigned u = 0; u < _units; ++u)
+            if (mask >> u & 1) _unit[u].current = nullptr;
+        _busy &= ~mask;
+        _free_cv.notify_all();  // launches waiting for these units; the next in line may start
     }
     ~machine() {
         {
             std::lock_guard lk(_mu);
             _stop = true;
-            ++_generation;
         }
         _cv.notify_all();
         for (auto& t : _threads) t.join();
     }
 
 private:
+    static constexpr unsigned kMaxUnits = 16;
+    // One launch as its units run it.
+    struct job {
+        unsigned threads = 0;
+        dim3 grid, block;
+        const std::function<void()>* body = nullptr;
+        std::unique_ptr<launch_state> slots[kMaxUnits];
+        std::atomic<unsigned> next{0};
+        unsigned left = 0;  // threads still in it (under _mu)
+    };
+    struct unit_state {
+        job* current = nullptr;
+        uint64_t generation = 0;
+    };
+    struct waiter {
+        uint64_t ticket;
+        uint64_t mask;
+    };
+
     machine() {
-        if (const char* e = std::getenv("REEFLINE_EMU_UNITS")) _units = std::clamp(std::atoi(e), 1, 16);
+        if (const char* e = std::getenv("REEFLINE_EMU_UNITS")) _units = std::clamp(std::atoi(e), 1, int(kMaxUnits));
         for (unsigned w = 0; w < kMaxThreads * _units; ++w) _threads.emplace_back([this, w] { worker(w); });
     }
     void worker(unsigned w) {
         const unsigned unit = w / kMaxThreads, t = w % kMaxThreads;
         uint64_t seen = 0;
         for (;;) {
-            launch_state* st;
-            std::atomic<unsigned>* next;
-            dim3 grid, block;
-            const std::function<void()>* body;
+            job* j;
             {
                 std::unique_lock lk(_mu);
-                _cv.wait(lk, [&] { return _generation != seen; });
-                seen = _generation;
+                _cv.wait(lk, [&] { return _stop || _unit[unit].generation != seen; });
                 if (_stop) return;
-                if (!_slots) continue;
-                st = (*_slots)[unit].get();
-                next = _next;
-                grid = _grid;
-                block = _block;
-                body = _body;
+                seen = _unit[unit].generation;
+                j = _unit[unit].current;
+                // Threads the launch does not use leave it here: it may end (and its job go)
+                // as soon as the others are done.
+                if (!j || t >= j->threads) continue;
             }
-            if (t >= st->threads) continue;
+            launch_state* st = j->slots[unit].get();
             current = st;
             current_unit = unit;
             threadIdx = {t, 0, 0};
-            blockDim = block;
-            gridDim = grid;
+            blockDim = j->block;
+            gridDim = j->grid;
             for (;;) {
-                if (t == 0) st->current_block = next->fetch_add(1);
+                if (t == 0) st->current_block = j->next.fetch_add(1);
                 st->block.arrive_and_wait();
                 const unsigned b = st->current_block;
-                if (b >= grid.x) break;
+                if (b >= j->grid.x) break;
                 blockIdx = {b, 0, 0};
-                (*body)();
+                (*j->body)();
                 st->block.arrive_and_wait();  // the slot's next block reuses its shared memory
             }
             current = nullptr;
             std::lock_guard lk(_mu);
-            if (--_left == 0) _done_cv.notify_all();
+            if (--j->left == 0) _done_cv.notify_all();
         }
     }
     unsigned _units = 1;
-    std::mutex _one_launch;
     std::mutex _mu;
-    std::condition_variable _cv, _done_cv;
-    uint64_t _generation = 0;
+    std::condition_variable _cv, _done_cv, _free_cv;
     bool _stop = false;
-    std::vector<std::unique_ptr<launch_state>>* _slots = nullptr;
-    std::atomic<unsigned>* _next = nullptr;
-    dim3 _grid, _block;
-    const std::function<void()>* _body = nullptr;
-    unsigned _left = 0;
+    unit_state _unit[kMaxUnits];
+    uint64_t _busy = 0;  // units running a launch
+    uint64_t _tickets = 0;
+    std::deque<waiter> _waiting;
     std::vector<std::thread> _threads;
 };
 
 // ---- streams and events -----------------------------------------------------------------------
-struct stream_t {
+// A stream is an in-order queue with a thread of its own; its launches run on the units of its
+// mask (every unit unless made by rlEmuStreamCreateWithCUMask). Owned through shared pointers:
+// an event recorded on a stream keeps the stream's counters readable after cudaStreamDestroy,
+// as a CUDA event stays valid when its stream goes.
+struct stream_t : std::enable_shared_from_this<stream_t> {
     int priority = 0;
+    uint64_t units = ~uint64_t{0};
     std::mutex mu;
     std::condition_variable cv;
     std::deque<std::function<void()>> work;
@@ -238,13 +282,15 @@ struct stream_t {
             }
         });
     }
-    ~stream_t() {
+    ~stream_t() { halt(); }
+    // Runs what is queued, then ends the stream's thread.
+    void halt() {
         {
             std::lock_guard lk(mu);
             stop = true;
         }
         cv.notify_all();
-        thread.join();
+        if (thread.joinable()) thread.join();
     }
     void push(std::function<void()> f) {
         std::lock_guard lk(mu);
@@ -268,13 +314,13 @@ struct stream_t {
 
 struct event_t {
     std::mutex mu;
-    stream_t* s = nullptr;
+    std::shared_ptr<stream_t> s;
     uint64_t ticket = 0;
 };
 
 struct registry {
     std::mutex mu;
-    std::set<stream_t*> streams;
+    std::map<stream_t*, std::shared_ptr<stream_t>> streams;
     std::set<void*> registered;
     static registry& get() {
         static registry r;
@@ -284,7 +330,10 @@ struct registry {
 
 inline void enqueue(void* stream, dim3 grid, dim3 block, size_t shared_bytes, std::function<void()> body) {
     auto* s = static_cast<stream_t*>(stream);
-    auto job = [grid, block, shared_bytes, body = std::move(body)] { machine::get().run(grid, block, shared_bytes, body); };
+    const uint64_t units = s ? s->units : ~uint64_t{0};
+    auto job = [grid, block, shared_bytes, units, body = std::move(body)] {
+        machine::get().run(grid, block, shared_bytes, body, units);
+    };
     if (s) s->push(std::move(job));
     else job();
 }
@@ -514,24 +563,46 @@ inline cudaError_t cudaMemcpyAsync(void* d, const void* s, size_t n, cudaMemcpyK
     else std::memmove(d, s, n);
     return cudaSuccess;
 }
-inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int priority) {
-    auto* st = new rl_emu::stream_t;
+namespace rl_emu {
+inline cudaError_t stream_create(cudaStream_t* s, int priority, uint64_t units) {
+    auto st = std::make_shared<stream_t>();
     st->priority = priority;
-    auto& r = rl_emu::registry::get();
+    st->units = units;
+    auto& r = registry::get();
     std::lock_guard lk(r.mu);
-    r.streams.insert(st);
-    *s = st;
+    r.streams.emplace(st.get(), st);
+    *s = st.get();
     return cudaSuccess;
+}
+}  // namespace rl_emu
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned, int priority) {
+    return rl_emu::stream_create(s, priority, ~uint64_t{0});
+}
+// The emulation's extension, shaped like HIP's hipExtStreamCreateWithCUMask: a stream whose
+// launches run their blocks only on the emulated units set in the mask (cuMaskSize 32-bit words;
+// bit u of the whole mask is unit u; units the machine lacks are ignored). A mask that names no
+// unit of the machine is refused. The stream has the default priority, as HIP's has.
+inline cudaError_t rlEmuStreamCreateWithCUMask(cudaStream_t* s, uint32_t cuMaskSize, const uint32_t* cuMask) {
+    if (!s || (cuMaskSize && !cuMask)) return cudaErrorInvalidValue;
+    uint64_t units = 0;
+    for (uint32_t i = 0; i < cuMaskSize && i < 2; ++i) units |= uint64_t{cuMask[i]} << (32 * i);
+    units &= rl_emu::machine::get().all_units();
+    if (units == 0) return cudaErrorInvalidValue;
+    return rl_emu::stream_create(s, 0, units);
 }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
     auto* st = static_cast<rl_emu::stream_t*>(s);
+    std::shared_ptr<rl_emu::stream_t> owner;
     {
         auto& r = rl_emu::registry::get();
         std::lock_guard lk(r.mu);
-        r.streams.erase(st);
+        auto it = r.streams.find(st);
+        if (it == r.streams.end()) return cudaErrorInvalidValue;
+        owner = std::move(it->second);
+        r.streams.erase(it);
     }
-    st->wait_until(st->ticket());
-    delete st;
+    owner->wait_until(owner->ticket());
+    owner->halt();  // events recorded on it may keep the counters a while
     return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t s) {
@@ -544,13 +615,13 @@ inline cudaError_t cudaStreamQuery(cudaStream_t s) {
     return st->done() >= st->ticket() ? cudaSuccess : cudaErrorNotReady;
 }
 inline cudaError_t cudaDeviceSynchronize() {
-    std::vector<rl_emu::stream_t*> all;
+    std::vector<std::shared_ptr<rl_emu::stream_t>> all;
     {
         auto& r = rl_emu::registry::get();
         std::lock_guard lk(r.mu);
-        all.assign(r.streams.begin(), r.streams.end());
+        for (auto& [p, st] : r.streams) all.push_back(st);
     }
-    for (auto* s : all) s->wait_until(s->ticket());
+    for (auto& s : all) s->wait_until(s->ticket());
     return cudaSuccess;
 }
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned) {
@@ -562,14 +633,16 @@ inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    auto* st = static_cast<rl_emu::stream_t*>(s);
+    if (!st) return cudaErrorInvalidValue;  // the legacy stream is not emulated
     std::lock_guard lk(e->mu);
-    e->s = static_cast<rl_emu::stream_t*>(s);
-    e->ticket = e->s->ticket();
+    e->s = st->shared_from_this();
+    e->ticket = st->ticket();
     return cudaSuccess;
 }
 // Work queued on `stream` after this waits for what the event recorded.
 inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned = 0) {
-    rl_emu::stream_t* s;
+    std::shared_ptr<rl_emu::stream_t> s;
     uint64_t t;
     {
         std::lock_guard lk(e->mu);
@@ -577,7 +650,7 @@ inline cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsig
         t = e->ticket;
     }
     auto* st = static_cast<rl_emu::stream_t*>(stream);
-    if (!s || s == st) return cudaSuccess;
+    if (!s || s.get() == st) return cudaSuccess;
     if (st) st->push([s, t] { s->wait_until(t); });
     else s->wait_until(t);
     return cudaSuccess;
@@ -587,7 +660,7 @@ inline cudaError_t cudaEventQuery(cudaEvent_t e) {
     return !e->s || e->s->done() >= e->ticket ? cudaSuccess : cudaErrorNotReady;
 }
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) {
-    rl_emu::stream_t* s;
+    std::shared_ptr<rl_emu::stream_t> s;
     uint64_t t;
     {
         std::lock_guard lk(e->mu);

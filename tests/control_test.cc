@@ -9,6 +9,7 @@
 #include <zmq.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -344,6 +345,137 @@ TEST_F(control_test, shares_are_placed_on_disjoint_units_set_persisted_and_refus
     // An IF that goes frees its units: b moves up.
     ASSERT_TRUE(call({{"v", 1}, {"op", "remove_model"}, {"name", "a"}})["ok"].get<bool>());
     EXPECT_EQ(units_of("b"), (std::vector<uint32_t>{0}));
+}
+
+// GSLICE's self-tuning, in the situation of its Fig. 16: two IFs with share auto on a 4-unit
+// device, one kept busier than its share can serve, one nearly idle. Within seconds the busy
+// one holds most of the device and the idle one a single unit. describe shows the knee
+// measured when the IF was added (kept in the repository's profile) and the tuned share.
+TEST_F(control_test, shares_auto_tune_toward_the_loaded_if_and_describe_has_the_knee) {
+    stop_daemon();
+    _info.profile_budget_ms = 60000;
+    start_daemon();
+    const std::string alex = (_dir / "alexnet_tiny.onnx").string();
+    const json busy = add("busy", 9100, alex, {{"share", "auto"}, {"batching", "fixed"}, {"max_batch", 1}, {"slo_ms", 50}});
+    ASSERT_TRUE(busy["ok"].get<bool>()) << busy.dump();
+    EXPECT_EQ(busy["result"]["share_policy"], "auto");
+    const json knee = busy["result"]["knee"];
+    ASSERT_TRUE(knee.is_object()) << busy.dump();
+    EXPECT_EQ(knee["device_units"], 4);
+    EXPECT_GT(knee["share"].get<double>(), 0.0);
+    EXPECT_LE(knee["share"].get<double>(), 1.0);
+    ASSERT_EQ(knee["curve"].size(), 4u) << knee.dump();
+    for (const json& p : knee["curve"]) EXPECT_GT(p["batch_ms"].get<double>(), 0.0) << knee.dump();
+    {
+        std::ifstream in(_dir / "repo" / "busy" / "profile.json");
+        const std::string text((std::istreambuf_iterator<char>(in)), {});
+        EXPECT_EQ(reefline::dkp::model_profile::parse(text).knee.points.size(), 4u) << text;
+    }
+    const json quiet = add("quiet", 9101, alex, {{"share", "auto"}, {"slo_ms", 1000}});
+    ASSERT_TRUE(quiet["ok"].get<bool>()) << quiet.dump();
+    std::ifstream cfg(_dir / "repo" / "quiet" / "config.json");
+    EXPECT_EQ(json::parse(cfg)["share"], "auto");
+
+    const uint16_t h = uint16_t(busy["result"]["input"]["shape"][2]), w = uint16_t(busy["result"]["input"]["shape"][3]);
+    const auto share_of = [&](const std::string& name) {
+        return call({{"v", 1}, {"op", "describe"}, {"name", name}})["result"]["share"].get<double>();
+    };
+    // The busy IF always has 32 requests outstanding (more than one unit serves within its
+    // SLO); the quiet one gets one every 200 ms.
+    uint64_t sent_busy = 0, answered_busy = 0, next_quiet = 0;
+    double busy_share = 0, quiet_share = 0;
+    const auto start = std::chrono::steady_clock::now();
+    for (int round = 0; std::chrono::steady_clock::now() - start < std::chrono::seconds(30); ++round) {
+        for (const auto& [id, kind] : drain_tx())
+            if (id < (uint64_t{1} << 32)) ++answered_busy;
+        while (sent_busy - answered_busy < 32) {
+            ++sent_busy;
+            send_image(sent_busy, 9100, h, w, 3, uint8_t(sent_busy));
+        }
+        if (round % 40 == 0) send_image((uint64_t{1} << 32) + next_quiet++, 9101, h, w, 3, 7);
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        if (round % 100 == 99) {
+            busy_share = share_of("busy");
+            quiet_share = share_of("quiet");
+            if (busy_share == 0.75 && quiet_share == 0.25) break;
+        }
+    }
+    std::printf("shares tuned to busy %.2f / quiet %.2f in %.1f s\n", busy_share, quiet_share,
+                std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    EXPECT_EQ(busy_share, 0.75) << "the loaded IF holds 3 of 4 units";
+    EXPECT_EQ(quiet_share, 0.25) << "the idle one gives its units back: "
+                                 << call({{"v", 1}, {"op", "describe"}, {"name", "quiet"}}).dump()
+                                 << call({{"v", 1}, {"op", "stats"}, {"name", "quiet"}}).dump();
+    const json d = call({{"v", 1}, {"op", "describe"}, {"name", "busy"}})["result"];
+    EXPECT_EQ(d["units"].size(), 3u) << d.dump();
+    EXPECT_GE(d["share_demand"].get<double>(), 0.75) << d.dump();
+
+    // A static share again: the tuner lets go of it.
+    const json s = call({{"v", 1}, {"op", "set"}, {"name", "busy"}, {"share", 0.5}});
+    ASSERT_TRUE(s["ok"].get<bool>()) << s.dump();
+    EXPECT_EQ(s["result"]["share"], 0.5);
+    EXPECT_EQ(s["result"]["share_policy"], "static");
+    const std::string why = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "busy"}, {"share", "automatic"}}), "bad_request");
+    EXPECT_NE(why.find("auto"), std::string::npos) << why;
+    for (int i = 0; i < 200 && (sent_busy > answered_busy); ++i) {  // let the rest be answered
+        for (const auto& [id, kind] : drain_tx())
+            if (id < (uint64_t{1} << 32)) ++answered_busy;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+// `set` with `onnx`: a new version of the IF's model replaces the old one on the side (the
+// traffic check is model_if_test's); the repository keeps the new bytes, a restart serves
+// them, and a model that takes other requests or a missing file is refused with bad_model,
+// the IF serving as before.
+TEST_F(control_test, set_onnx_replaces_the_model_and_the_repository_keeps_the_new_version) {
+    const fs::path v2 = _dir / "v2";
+    const std::string cmd = std::string(std::getenv("REEFLINE_ZOO")) + " --out " + v2.string() +
+                            " --tiny --only alexnet_tiny --seed 2 -q";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    const std::string alex = (_dir / "alexnet_tiny.onnx").string(), alex2 = (v2 / "alexnet_tiny.onnx").string();
+    ASSERT_TRUE(add("cam", 9100, alex, {{"max_batch", 2}, {"slo_ms", 500}})["ok"].get<bool>());
+    const auto bytes_of = [](const fs::path& p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string((std::istreambuf_iterator<char>(in)), {});
+    };
+    const fs::path stored = _dir / "repo" / "cam" / "model.onnx";
+    ASSERT_EQ(bytes_of(stored), bytes_of(alex));
+    ASSERT_NE(bytes_of(alex), bytes_of(alex2)) << "the seed changes the weights";
+
+    const json r = call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"onnx", alex2}, {"slo_ms", 400}});
+    ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
+    EXPECT_EQ(r["result"]["slo_ms"], 400.0);
+    EXPECT_EQ(r["result"]["planned_batch_sizes"], json({1, 2}));
+    EXPECT_EQ(bytes_of(stored), bytes_of(alex2)) << "the repository keeps the new version";
+    EXPECT_EQ(r["result"]["onnx"], stored.string());
+    // Answers still come, from the new version.
+    const uint16_t h = uint16_t(r["result"]["input"]["shape"][2]), w = uint16_t(r["result"]["input"]["shape"][3]);
+    send_image(1, 9100, h, w, 3, 9);
+    std::vector<std::pair<uint64_t, uint8_t>> answers;
+    for (int i = 0; i < 500 && answers.empty(); ++i) {
+        answers = drain_tx();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_EQ(answers.size(), 1u);
+    EXPECT_EQ(answers[0].second, uint8_t(wire::kind::response));
+
+    // Refused, and nothing changes: a model of other requests, a missing file.
+    const std::string other = write_activation_model(_dir / "small.onnx", {1, 3, 32, 32});
+    std::string why = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"onnx", other}}), "bad_model");
+    EXPECT_NE(why.find("other requests"), std::string::npos) << why;
+    why = expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"onnx", (_dir / "nope.onnx").string()}}), "bad_model");
+    EXPECT_NE(why.find("no such model file"), std::string::npos) << why;
+    EXPECT_EQ(bytes_of(stored), bytes_of(alex2));
+
+    // A restart serves the new version from the repository.
+    stop_daemon();
+    start_daemon();
+    EXPECT_TRUE(_load_problems.empty());
+    const json d = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}});
+    ASSERT_TRUE(d["ok"].get<bool>()) << d.dump();
+    EXPECT_EQ(d["result"]["slo_ms"], 400.0);
+    EXPECT_EQ(bytes_of(stored), bytes_of(alex2));
 }
 
 TEST_F(control_test, adding_and_removing_a_model_does_not_disturb_another_if) {

@@ -154,15 +154,32 @@ protected:
 
     void check_answers(const std::vector<answer>& answers, const std::vector<std::vector<uint8_t>>& images);
 
+    // Serves (this thread is the EAL lcore that owns the rx queue) and collects answers until
+    // `done` or a minute; with `answered_at`, when each answer came out.
+    void serve(std::vector<answer>& answers, const std::function<bool()>& done,
+               std::vector<std::chrono::steady_clock::time_point>* answered_at = nullptr) {
+        using clock = std::chrono::steady_clock;
+        const auto deadline = clock::now() + std::chrono::seconds(60);
+        while (!done() && clock::now() < deadline) {
+            _plane->poll_rx(0);
+            _if->poll();
+            _plane->poll_tx();
+            const size_t before = answers.size();
+            collect(answers);
+            if (answered_at) answered_at->resize(answers.size(), clock::now());
+            if (answers.size() == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    }
+
     // The reference: host-side u8 HWC -> normalised f32 NCHW, then libml directly.
-    std::vector<float> reference_scores(const std::vector<uint8_t>& img) {
+    std::vector<float> reference_scores(const std::vector<uint8_t>& img, std::shared_ptr<ml::model> model = nullptr) {
         const float mean[3] = {123.675f, 116.28f, 103.53f}, sd[3] = {58.395f, 57.12f, 57.375f};
         const int64_t h = _if->input().height, w = _if->input().width, c = _if->input().channels;
         ml::bytes_t b(size_t(c * h * w) * 4);
         auto* x = reinterpret_cast<float*>(b.data());
         for (int64_t p = 0; p < h * w; ++p)
             for (int64_t ch = 0; ch < c; ++ch) x[ch * h * w + p] = (float(img[size_t(p * c + ch)]) - mean[ch]) * (1.0f / sd[ch]);
-        auto in = _runtime->link_model(_if->model());
+        auto in = _runtime->link_model(model ? model : _if->model());
         std::vector<ml::tensor> ys;
         _runtime->infer_batch(*in, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {1, c, h, w}, std::move(b))}, ys);
         auto v = ys[0].view<float>();
@@ -322,18 +339,7 @@ TEST_F(model_if_test, set_plans_on_the_side_while_requests_are_answered) {
     auto images = reefline::testing::random_images(400, size_t(h) * w * c, 13);
     std::vector<answer> answers;
     std::vector<clock::time_point> answered_at;
-    auto serve_until = [&](const std::function<bool()>& done) {
-        const auto deadline = clock::now() + std::chrono::seconds(60);
-        while (!done() && clock::now() < deadline) {
-            _plane->poll_rx(0);
-            _if->poll();
-            _plane->poll_tx();
-            const size_t before = answers.size();
-            collect(answers);
-            answered_at.resize(answers.size(), clock::now());
-            if (answers.size() == before) std::this_thread::sleep_for(std::chrono::microseconds(50));
-        }
-    };
+    auto serve_until = [&](const std::function<bool()>& done) { serve(answers, done, &answered_at); };
     // Before: image 0 alone.
     send_image(1000, images[0], h, w, c);
     serve_until([&] { return answers.size() >= 1; });
@@ -398,6 +404,95 @@ TEST_F(model_if_test, set_plans_on_the_side_while_requests_are_answered) {
         EXPECT_EQ(std::memcmp(&first->topk[j].second, &last->topk[j].second, 4), 0) << "score " << j << " changed";
     }
     EXPECT_EQ(_if->settings().batching.max_batch, 64u);
+}
+
+// A new version of the model (the zoo's resnet50_tiny with other weights) replaces the old one
+// as `set --onnx` does: planned and warmed up on the side while the IF serves, then switched
+// over between two batches. No request is lost or answered twice; every answer equals libml on
+// one of the two versions: the old one's until the switch, the new one's after it, never the
+// old one's again. A model that takes other requests is refused, naming the difference.
+TEST_F(model_if_test, a_new_model_version_takes_over_between_two_batches) {
+    using clock = std::chrono::steady_clock;
+    const fs::path v2_dir = _dir / "v2";
+    const std::string cmd = std::string(std::getenv("REEFLINE_ZOO")) + " --out " + v2_dir.string() +
+                            " --tiny --only resnet50_tiny --seed 2 -q";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+    start_if([](reefline::ifm::model_if_config& c) {
+        c.settings.batching.max_batch = 2;
+        c.settings.shed = false;  // every request served, however long it waited
+    });
+    const std::shared_ptr<ml::model> v1 = _if->model();
+    const std::shared_ptr<ml::model> v2 =
+        _runtime->load_model((v2_dir / "resnet50_tiny.onnx").string(), reefline::ifm::model_if::import_options());
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
+    const auto images = reefline::testing::random_images(300, size_t(h) * w * c, 17);
+    std::vector<answer> answers;
+    auto serve_until = [&](const std::function<bool()>& done) { serve(answers, done); };
+    send_image(1000, images[0], h, w, c);
+    serve_until([&] { return answers.size() >= 1; });
+
+    std::atomic<bool> changed{false}, stop_sending{false};
+    std::atomic<size_t> sent{1};
+    std::thread sender([&] {
+        while (sent < images.size() && !stop_sending) {
+            send_image(1000 + sent, images[sent], h, w, c);
+            ++sent;
+            std::this_thread::sleep_for(std::chrono::milliseconds(3));
+        }
+    });
+    serve_until([&] { return answers.size() >= 30; });  // the old version under traffic
+    std::thread control([&] {
+        _if->commit(_if->prepare(_if->settings(), v2));
+        changed = true;
+    });
+    serve_until([&] { return changed.load(); });
+    // Some requests after the switch, then every answer.
+    const size_t at_switch = sent;
+    serve_until([&] { return sent >= std::min(images.size(), at_switch + 20); });
+    stop_sending = true;
+    sender.join();
+    control.join();
+    serve_until([&] { return answers.size() >= sent; });
+    serve_until([&, until = clock::now() + std::chrono::milliseconds(100)] { return clock::now() > until; });
+    ASSERT_TRUE(changed.load());
+    ASSERT_EQ(answers.size(), sent.load()) << "lost or doubled answers";
+    std::set<uint64_t> ids;
+    for (const answer& a : answers) ids.insert(a.head.request_id);
+    EXPECT_EQ(ids.size(), answers.size()) << "a request was answered twice";
+
+    const auto matches = [&](const answer& a, const std::shared_ptr<ml::model>& m) {
+        const std::vector<float> want = reference_scores(images[size_t(a.head.request_id - 1000)], m);
+        if (a.topk.size() != std::min<size_t>(5, want.size())) return false;
+        for (const auto& [cls, score] : a.topk)
+            if (cls >= want.size() || std::fabs(score - want[cls]) > 1e-4f * (1 + std::fabs(want[cls]))) return false;
+        return true;
+    };
+    size_t old_answers = 0, new_answers = 0;
+    for (const answer& a : answers) {  // in the order they were sent out
+        ASSERT_EQ(a.head.kind, uint8_t(wire::kind::response)) << a.message;
+        const bool old_one = matches(a, v1), new_one = matches(a, v2);
+        ASSERT_NE(old_one, new_one) << "request " << a.head.request_id << " matches " << (old_one ? "both" : "neither");
+        if (old_one) {
+            EXPECT_EQ(new_answers, 0u) << "request " << a.head.request_id << " answered by the old model after the switch";
+            ++old_answers;
+        } else {
+            ++new_answers;
+        }
+    }
+    std::printf("%zu answers by the old version, %zu by the new one\n", old_answers, new_answers);
+    EXPECT_GE(old_answers, 30u);
+    EXPECT_GE(new_answers, 20u);
+    EXPECT_EQ(_if->model(), v2);
+    EXPECT_EQ(_if->stats()["settings_switches_total"], 1);
+
+    const auto tokens = _runtime->load_model((_dir / "distilbert_tiny.onnx").string(), reefline::ifm::model_if::import_options());
+    try {
+        (void)_if->prepare(_if->settings(), tokens);
+        ADD_FAILURE() << "a model of token requests replaced an image IF";
+    } catch (const std::invalid_argument& e) {
+        EXPECT_NE(std::string(e.what()).find("tokens_i32 instead of image_u8_hwc"), std::string::npos) << e.what();
+    }
+    EXPECT_EQ(_if->model(), v2);
 }
 
 TEST_F(model_if_test, wrong_shape_gets_an_error_naming_it) {

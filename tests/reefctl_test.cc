@@ -344,6 +344,7 @@ TEST_F(reefctl_cli, EverySubcommandSendsItsOperation) {
         {"set cam --clear-rt-sources --no-shed",
          {{"v", 1}, {"op", "set"}, {"name", "cam"}, {"rt_sources", json::array()}, {"shed", false}}},
         {"set cam --share 0.25", {{"v", 1}, {"op", "set"}, {"name", "cam"}, {"share", 0.25}}},
+        {"set cam --share auto", {{"v", 1}, {"op", "set"}, {"name", "cam"}, {"share", "auto"}}},
         {"stats", {{"v", 1}, {"op", "stats"}}},
         {"stats --name cam", {{"v", 1}, {"op", "stats"}, {"name", "cam"}}},
         {"watch --count 1 --interval 0.1", {{"v", 1}, {"op", "stats"}}},
@@ -371,7 +372,7 @@ TEST_F(reefctl_cli, UsageErrorsSendNothing) {
           "add-model --name cam --port 9100 --std 1,0,1",
           "add-model --name cam --port 9100 --mean 1,nan,1", "add-model --name cam --port 9100 --slo-ms inf",
           "add-model --name cam --port 9100 --slo-ms 0", "set cam --slo-ms -5", "set cam --share 0",
-          "set cam --share 1.5", "set cam --share half", "remove-model",
+          "set cam --share 1.5", "set cam --share half", "set cam --share automatic", "remove-model",
           "frobnicate", ""}) {
         const auto r = run(args);
         EXPECT_EQ(r.status, 2) << args << "\n" << r.out << r.err;
@@ -782,6 +783,12 @@ TEST(reefctl_render, ToleratesMissingFields) {
                                                             "weights shared with another IF"),
               std::string::npos)
         << render_describe({{"memory", footprint}});
+    const json knee = {{"share", 0.5}, {"units", 2}, {"device_units", 4}, {"batch", 16},
+                       {"curve", {{{"units", 1}, {"batch_ms", 80.25}}, {{"units", 2}, {"batch_ms", 41.0}}}}};
+    EXPECT_NE(render_describe({{"knee", knee}}).find("0.50 of the device (2 of 4 units) at batch 16; 1u 80.2 ms 2u 41.0 ms"),
+              std::string::npos)
+        << render_describe({{"knee", knee}});
+    EXPECT_NE(render_describe({{"knee", nullptr}}).find("not measured"), std::string::npos);
 }
 
 }  // namespace

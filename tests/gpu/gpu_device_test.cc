@@ -20,9 +20,6 @@ using clk = std::chrono::steady_clock;
 
 namespace {
 
-// The library's spin kernel: blocks of a known length with flag checks (launcher.h).
-const gpu::kernel_info spin_info = {"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
-
 k::gpu_spin_args spin(double us, double check_us = 5, uint32_t* started = nullptr) {
     return k::gpu_spin_args{uint64_t(us * 1000), uint64_t(check_us * 1000), started};
 }
@@ -32,11 +29,6 @@ gpu::launch launch_of(const gpu::kernel_info& ki, const A& a, uint32_t grid, gpu
     return gpu::launch{&ki, &a, uint32_t(sizeof a), grid, 0, grid, w, index};
 }
 
-// The software SIMT machine (-Dgpu_emu=true): one launch at a time, no stream priorities, a GEMM
-// ~10^4 times slower than on a GPU. Timing bounds are a GPU's; under emulation they only log.
-bool emulated() { return std::string(k::gpu_runtime_name()) == "SIMT emulation"; }
-
-double ms_since(clk::time_point t) { return std::chrono::duration<double, std::milli>(clk::now() - t).count(); }
 
 template <typename P>
 bool eventually(P pred, double ms = 5000) {

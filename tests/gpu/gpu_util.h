@@ -2,6 +2,8 @@
 // running a kernel's blocks on the cpu (the reference) and on the GPU device.
 #pragma once
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "libml/kernels/gpu/launcher.h"
 #include "libml/kernels/kernels.h"
 #include "preempt/device.h"
 #include "preempt/gpu_device.h"
@@ -20,6 +23,72 @@ namespace gpu_test {
 
 namespace gpu = reefline::gpu;
 namespace k = reefline::ml::kernels;
+
+// The library's spin kernel (launcher.h): blocks of a known length with flag checks.
+inline const gpu::kernel_info spin_info = {"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
+
+// The software SIMT machine (-Dgpu_emu=true): one launch at a time, no stream priorities, a GEMM
+// ~10^4 times slower than on a GPU. Timing bounds are a GPU's; under emulation they only log.
+inline bool emulated() { return std::string(k::gpu_runtime_name()) == "SIMT emulation"; }
+
+inline double ms_since(std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// A spin kernel of `grid` blocks of `us` each (flag checks every 50 us) that records, per
+// block, the unit it ran on (+1; the top bit once it ran to its end) in host-mapped words.
+struct spin_kernel {
+    gpu::device& d;
+    uint32_t grid;
+    uint32_t* units;
+    k::gpu_spin_args args;
+    spin_kernel(gpu::device& dev, uint32_t g, double us) : d(dev), grid(g) {
+        units = static_cast<uint32_t*>(d.alloc(g * 4, gpu::memory_kind::host_mapped));
+        REQUIRE(units != nullptr);
+        std::memset(units, 0, g * 4);
+        args = k::gpu_spin_args{uint64_t(us * 1000), 50'000, nullptr, units};
+    }
+    ~spin_kernel() { d.free(units); }
+    spin_kernel(const spin_kernel&) = delete;
+    spin_kernel& operator=(const spin_kernel&) = delete;
+    gpu::launch at(gpu::task_words* w, uint32_t index) const {
+        return gpu::launch{&spin_info, &args, uint32_t(sizeof args), grid, 0, grid, w, index};
+    }
+    uint32_t word(uint32_t b) const { return reinterpret_cast<const volatile uint32_t*>(units)[b]; }
+    uint32_t started() const {
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < grid; ++b) n += word(b) != 0;
+        return n;
+    }
+    uint32_t finished() const {
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < grid; ++b) n += (word(b) & 0x80000000u) != 0;
+        return n;
+    }
+    // Blocks that ran on unit `u`.
+    uint32_t on_unit(uint32_t u) const {
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < grid; ++b) n += word(b) != 0 && ((word(b) & 0x7fffffffu) - 1) == u;
+        return n;
+    }
+    // The units its started blocks ran on (units past 63 as unit 63).
+    uint64_t used() const {
+        uint64_t m = 0;
+        for (uint32_t b = 0; b < grid; ++b)
+            if (word(b) != 0) m |= uint64_t{1} << std::min<uint32_t>((word(b) & 0x7fffffffu) - 1, 63);
+        return m;
+    }
+    // Blocks that started outside `units`.
+    uint32_t outside(uint64_t units) const {
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < grid; ++b) {
+            if (word(b) == 0) continue;
+            const uint32_t u = (word(b) & 0x7fffffffu) - 1;
+            n += u >= 64 || !(units >> u & 1);
+        }
+        return n;
+    }
+};
 
 // The device every test uses (fp32 math); made once by main().
 inline std::unique_ptr<gpu::device>& the_device() {

@@ -112,13 +112,14 @@ std::string check_slo_ms(const std::string& text) {
 }
 
 std::string check_share(const std::string& text) {
+    if (text == "auto") return {};
     try {
         size_t used = 0;
         const double v = std::stod(text, &used);
         if (used == text.size() && v > 0 && v <= 1) return {};
     } catch (const std::exception&) {
     }
-    return "a share is a fraction of the device above 0 and at most 1, got '" + text + "'";
+    return "a share is a fraction of the device above 0 and at most 1, or auto, got '" + text + "'";
 }
 
 std::string check_model_name(const std::string& name) {
@@ -131,8 +132,8 @@ std::string check_model_name(const std::string& name) {
 // The IF tunables shared by add-model and set; only the options given are sent, so that the
 // daemon's defaults (add_model) or the IF's current values (set) apply to the rest.
 struct tunables {
-    std::string cls, batching, mean, std_dev, output;
-    double slo_ms = 0, share = 1;
+    std::string cls, batching, mean, std_dev, output, share;
+    double slo_ms = 0;
     unsigned min_batch = 0, max_batch = 0, fixed_batch = 0, priority = 0, top_k = 0;
     std::vector<std::string> rt_sources;
     bool shed = true, clear_rt_sources = false;
@@ -180,7 +181,7 @@ struct tunables {
                               ->check(CLI::IsMember({"topk", "tensor"}));
         given["share"] = app.add_option("--share", share,
                                         "Fraction of the device's compute units the IF's BE batches may run on "
-                                        "(0 < F <= 1; GSLICE's GPU%)")
+                                        "(0 < F <= 1; GSLICE's GPU%), or auto: tuned to the IF's load")
                              ->check(check_share);
         given["shed"] = app.add_flag("--shed,!--no-shed", shed,
                                      "Answer requests that can no longer meet the SLO with status "
@@ -219,7 +220,7 @@ struct tunables {
         if (is("rt_sources")) req["rt_sources"] = rt_sources;
         if (is("clear_rt_sources")) req["rt_sources"] = json::array();
         if (is("shed")) req["shed"] = shed;
-        if (is("share")) req["share"] = number_value(share);
+        if (is("share")) req["share"] = share == "auto" ? json(share) : number_value(std::stod(share));
         if (is("output")) req["output"] = output;
         if (is("min_batch") && is("max_batch") && min_batch > max_batch)
             throw usage_error("--min-batch " + std::to_string(min_batch) + " is above --max-batch " +
@@ -363,9 +364,13 @@ int main(int argc, char** argv) {
     describe->add_option("--name,name", describe_name, "IF name")->required();
 
     auto* set = app.add_subcommand("set", "Change an IF's tunables (applied at its next batch)");
-    std::string set_name;
+    std::string set_name, set_onnx;
     tunables set_t;
     set->add_option("--name,name", set_name, "IF name")->required();
+    set->add_option("--onnx", set_onnx,
+                    "A new version of the IF's model (sent as an absolute path): planned and warmed up on "
+                    "the side while the IF serves, then switched over between two batches; it must take "
+                    "the same requests");
     set_t.add_to(*set, true);
 
     auto* stats = app.add_subcommand("stats", "Counters per IF, per port, data plane and scheduler");
@@ -424,7 +429,7 @@ int main(int argc, char** argv) {
         }
     }
 
-    const bool slow_op = add->parsed() || remove->parsed();
+    const bool slow_op = add->parsed() || remove->parsed() || (set->parsed() && !set_onnx.empty());
     if (slow_op && timeout_opt->count() == 0) g.timeout_ms = slow_op_timeout_ms;
     auto request = [&](const json& req) { return g.call(req); };
     try {
@@ -449,11 +454,12 @@ int main(int argc, char** argv) {
             const json r = request({{"op", "describe"}, {"name", describe_name}});
             print_result(g, r, render_describe(r));
         } else if (set->parsed()) {
-            if (!set_t.any_given())
-                throw usage_error("set: nothing to change (give --class, --slo-ms, --batching, "
-                                  "--min-batch, --max-batch, --fixed-batch, --priority, "
+            if (!set_t.any_given() && set_onnx.empty())
+                throw usage_error("set: nothing to change (give --onnx, --class, --slo-ms, --batching, "
+                                  "--min-batch, --max-batch, --fixed-batch, --priority, --share, "
                                   "--rt-source, --clear-rt-sources, --output, --shed or --no-shed)");
             json req{{"op", "set"}, {"name", set_name}};
+            if (!set_onnx.empty()) req["onnx"] = resolve_onnx(set_onnx);
             set_t.fill(req);
             const json r = request(req);
             print_result(g, r, "updated " + set_name + "\n" + render_describe(r));

@@ -127,6 +127,24 @@ std::string instances_line(const json& list) {
     return s.empty() ? "(none)" : s;
 }
 
+// describe's "knee": "0.5 of the device (2 of 4 units) at batch 16; 1 unit 80.2 ms, 2 units 41.0 ms, ...".
+std::string knee_line(const json& k) {
+    if (!k.is_object()) return k.is_null() ? "not measured" : plain(k);
+    char share[32];
+    std::snprintf(share, sizeof share, "%.2f", number(k, "share").value_or(0));
+    std::string s = std::string(share) + " of the device (" + cell(k, "units") + " of " + cell(k, "device_units") +
+                    " units) at batch " + cell(k, "batch");
+    if (const json& curve = member(k, "curve"); curve.is_array()) {
+        s += ";";
+        for (const auto& p : curve) {
+            char ms[32];
+            std::snprintf(ms, sizeof ms, "%.1f", number(p, "batch_ms").value_or(0));
+            s += " " + cell(p, "units") + "u " + ms + " ms";
+        }
+    }
+    return s;
+}
+
 // "key  value" lines in the given order first, then whatever else the daemon sent, so that
 // fields added to the schema later still show.
 std::string key_values(const json& result, const std::vector<std::string>& order) {
@@ -146,6 +164,8 @@ std::string key_values(const json& result, const std::vector<std::string>& order
             text = footprint_line(v);
         else if (key == "instances")
             text = instances_line(v);
+        else if (key == "knee")
+            text = knee_line(v);
         else if (key == "port" && v.is_object()) {
             text = "id " + cell(v, "id") + ", driver " + cell(v, "driver");
             if (const json& up = member(v, "link_up"); up.is_boolean())
@@ -236,7 +256,7 @@ std::string render_list(const json& result) {
 std::string render_describe(const json& result) {
     return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "input_format", "request",
                                "output", "batching", "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
-                               "shed", "share", "units", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
+                               "shed", "share", "share_policy", "share_demand", "units", "knee", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
                                "kernels", "weight_bytes", "arena_bytes", "memory", "instances",
                                "requests_total", "responses_total"});
 }
