@@ -22,6 +22,7 @@
 #include "ifmanager/bounded_json.h"
 #include "ifmanager/byte_size.h"
 #include "ifmanager/share_tuner.h"
+#include "preempt/abacus.h"
 
 namespace reefline::ifm {
 
@@ -206,10 +207,9 @@ model_file read_model_file(const std::string& path, uint64_t limit) {
         if (n == 0) throw control_error("bad_model", path + " shrank while it was read");
         got += size_t(n);
     }
-    // FNV-1a: the key that lets a second IF of the same model share its weights.
-    uint64_t h = 1469598103934665603ull;
-    for (const char c : f.bytes) h = (h ^ uint8_t(c)) * 1099511628211ull;
-    f.hash = h;
+    // The key that lets a second IF of the same model share its weights, and that the abacus
+    // predictor names its models by.
+    f.hash = gpu::abacus::model_key(f.bytes);
     return f;
 }
 
@@ -609,6 +609,7 @@ json if_manager::add_model(const json& f, bool persist) {
     c.slot = free_slot();
 
     loaded_model l = load_model_file(name, c.onnx, c.settings, model_if::initial_instances(c.settings));
+    c.model_key = l.file.hash;  // abacus::model_key: the predictor's key
     std::shared_ptr<model_if> mif;
     try {
         mif = std::make_shared<model_if>(_plane, _runtime, _scheduler, c, l.model);
@@ -723,6 +724,7 @@ json if_manager::set(const json& f) {
     if (replacement) {
         _loaded[replacement->key] = replacement->model;
         change.onnx = stored ? _repo->entry(name).onnx.string() : get_string(f, "onnx");
+        change.model_key = replacement->file.hash;
     }
     if (!change.instances.empty()) profile(*mif, name, true, &change);  // the new plans
     mif->commit(std::move(change));
@@ -795,15 +797,17 @@ json if_manager::health() const {
     const size_t models = snapshot().models.size();
     rte_eth_link link{};
     rte_eth_link_get_nowait(_plane.eth().id(), &link);
-    return {{"status", _shutdown.load() ? "stopping" : "ok"},
-            {"version", _info.version},
-            {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - _start).count()},
-            {"backend", _info.backend},
-            {"policy", _info.policy},
-            {"dkp", _info.dkp ? "on" : "off"},
-            {"models", models},
-            {"memory", memory_json()},
-            {"port", {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"link_up", link.link_status != 0}}}};
+    json h = {{"status", _shutdown.load() ? "stopping" : "ok"},
+              {"version", _info.version},
+              {"uptime_s", std::chrono::duration<double>(std::chrono::steady_clock::now() - _start).count()},
+              {"backend", _info.backend},
+              {"policy", _info.policy},
+              {"dkp", _info.dkp ? "on" : "off"},
+              {"models", models},
+              {"memory", memory_json()},
+              {"port", {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"link_up", link.link_status != 0}}}};
+    if (!_info.abacus.is_null()) h["abacus"] = _info.abacus;  // policy abacus: its predictor
+    return h;
 }
 
 json if_manager::memory_json() const {
@@ -861,7 +865,10 @@ json if_manager::stats(const std::string& only) const {
             {"scheduler",
              {{"policy", _info.policy}, {"submitted", ss.submitted}, {"completed_rt", ss.completed_rt},
               {"completed_be", ss.completed_be}, {"preemptions", ss.preemptions}, {"restores", ss.restores},
-              {"reexecuted_kernels", ss.reexecuted_kernels}, {"dkp", dkp_json()}}}};
+              {"reexecuted_kernels", ss.reexecuted_kernels}, {"dkp", dkp_json()},
+              {"abacus",
+               {{"groups", ss.abacus_groups}, {"groups_by_profile", ss.abacus_by_profile}, {"dropped", ss.abacus_dropped},
+                {"predicted_seconds", ss.abacus_predicted_us / 1e6}, {"measured_seconds", ss.abacus_measured_us / 1e6}}}}}};
 }
 
 json if_manager::dkp_json() const {
@@ -895,7 +902,8 @@ void if_manager::tick() {
     tune_shares();
     for (const auto& [name, mif] : _models) {
         const json s = mif->stats();
-        const uint64_t v = s["slo_violations_total"].get<uint64_t>() + s["shed_total"].get<uint64_t>();
+        const uint64_t v = s["slo_violations_total"].get<uint64_t>() + s["shed_total"].get<uint64_t>() +
+                           s["deadline_exceeded_total"].get<uint64_t>();
         uint64_t& last = _last_violations[name];
         if (v > last)
             event({{"event", "slo_violation"}, {"name", name}, {"violations", v - last}, {"p99_ms", s["latency_ms"]["p99"]}});

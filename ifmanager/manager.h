@@ -48,6 +48,9 @@ struct manager_info {
     // measured as BE tasks through the scheduler for at most this long per add (0: none).
     double profile_budget_ms = 0;
     bool dkp = false;  // the scheduler pads RT kernels (health shows it)
+    // Policy abacus: its predictor (file, models, held-out error) or why the profiles predict
+    // instead; null with other policies (health shows it).
+    nlohmann::json abacus;
 };
 
 // Limits on a request (docs/control.md, "Limits"). Nesting is bounded by max_json_depth

@@ -141,6 +141,9 @@ constexpr field_spec if_fields[] = {
      "Requests answered with an error datagram (bad format, size)."},
     {"shed_total", "reefline_if_shed_total", "counter",
      "Requests answered with status overloaded because they could no longer meet the SLO."},
+    {"deadline_exceeded_total", "reefline_if_deadline_exceeded_total", "counter",
+     "Requests answered with status deadline_exceeded: the abacus scheduler dropped their batch, which could no "
+     "longer meet the SLO."},
     {"slo_violations_total", "reefline_if_slo_violations_total", "counter",
      "Requests answered with a result later than the SLO."},
     {"send_failures_total", "reefline_if_send_failures_total", "counter",
@@ -328,6 +331,18 @@ std::string prometheus_text(const json& stats) {
                                "BE kernels given as padding, by what became of them.", "", {{"state", state}}, *v);
             histogram(out, member(d, "selection_seconds"), {}, "reefline_dkp_selection_seconds",
                       "Time to choose the pads of one RT launch.");
+        }
+        if (const json& a = member(s, "abacus"); a.is_object()) {
+            out.field(a, "groups", "reefline_abacus_groups_total", "counter",
+                      "Operator groups the abacus policy ran (0 under other policies).", {});
+            out.field(a, "groups_by_profile", "reefline_abacus_groups_by_profile_total", "counter",
+                      "Groups predicted from kernel profiles (a model the predictor was not trained on).", {});
+            out.field(a, "dropped", "reefline_abacus_dropped_total", "counter",
+                      "Tasks dropped because they could no longer meet their deadline.", {});
+            out.field(a, "predicted_seconds", "reefline_abacus_predicted_seconds_total", "counter",
+                      "Predicted duration of the groups that ran to their end.", {});
+            out.field(a, "measured_seconds", "reefline_abacus_measured_seconds_total", "counter",
+                      "Measured duration of the same groups.", {});
         }
     }
 

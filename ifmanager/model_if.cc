@@ -161,6 +161,7 @@ model_if::model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& s
     // The request format and the output check on the graph, before anything is planned.
     _input = request_input(_model->imported(), _config.settings);
     _tx_burst.resize(wire::max_fragments);
+    _predictor_model.store(predictor_model_of(_config.model_key), std::memory_order_relaxed);
     const size_t buckets = std::max<size_t>(1, planned_lengths(_input).size());
     for (int i = 0; i < 2; ++i)
         _lanes[i] = std::make_unique<lane>(i == 0 ? gpu::task_class::rt : gpu::task_class::be, _config.settings.batching,
@@ -217,6 +218,11 @@ ml::request_input model_if::request_input(const ml::graph& g, const model_settin
                                         std::to_string(limit) + " a response can carry; use top-k answers");
     }
     return r;
+}
+
+int32_t model_if::predictor_model_of(uint64_t key) const {
+    const auto& p = _scheduler.options().predictor;
+    return p && key ? p->index_of(key) : -1;
 }
 
 std::vector<int64_t> model_if::planned_lengths(const ml::request_input& r) {
@@ -389,7 +395,7 @@ model_if::share_totals model_if::share_counters() const {
     share_totals t;
     t.arrived = _counters.requests_served.get();
     t.answered = _responses.get();
-    t.late = _slo_violations.get() + _shed.get();
+    t.late = _slo_violations.get() + _shed.get() + _deadline_exceeded.get();
     t.be_batches = _be_batches.load(std::memory_order_relaxed);
     t.be_busy_ns = _be_busy_ns.load(std::memory_order_relaxed);
     t.queued = queued();
@@ -514,6 +520,8 @@ void model_if::commit(prepared_settings&& p) {
         }
         _input = p.input;
         if (!p.onnx.empty()) _config.onnx = p.onnx;
+        _config.model_key = p.model_key;
+        _predictor_model.store(predictor_model_of(p.model_key), std::memory_order_relaxed);
         _knee = {};  // measured again on the new model (p.knee, below)
         _profile_summary = nullptr;
     }
@@ -777,6 +785,17 @@ void model_if::dispatch(lane& l) {
     if (l.cls == gpu::task_class::be) t.units = units();  // its share (RT runs on every unit)
     // PREMA's job length: the profiled kernels' times when the plan was profiled.
     for (const gpu::task_launch& k : t.launches) t.est_us += k.est_us;
+    // Abacus: the batch must end by its oldest request's deadline; the predictor's features.
+    {
+        const double waited_ms = double(rte_rdtsc() - l.batch[0]->last_tsc) * 1e3 / double(_tsc_hz);
+        const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                std::chrono::steady_clock::now().time_since_epoch())
+                                .count();
+        t.deadline_ns = now + int64_t((_config.settings.batching.slo_ms - waited_ms) * 1e6);
+        t.model = _predictor_model.load(std::memory_order_relaxed);
+        t.batch = size;
+        t.length = uint32_t(images.length);
+    }
     lane* lp = &l;
     t.on_done = [lp](const gpu::task_result& r) {
         lp->result = r;
@@ -799,7 +818,16 @@ void model_if::complete(lane& l) {
     const gpu::task_result& res = l.result;
     _preemptions.add(res.preemptions);
     _reexecuted.add(res.reexecuted_kernels);
-    if (res.status != gpu::task_status::completed) {
+    if (res.status == gpu::task_status::dropped) {
+        // The abacus scheduler found the batch could no longer end within the SLO.
+        const std::string why = "deadline_exceeded: the scheduler dropped the batch: it could not finish within the " +
+                                std::to_string(int64_t(_config.settings.batching.slo_ms)) + " ms SLO";
+        for (uint32_t i = 0; i < n; ++i) {
+            answer_error(*l.batch[i], wire::status::deadline_exceeded, why);
+            _deadline_exceeded.add();
+            dp::release(l.batch[i]);
+        }
+    } else if (res.status != gpu::task_status::completed) {
         const bool stopping = res.status == gpu::task_status::cancelled || res.status == gpu::task_status::rejected;
         for (uint32_t i = 0; i < n; ++i) {
             answer_error(*l.batch[i], stopping ? wire::status::shutting_down : wire::status::internal_error,
@@ -1062,6 +1090,7 @@ nlohmann::json model_if::stats() const {
         {"responses_total", _responses.get()},
         {"errors_total", _errors.get()},
         {"shed_total", _shed.get()},
+        {"deadline_exceeded_total", _deadline_exceeded.get()},
         {"slo_violations_total", _slo_violations.get()},
         {"send_failures_total", _counters.responses_failed.get()},
         {"queue_depth", queued()},

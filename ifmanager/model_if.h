@@ -72,6 +72,9 @@ struct model_if_config {
     float std[3] = {58.395f, 57.12f, 57.375f};
     uint32_t ring_size = 1024;
     bool warm_up = true;        // run every configured batch size once before serving
+    // The model file's content key (abacus::model_key): which of the abacus predictor's models
+    // it is (0: none; profiles predict its groups).
+    uint64_t model_key = 0;
     model_settings settings;
 };
 
@@ -118,6 +121,7 @@ public:
         std::shared_ptr<ml::model> model;
         ml::request_input input;  // the new model's (the same requests as the old one's)
         std::string onnx;         // the new model's file, as the repository keeps it
+        uint64_t model_key = 0;   // the new model's content key
         struct planned {
             int lane;  // 0 RT, 1 BE
             uint32_t batch;
@@ -268,7 +272,11 @@ private:
     dp::if_counters _counters;
     // Statistics beyond the data plane's IF counters; single writer (the serving thread).
     dp::counter _responses, _errors, _shed, _slo_violations, _batches, _batched_requests,
-        _preemptions, _reexecuted;
+        _preemptions, _reexecuted, _deadline_exceeded;
+    // The abacus predictor's index of the model (-1: none or another policy), read by dispatch
+    // on the serving thread, set when the model is (re)placed.
+    std::atomic<int32_t> _predictor_model{-1};
+    int32_t predictor_model_of(uint64_t key) const;
     std::array<dp::counter, latency_buckets_s.size() + 1> _latency_hist;  // last: +Inf
     std::atomic<uint64_t> _latency_sum_ns{0};
     std::atomic<uint64_t> _latency_max_ns{0};  // exact, unlike the percentiles

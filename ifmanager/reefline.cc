@@ -17,6 +17,7 @@
 #include <atomic>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <cstdio>
@@ -179,7 +180,12 @@ int main(int argc, char** argv) {
     app.add_option("--curve-clients", curve_clients_file,
                    "file with the Z85 public keys of the clients allowed in, one per line (with --curve-secret-key)");
     app.add_option("--repo", repo_dir, "model repository directory, created if missing (default /var/lib/reefline/models as root, else ~/.reefline/models)");
-    app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema")->capture_default_str();
+    app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema, abacus")
+        ->capture_default_str();
+    std::string abacus_file;
+    app.add_option("--abacus-predictor", abacus_file,
+                   "policy abacus: the group predictor (build/tools/abacus_train); default <repo>/abacus.json if "
+                   "present, else the models' kernel profiles predict");
     std::string dkp_mode = "auto";
     double profile_budget_ms = 10000;
     app.add_option("--dkp", dkp_mode,
@@ -261,7 +267,11 @@ int main(int argc, char** argv) {
         for (const auto& b : builtins) specs.push_back(parse_builtin(b));
         for (const auto& m : models) model_fields.push_back(parse_model(m, max_batch));
         if (!reefline::gpu::parse_policy(policy_name.c_str(), policy))
-            throw CLI::ValidationError("--policy", "unknown policy '" + policy_name + "' (reef, rt_only, seq, streams, prema)");
+            throw CLI::ValidationError("--policy", "unknown policy '" + policy_name +
+                                                       "' (reef, rt_only, seq, streams, prema, abacus)");
+        if (!abacus_file.empty() && policy != reefline::gpu::policy::abacus)
+            throw CLI::ValidationError("--abacus-predictor", "the predictor is the abacus policy's (--policy abacus), not " +
+                                                                  policy_name + "'s");
         if (dkp_mode == "on" && policy != reefline::gpu::policy::reef)
             throw CLI::ValidationError("--dkp", "padding is part of the reef policy (--policy reef), not " + policy_name);
         if (backend != "cpu" && backend != gpu_backend)
@@ -411,6 +421,44 @@ int main(int argc, char** argv) {
                     sopt.padding = std::make_shared<reefline::dkp::rules_selector>();
                 }
             }
+            nlohmann::json abacus_info;
+            if (policy == reefline::gpu::policy::abacus) {
+                // The predictor given, or the repository's; a bad file given is an error, a bad
+                // one in the repository is reported and the profiles predict instead.
+                const bool given = !abacus_file.empty();
+                const std::string file = given ? abacus_file : (std::filesystem::path(repo_dir) / "abacus.json").string();
+                std::error_code ec;
+                if (std::filesystem::exists(file, ec)) {
+                    try {
+                        std::ifstream in(file, std::ios::binary);
+                        std::string text;
+                        if (!in || std::filesystem::file_size(file) > (64u << 20))
+                            throw std::invalid_argument(file + ": unreadable or larger than 64 MiB");
+                        text.assign(std::istreambuf_iterator<char>(in), {});
+                        auto p = std::make_shared<reefline::gpu::abacus::predictor>(
+                            reefline::gpu::abacus::predictor::parse(text, file));
+                        nlohmann::json names = nlohmann::json::array();
+                        for (const auto& m : p->models()) names.push_back(m.name);
+                        abacus_info = {{"predictor", file},
+                                       {"models", names},
+                                       {"trained_on", p->device},
+                                       {"held_out_err_pct", p->held_out_mlp.mean_pct}};
+                        sopt.predictor = std::move(p);
+                    } catch (const std::exception& e) {
+                        if (given) throw std::runtime_error(std::string("--abacus-predictor: ") + e.what());
+                        std::fprintf(stderr, "reefline: %s; abacus predicts from the kernel profiles\n", e.what());
+                        abacus_info = {{"predictor", nullptr}, {"problem", e.what()}};
+                    }
+                } else if (given) {
+                    throw std::runtime_error("--abacus-predictor: no such file: " + file);
+                } else {
+                    abacus_info = {{"predictor", nullptr}};
+                }
+                if (abacus_info["predictor"].is_null())
+                    abacus_info["predicts_from"] = "kernel profiles (build/tools/abacus_train --repo " + repo_dir + " trains a predictor)";
+                else
+                    abacus_info["predicts_from"] = "predictor, and kernel profiles for other models";
+            }
             scheduler = std::make_unique<reefline::gpu::scheduler>(*device, sopt);
             const bool padding = scheduler->stats().padding;
             if (offline.empty()) repo = std::make_unique<reefline::ifm::model_repository>(repo_dir);
@@ -429,9 +477,11 @@ int main(int argc, char** argv) {
             reefline::ifm::manager_info info{"0.1.0", device->caps().name, reefline::gpu::policy_name(policy)};
             info.memory_budget_bytes = memory_budget;
             info.dkp = padding;
+            info.abacus = abacus_info;
             // Profiles feed DKP's rules and prema's estimates; with one compute unit nothing
             // is ever padded (an RT kernel holds the unit), so nothing is profiled for it.
-            if ((padding && device->caps().compute_units > 1) || policy == reefline::gpu::policy::prema)
+            if ((padding && device->caps().compute_units > 1) || policy == reefline::gpu::policy::prema ||
+                policy == reefline::gpu::policy::abacus)
                 info.profile_budget_ms = profile_budget_ms;
             if (max_model_file) info.max_model_file_bytes = max_model_file;
             manager = std::make_unique<reefline::ifm::if_manager>(*plane, *runtime, *scheduler, repo.get(), info);
@@ -475,6 +525,10 @@ int main(int argc, char** argv) {
                      plane->eth().driver().c_str(), plane->rx_queues(), device->caps().name.c_str(),
                      reefline::gpu::policy_name(policy), scheduler->stats().padding ? " with DKP" : "",
                      offline.empty() ? "" : ", offline");
+        if (const nlohmann::json& a = manager->health().value("abacus", nlohmann::json()); a.is_object())
+            std::fprintf(stderr, "reefline: abacus predicts from %s\n",
+                         a["predictor"].is_string() ? ("the predictor " + a["predictor"].get<std::string>()).c_str()
+                                                    : "the kernel profiles");
         const nlohmann::json started = manager->stats();
         for (const auto& f : started["ifs"])
             std::fprintf(stderr, "reefline: IF %s on UDP port %u\n", f["name"].get<std::string>().c_str(),

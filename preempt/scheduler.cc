@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <deque>
 #include <stdexcept>
@@ -35,12 +37,13 @@ const char* policy_name(policy p) {
     case policy::seq: return "seq";
     case policy::streams: return "streams";
     case policy::prema: return "prema";
+    case policy::abacus: return "abacus";
     }
     return "?";
 }
 
 bool parse_policy(const char* s, policy& out) {
-    for (policy p : {policy::reef, policy::rt_only, policy::seq, policy::streams, policy::prema})
+    for (policy p : {policy::reef, policy::rt_only, policy::seq, policy::streams, policy::prema, policy::abacus})
         if (std::strcmp(s, policy_name(p)) == 0) {
             out = p;
             return true;
@@ -52,10 +55,15 @@ struct scheduler::record {
     task t;
     task_result res;
     double tokens = 0;  // prema
+    // abacus: the first launch not yet run (where its next segment starts), and the profiles'
+    // times summed up to each launch (est_prefix[i]: launches [0, i)).
+    uint32_t next = 0;
+    std::vector<double> est_prefix;
 };
 
 struct scheduler::vhq {
-    enum class state : uint8_t { idle, running, preempted };
+    // parked (abacus): holds a query between its segments; nothing of it is on the stream.
+    enum class state : uint8_t { idle, running, preempted, parked };
     stream* s = nullptr;
     task_words* w = nullptr;
     event* drain = nullptr;
@@ -66,6 +74,7 @@ struct scheduler::vhq {
     std::unique_ptr<std::vector<launch>> pending;  // launches not yet submitted
     size_t head = 0;                               // next entry of *pending
     uint32_t submitted = 0;                        // kernels submitted (index of the next + 0)
+    uint32_t seg_end = 0;                          // abacus: the end of the segment it runs
     uint64_t units = 0;                            // what its stream is bound to (0: every unit)
     // DKP, for a preempted BE task: the last pad issued (its kernel index, and the RT task
     // and RT kernel it rode on).
@@ -181,6 +190,7 @@ void scheduler::finish(record* r, task_status st) {
         case task_status::rejected: ++_stats.rejected; break;
         case task_status::cancelled: ++_stats.cancelled; break;
         case task_status::failed: ++_stats.failed; break;
+        case task_status::dropped: ++_stats.abacus_dropped; break;
         }
     }
     if (r->t.on_done) {
@@ -196,10 +206,12 @@ void scheduler::finish(record* r, task_status st) {
 // ---- vHQ mechanics (scheduler thread) ---------------------------------------------------------
 
 namespace {
-std::unique_ptr<std::vector<launch>> build_pending(const task& t, task_words* w, uint32_t from) {
+// Launches [from, to) of the task (to: its end).
+std::unique_ptr<std::vector<launch>> build_pending(const task& t, task_words* w, uint32_t from, uint32_t to = ~0u) {
+    to = std::min<uint32_t>(to, uint32_t(t.launches.size()));
     auto v = std::make_unique<std::vector<launch>>();
-    v->reserve(t.launches.size() - from);
-    for (uint32_t i = from; i < t.launches.size(); ++i) {
+    v->reserve(to > from ? to - from : 0);
+    for (uint32_t i = from; i < to; ++i) {
         const task_launch& l = t.launches[i];
         v->push_back(launch{l.kernel, l.args.empty() ? nullptr : l.args.data(),
                             static_cast<uint32_t>(l.args.size()), l.grid, 0, l.grid, w, i});
@@ -643,6 +655,272 @@ bool scheduler::step_prema() {
     return true;
 }
 
+// ---- abacus ----------------------------------------------------------------------------------
+
+void scheduler::start_segment(vhq& q, record* r, uint32_t from, uint32_t end) {
+    q.cur = r;
+    if (r->res.start_ns == 0) r->res.start_ns = now_ns();
+    bind_units(q);
+    lower_flag(q);
+    q.w->completed.store(from, std::memory_order_seq_cst);
+    q.pending = build_pending(r->t, q.w, from, end);
+    q.head = 0;
+    q.submitted = from;
+    q.seg_end = end;
+    q.st = vhq::state::running;
+    pump(q);
+}
+
+// The group's duration: the predictor's where it covers every part's model, else the
+// profiles' times of the parts' launches back to back (a device shared by segments running
+// side by side takes about as long as running them in turn).
+double scheduler::abacus_predict(std::vector<abacus::segment>& group, const std::vector<record*>& owners,
+                                 bool& by_profile) const {
+    for (size_t i = 0; i < group.size(); ++i)
+        group[i].profile_us = owners[i]->est_prefix[group[i].end] - owners[i]->est_prefix[group[i].start];
+    if (_opt.predictor && _opt.predictor->covers(group)) {
+        const double us = _opt.predictor->predict_us(group);
+        if (std::isfinite(us) && us > 0) {
+            by_profile = false;
+            return us;
+        }
+    }
+    by_profile = true;
+    double us = 0;
+    for (const abacus::segment& s : group) us += s.profile_us;
+    return us;
+}
+
+bool scheduler::step_abacus() {
+    std::vector<vhq*> all{_rt.get()};
+    for (auto& q : _be) all.push_back(q.get());
+    const int64_t now = now_ns();
+
+    // ---- the round in flight
+    if (!_round.empty()) {
+        // An RT query waiting preempts the round's BE parts (REEF's reset): they resume in a
+        // later round from where their counters stand.
+        const bool rt_waiting =
+            std::any_of(_pool.begin(), _pool.end(), [](const record* r) { return r->t.cls == task_class::rt; });
+        bool open = false;
+        for (round_part& part : _round) {
+            if (!part.q) continue;
+            vhq& q = *part.q;
+            if (q.st == vhq::state::running) {
+                if (rt_waiting && q.cur->t.cls == task_class::be) {
+                    preempt(q);
+                    _round_report.preempted = true;
+                } else {
+                    pump(q);
+                    if (q.w->completed.load(std::memory_order_acquire) >= part.end) {
+                        record* r = q.cur;
+                        r->next = part.end;
+                        q.pending.reset();
+                        if (part.end >= r->res.kernels) {
+                            r->res.completed_kernels = r->res.kernels;
+                            q.cur = nullptr;
+                            q.st = vhq::state::idle;
+                            finish(r, task_status::completed);
+                        } else {
+                            q.st = vhq::state::parked;
+                        }
+                        part.q = nullptr;
+                        continue;
+                    }
+                }
+            }
+            if (q.st == vhq::state::preempted) {
+                // Parked once its stream has drained: no stale launch of it may run after that.
+                if (!_dev.ops().event_query(&_dev, q.drain)) {
+                    open = true;
+                    continue;
+                }
+                record* r = q.cur;
+                const uint32_t done = std::min(q.w->completed.load(std::memory_order_acquire), r->res.kernels);
+                r->res.lost_launches += q.submitted - done;
+                {
+                    std::lock_guard lk(_st_mu);
+                    _stats.lost_launches += q.submitted - done;
+                }
+                r->next = done;
+                q.pending.reset();
+                if (done >= r->res.kernels) {
+                    r->res.completed_kernels = r->res.kernels;
+                    q.cur = nullptr;
+                    q.st = vhq::state::idle;
+                    {
+                        std::lock_guard lk(_st_mu);
+                        ++_stats.finished_in_drain;
+                    }
+                    finish(r, task_status::completed);
+                } else {
+                    q.st = vhq::state::parked;
+                }
+                part.q = nullptr;
+                continue;
+            }
+            open = true;
+        }
+        if (open) return true;
+        _round.clear();
+        _round_report.measured_us = double(now_ns() - _round_start) / 1e3;
+        {
+            std::lock_guard lk(_st_mu);
+            ++_stats.abacus_groups;
+            if (_round_report.by_profile) ++_stats.abacus_by_profile;
+            if (!_round_report.preempted) {
+                _stats.abacus_predicted_us += _round_report.predicted_us;
+                _stats.abacus_measured_us += _round_report.measured_us;
+            }
+        }
+        if (_opt.on_group) _opt.on_group(_round_report);
+    }
+
+    // ---- plan the next group
+    struct query {
+        record* r;
+        vhq* held;        // the vHQ a partly run query is parked on (null: in the pool)
+        double headroom;  // us until its deadline (+inf: none)
+        double alone;     // predicted us of the rest of it alone
+    };
+    std::vector<query> qs;
+    const auto seg_of = [](const record* r, uint32_t from, uint32_t to) {
+        abacus::segment s;
+        s.model = r->t.model;
+        s.start = from;
+        s.end = to;
+        s.kernels = r->res.kernels;
+        s.batch = r->t.batch;
+        s.length = r->t.length;
+        return s;
+    };
+    const auto headroom_of = [&](const record* r) {
+        return r->t.deadline_ns ? double(r->t.deadline_ns - now) / 1e3 : std::numeric_limits<double>::infinity();
+    };
+    bool by_profile = false;
+    for (vhq* q : all)
+        if (q->st == vhq::state::parked) qs.push_back({q->cur, q, headroom_of(q->cur), 0});
+    for (record* r : _pool) qs.push_back({r, nullptr, headroom_of(r), 0});
+    if (qs.empty()) return false;
+    for (query& x : qs) {
+        std::vector<abacus::segment> alone{seg_of(x.r, x.r->next, x.r->res.kernels)};
+        x.alone = abacus_predict(alone, {x.r}, by_profile);
+    }
+    // Queries that cannot make their deadline even alone are dropped now, before they take
+    // device time from the ones that can (Abacus's query drop).
+    for (auto it = qs.begin(); it != qs.end();) {
+        if (it->headroom < it->alone) {
+            record* r = it->r;
+            if (it->held) {
+                it->held->cur = nullptr;
+                it->held->st = vhq::state::idle;
+            } else {
+                _pool.erase(std::find(_pool.begin(), _pool.end(), r));
+            }
+            r->res.completed_kernels = r->next;
+            it = qs.erase(it);
+            finish(r, task_status::dropped);
+        } else {
+            ++it;
+        }
+    }
+    if (qs.empty()) return true;
+    // RT queries first, then by headroom (least first), then by arrival.
+    std::stable_sort(qs.begin(), qs.end(), [](const query& a, const query& b) {
+        if ((a.r->t.cls == task_class::rt) != (b.r->t.cls == task_class::rt)) return a.r->t.cls == task_class::rt;
+        if (a.headroom != b.headroom) return a.headroom < b.headroom;
+        return a.r->res.id < b.r->res.id;
+    });
+    std::vector<vhq*> free;
+    for (vhq* q : all)
+        if (q->st == vhq::state::idle) free.push_back(q);
+    // The lead: to its end, on its own vHQ, or a free one (an RT query the RT vHQ where free).
+    const query& lead = qs.front();
+    vhq* lead_q = lead.held;
+    if (!lead_q) {
+        if (free.empty()) return true;  // (cannot happen: a round always leaves a vHQ free)
+        auto it = lead.r->t.cls == task_class::rt && std::find(free.begin(), free.end(), _rt.get()) != free.end()
+                      ? std::find(free.begin(), free.end(), _rt.get())
+                      : free.end() - 1;
+        lead_q = *it;
+        free.erase(it);
+    }
+    std::vector<abacus::segment> group{seg_of(lead.r, lead.r->next, lead.r->res.kernels)};
+    std::vector<record*> owners{lead.r};
+    std::vector<vhq*> queues{lead_q};
+    // What the group may take: the lead's headroom; an RT lead's own time (+5%: RT work is not
+    // slowed for throughput); a lead without a deadline its time +25%.
+    const double budget = lead.r->t.cls == task_class::rt ? 1.05 * lead.alone
+                          : std::isfinite(lead.headroom)  ? lead.headroom
+                                                          : 1.25 * lead.alone;
+    double predicted = lead.alone;
+    bool group_by_profile = false;
+    (void)abacus_predict(group, owners, group_by_profile);
+    for (size_t i = 1; i < qs.size() && group.size() < all.size(); ++i) {
+        const query& x = qs[i];
+        // A vHQ for it, always leaving one free for the next round's lead.
+        if (!x.held && free.size() < 2) continue;
+        const uint32_t from = x.r->next, k = x.r->res.kernels;
+        group.push_back(seg_of(x.r, from, from + 1));
+        owners.push_back(x.r);
+        bool bp = false;
+        double at_least = abacus_predict(group, owners, bp);
+        if (!(at_least <= budget)) {
+            group.pop_back();
+            owners.pop_back();
+            continue;
+        }
+        // The longest segment that fits: binary search on its end (predictions grow with it).
+        uint32_t lo = from + 1, hi = k;
+        double best = at_least;
+        bool best_bp = bp;
+        while (lo < hi) {
+            const uint32_t mid = lo + (hi - lo + 1) / 2;
+            group.back().end = mid;
+            const double us = abacus_predict(group, owners, bp);
+            if (us <= budget) {
+                lo = mid;
+                best = us;
+                best_bp = bp;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        group.back().end = lo;
+        predicted = best;
+        group_by_profile = group_by_profile || best_bp;
+        if (x.held) {
+            queues.push_back(x.held);
+        } else {
+            queues.push_back(free.back());
+            free.pop_back();
+        }
+    }
+    // Issue it.
+    _round_report = abacus_group{};
+    for (const query& x : qs) _round_report.ranked.emplace_back(x.r->res.id, x.r->t.cls, x.headroom);
+    _round_report.predicted_us = predicted;
+    _round_report.by_profile = group_by_profile;
+    _round_start = now_ns();
+    for (size_t i = 0; i < group.size(); ++i) {
+        record* r = owners[i];
+        vhq& q = *queues[i];
+        if (q.st == vhq::state::parked && q.cur == r && r->res.preemptions > r->res.restores) {  // resumes after a preemption
+            ++r->res.restores;
+            std::lock_guard lk(_st_mu);
+            ++_stats.restores;
+        }
+        if (q.st != vhq::state::parked || q.cur != r) {
+            // From the pool.
+            _pool.erase(std::find(_pool.begin(), _pool.end(), r));
+        }
+        _round_report.parts.push_back({r->res.id, r->t.cls, group[i].start, group[i].end, r->res.kernels});
+        _round.push_back({&q, group[i].end});
+        start_segment(q, r, group[i].start, group[i].end);
+    }
+    return true;
+}
+
 // ---- the scheduler thread ---------------------------------------------------------------------
 
 void scheduler::intake() {
@@ -655,6 +933,16 @@ void scheduler::intake() {
     }
     for (record* r : in) {
         if (_opt.pol == policy::prema) {
+            _pool.push_back(r);
+            continue;
+        }
+        if (_opt.pol == policy::abacus) {
+            r->est_prefix.assign(r->t.launches.size() + 1, 0.0);
+            for (size_t i = 0; i < r->t.launches.size(); ++i) {
+                // Unprofiled launches: the running average of a kernel's time.
+                const double us = r->t.launches[i].est_us > 0 ? r->t.launches[i].est_us : _kernel_est_us;
+                r->est_prefix[i + 1] = r->est_prefix[i] + us;
+            }
             _pool.push_back(r);
             continue;
         }
@@ -686,6 +974,7 @@ void scheduler::intake() {
 void scheduler::cancel_all() {
     for (record* r : _pool) finish(r, task_status::cancelled);
     _pool.clear();
+    _round.clear();
     std::vector<vhq*> all{_rt.get()};
     for (auto& q : _be) all.push_back(q.get());
     for (vhq* q : all) {
@@ -733,6 +1022,7 @@ void scheduler::loop() {
         case policy::seq: busy = step_seq(); break;
         case policy::streams: busy = step_streams(); break;
         case policy::prema: busy = step_prema(); break;
+        case policy::abacus: busy = step_abacus(); break;
         }
         if (busy) {
             // Poll; give the core away between polls so that a compute unit sharing it (an

@@ -31,6 +31,7 @@
 // planned_launch list (kernel, args bytes, grid).
 #pragma once
 
+#include "preempt/abacus.h"
 #include "preempt/device.h"
 
 #include <atomic>
@@ -43,6 +44,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -62,7 +64,17 @@ enum class task_class : uint8_t { rt, be };
 //   job is picked. On preemption: DRAIN (let the running task finish) when its remaining time
 //   is at most the candidate's, else KILL (flag, restore later). Estimates: task.est_us (from
 //   per-kernel profiles) or kernels x a running average of measured kernel times.
-enum class policy : uint8_t { reef, rt_only, seq, streams, prema };
+// abacus: Abacus (SC'21), every task a query with a deadline (task.deadline_ns) run in
+//   segments (launch ranges) within operator groups: each round issues one group and the next
+//   starts when it has ended. The query with the least headroom (deadline - now; RT queries
+//   before BE ones) runs to its end in the round; the others, in headroom order, add the
+//   longest segment (binary search on its end) that keeps the group's predicted duration
+//   within the lead's headroom (an RT lead: within 5% of its time alone). A query that cannot
+//   meet its deadline even alone is dropped (status dropped). Predictions: the options'
+//   predictor (abacus.h) for groups of models it covers, else the profiles' sums (task_launch
+//   est_us: the segments back to back). An RT arrival preempts the round's BE segments
+//   (reset, as reef), which resume exactly in a later round. DKP is off.
+enum class policy : uint8_t { reef, rt_only, seq, streams, prema, abacus };
 
 enum class restore_mode : uint8_t { exact, approximate };
 
@@ -72,7 +84,8 @@ enum class restore_mode : uint8_t { exact, approximate };
 enum class preempt_mode : uint8_t { reset, wait };
 
 // failed: the device refused a launch (e.g. a kernel the backend cannot run).
-enum class task_status : uint8_t { completed, rejected, cancelled, failed };
+// dropped: abacus dropped it early, its deadline out of reach.
+enum class task_status : uint8_t { completed, rejected, cancelled, failed, dropped };
 
 const char* policy_name(policy p);
 bool parse_policy(const char* s, policy& out);
@@ -122,6 +135,13 @@ struct task {
     // says (they preempt BE work in any share), and a bound BE task is never used as a DKP pad
     // (pads run where the RT kernel leaves units idle, which its share may not cover).
     uint64_t units = 0;
+    // abacus: when the task must have ended (steady_clock ns; 0: no deadline, never dropped),
+    // and its features for the predictor (abacus::segment): the predictor's model index (-1:
+    // a model it does not cover), batch size and sequence length (0: none).
+    int64_t deadline_ns = 0;
+    int32_t model = -1;
+    uint32_t batch = 1;
+    uint32_t length = 0;
     std::vector<task_launch> launches;
     // Called on the scheduler thread when the task ends. Without it, the result is kept until
     // wait() collects it.
@@ -146,6 +166,22 @@ public:
                             uint32_t* out, uint32_t max) = 0;
 };
 
+// One operator group of the abacus policy, as it ended.
+struct abacus_group {
+    struct part {
+        task_id id;
+        task_class cls;
+        uint32_t start, end, kernels;
+    };
+    std::vector<part> parts;       // the lead first
+    // Every query considered when the group was planned (after drops), in the order the policy
+    // ranked them: (id, class, headroom in us; +inf without a deadline).
+    std::vector<std::tuple<task_id, task_class, double>> ranked;
+    double predicted_us = 0, measured_us = 0;
+    bool by_profile = false;       // predicted from profiles (a model the predictor lacks)
+    bool preempted = false;        // an RT arrival cut its BE parts short
+};
+
 struct scheduler_options {
     policy pol = policy::reef;
     uint32_t be_queues = 4;
@@ -156,6 +192,10 @@ struct scheduler_options {
     // DKP (policy reef, on a device with launch_padded): RT kernels padded with BE kernels of
     // preempted tasks on the compute units they leave idle. Null: no padding.
     std::shared_ptr<pad_selector> padding;
+    // abacus: the group predictor (null: profiles only), and a report of every group as it
+    // ends (on the scheduler thread; must not block).
+    std::shared_ptr<const abacus::predictor> predictor;
+    std::function<void(const abacus_group&)> on_group;
 };
 
 // Selection times of DKP, in nanoseconds: a histogram (upper bounds; the last bucket is +Inf).
@@ -173,6 +213,10 @@ struct scheduler_stats {
     uint64_t rt_episodes = 0;          // normal -> real-time switches
     uint64_t reclaimed_lists = 0;      // detached pending lists freed by the reclamation thread
     uint64_t prema_drains = 0, prema_kills = 0;  // prema preemption decisions
+    // abacus: groups run (by the predictor or by profiles), queries dropped, and the sums of
+    // predicted and measured group durations (us) of the groups that ran to their end.
+    uint64_t abacus_groups = 0, abacus_by_profile = 0, abacus_dropped = 0;
+    double abacus_predicted_us = 0, abacus_measured_us = 0;
     // DKP: RT launches padded, pads issued, and selection times (histogram, sum, count).
     bool padding = false;
     uint64_t padded_launches = 0, pads_issued = 0;
@@ -225,6 +269,9 @@ private:
     bool step_seq();
     bool step_streams();
     bool step_prema();
+    bool step_abacus();
+    void start_segment(vhq& q, record* r, uint32_t from, uint32_t end);
+    double abacus_predict(std::vector<abacus::segment>& group, const std::vector<record*>& owners, bool& by_profile) const;
     void cancel_all();
 
     device& _dev;
@@ -255,6 +302,15 @@ private:
     int64_t _last_tick = 0;
     double _kernel_est_us = 100;      // running average of a kernel's time
     uint64_t _drains = 0, _kills = 0;
+    // abacus: the group in flight (each part's vHQ and the end of its segment; a finished
+    // part's vHQ is null) and its prediction.
+    struct round_part {
+        vhq* q;
+        uint32_t end;
+    };
+    std::vector<round_part> _round;
+    abacus_group _round_report;
+    int64_t _round_start = 0;
 
     // Reclamation.
     std::mutex _rc_mu;

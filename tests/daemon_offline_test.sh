@@ -58,6 +58,43 @@ run be mobilenet_v2_tiny be 4 "--shape 64x64x3" --config "$tmp/be.json"
 run seq distilbert_tiny be 5 "--tokens 1-64"
 OUTPUT=tensor run sensor sensor_tcn_tiny be 6 "--format tensor --dims 64,6"
 
+# The abacus policy (cpu builds, where abacus_train and reefctl are built beside the zoo tool):
+# a predictor trained for the two image models, the daemon serving with it (every answer still
+# libml's), with the kernel profiles only, and a corrupt predictor refused naming its problem.
+tools=$(dirname "$zoo")
+if [ "$backend" = cpu ] && [ -x "$tools/abacus_train" ] && [ -x "$tools/reefctl" ]; then
+  "$tools/abacus_train" "$tmp/resnet50_tiny.onnx" "$tmp/mobilenet_v2_tiny.onnx" --batches 1,2 --groups 40 --epochs 300 \
+    --out "$tmp/abacus.json" | tail -n 1
+  run abacus_rt resnet50_tiny rt 7 "--shape 64x64x3" --policy abacus --abacus-predictor "$tmp/abacus.json"
+  grep -q "abacus predicts from the predictor $tmp/abacus.json" "$tmp/abacus_rt.err" \
+    || { cat "$tmp/abacus_rt.err"; echo "FAIL: the daemon did not take the predictor"; exit 1; }
+  run abacus_seq distilbert_tiny be 8 "--tokens 1-64" --policy abacus
+  grep -q "abacus predicts from the kernel profiles" "$tmp/abacus_seq.err" \
+    || { cat "$tmp/abacus_seq.err"; echo "FAIL: without a predictor abacus uses the profiles"; exit 1; }
+  python3 - "$tmp/abacus.json" "$tmp/bad.json" <<'PY'
+import json, sys
+p = json.load(open(sys.argv[1]))
+p["mlp"]["layers"][1]["w"] = p["mlp"]["layers"][1]["w"][:-1]
+json.dump(p, open(sys.argv[2], "w"))
+PY
+  rc=0
+  timeout 60 "$reefline" --offline "$tmp/rt.req.pcap" --responses "$tmp/bad.pcap" --policy abacus \
+    --abacus-predictor "$tmp/bad.json" --model "x:9100:$tmp/resnet50_tiny.onnx" > /dev/null 2> "$tmp/bad.err" || rc=$?
+  [ "$rc" != 0 ] && grep -q "bad.json: mlp layer 1: \"w\" has 1023 numbers, 1024 expected" "$tmp/bad.err" \
+    || { cat "$tmp/bad.err"; echo "FAIL: a corrupt predictor must stop the daemon, naming the problem (exit $rc)"; exit 1; }
+  echo "corrupt predictor refused: $(grep -o 'bad.json: .*' "$tmp/bad.err")"
+  # Live (net_null port): reefctl health shows the policy and its predictor.
+  "$reefline" --policy abacus --abacus-predictor "$tmp/abacus.json" --control "ipc://$tmp/live.sock" --metrics off \
+    --repo "$tmp/repo" --eal "--no-pci --no-huge -m 256 --vdev=net_null0" > /dev/null 2> "$tmp/live.err" &
+  live=$!
+  for _ in $(seq 100); do [ -S "$tmp/live.sock" ] && break; sleep 0.1; done
+  "$tools/reefctl" --endpoint "ipc://$tmp/live.sock" health | tee "$tmp/health.txt" | grep -E "^(policy|abacus) "
+  "$tools/reefctl" --endpoint "ipc://$tmp/live.sock" shutdown > /dev/null
+  wait "$live" || { cat "$tmp/live.err"; echo "FAIL: the live daemon"; exit 1; }
+  grep -q "^policy *abacus" "$tmp/health.txt" && grep -q "^abacus *predictor $tmp/abacus.json: 2 model(s)" "$tmp/health.txt" \
+    || { cat "$tmp/health.txt"; echo "FAIL: reefctl health does not show the abacus policy and its predictor"; exit 1; }
+fi
+
 # A bad configuration file is a usage error (exit 2) that names the problem.
 bad_config() {  # FILE-CONTENT EXPECTED-TEXT
   printf '%s' "$1" > "$tmp/bad.conf"

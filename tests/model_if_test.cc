@@ -275,6 +275,44 @@ TEST_F(model_if_test, requests_that_cannot_meet_the_slo_are_shed) {
     EXPECT_EQ(_if->stats()["responses_total"], 0);
 }
 
+// Under the abacus policy a batch carries its oldest request's deadline: one the scheduler sees
+// it cannot meet is dropped, and every request in it answered deadline_exceeded (with shedding
+// off, so that the IF itself does not answer them overloaded first); with time to spare the
+// answers are libml's.
+TEST_F(model_if_test, abacus_drops_hopeless_batches_and_serves_the_rest) {
+    _plane->rx_offline(0);
+    _plane->ifs().publish({});
+    _if.reset();
+    reefline::gpu::scheduler_options o;
+    o.pol = reefline::gpu::policy::abacus;
+    _scheduler = std::make_unique<reefline::gpu::scheduler>(*_device, o);
+    start_if([](reefline::ifm::model_if_config& c) {
+        c.settings.batching.slo_ms = 0.001;
+        c.settings.shed = false;
+    });
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
+    const auto images = reefline::testing::random_images(5, size_t(h) * w * c, 19);
+    for (uint64_t i = 0; i < 5; ++i) send_image(i, images[i], h, w, c);
+    auto answers = pump_and_collect(5);
+    ASSERT_EQ(answers.size(), 5u);
+    for (const answer& a : answers) {
+        EXPECT_EQ(a.head.kind, uint8_t(wire::kind::error));
+        EXPECT_EQ(a.head.status, uint8_t(wire::status::deadline_exceeded)) << a.message;
+        EXPECT_NE(a.message.find("could not finish within"), std::string::npos) << a.message;
+    }
+    EXPECT_EQ(_if->stats()["deadline_exceeded_total"], 5);
+    EXPECT_EQ(_if->stats()["shed_total"], 0);
+    EXPECT_GE(_scheduler->stats().abacus_dropped, 1u);
+
+    start_if([](reefline::ifm::model_if_config& c) { c.settings.batching.slo_ms = 5000; });
+    for (size_t i = 0; i < images.size(); ++i) send_image(1000 + i, images[i], h, w, c);
+    answers = pump_and_collect(images.size());
+    ASSERT_EQ(answers.size(), images.size());
+    check_answers(answers, images);
+    EXPECT_EQ(_if->stats()["deadline_exceeded_total"], 0);
+    EXPECT_GE(_scheduler->stats().abacus_groups, 1u);
+}
+
 // Requests from an RT source run as RT tasks in a BE IF; `update` moves the whole IF to RT.
 TEST_F(model_if_test, rt_sources_and_class_changes_reach_the_scheduler) {
     const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);

@@ -136,7 +136,7 @@ fi
 # ---- files where the unit and the docs say ----
 missing=
 for f in /usr/bin/reefline /usr/bin/reefctl /usr/bin/reefgen /usr/bin/reefverify /usr/bin/zoo \
-    /usr/bin/kprof /usr/bin/disb /usr/lib/systemd/system/reefline.service \
+    /usr/bin/kprof /usr/bin/disb /usr/bin/abacus_train /usr/lib/systemd/system/reefline.service \
     /usr/libexec/reefline/reefline-setup /etc/reefline/reefline.toml /usr/share/reefline/plot.py; do
   [[ -e $work$f ]] || missing+=" $f"
 done
@@ -173,7 +173,7 @@ else
 fi
 
 # ---- every program starts: its libraries are all there ----
-for p in reefline reefctl reefgen reefverify zoo kprof disb; do
+for p in reefline reefctl reefgen reefverify zoo kprof disb abacus_train; do
   if out=$(in_root "/usr/bin/$p" --help 2>&1 >/dev/null); then
     ok "$p --help"
   else

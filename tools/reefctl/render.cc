@@ -145,6 +145,24 @@ std::string knee_line(const json& k) {
     return s;
 }
 
+// health's "abacus" (policy abacus): "predictor /srv/models/abacus.json: 3 models, held-out
+// error 6.9%" or "kernel profiles (...)" and why.
+std::string abacus_line(const json& a) {
+    if (!a.is_object()) return plain(a);
+    std::string s;
+    if (const json& p = member(a, "predictor"); p.is_string()) {
+        const json& models = member(a, "models");
+        char err[32];
+        std::snprintf(err, sizeof err, "%.1f%%", number(a, "held_out_err_pct").value_or(0));
+        s = "predictor " + p.get<std::string>() + ": " + std::to_string(models.is_array() ? models.size() : 0) +
+            " model(s), held-out error " + err;
+    } else {
+        s = cell(a, "predicts_from");
+        if (const json& why = member(a, "problem"); why.is_string()) s += "; the predictor was refused: " + why.get<std::string>();
+    }
+    return s;
+}
+
 // "key  value" lines in the given order first, then whatever else the daemon sent, so that
 // fields added to the schema later still show.
 std::string key_values(const json& result, const std::vector<std::string>& order) {
@@ -166,6 +184,8 @@ std::string key_values(const json& result, const std::vector<std::string>& order
             text = instances_line(v);
         else if (key == "knee")
             text = knee_line(v);
+        else if (key == "abacus")
+            text = abacus_line(v);
         else if (key == "port" && v.is_object()) {
             text = "id " + cell(v, "id") + ", driver " + cell(v, "driver");
             if (const json& up = member(v, "link_up"); up.is_boolean())
@@ -262,7 +282,7 @@ std::string render_describe(const json& result) {
 }
 
 std::string render_health(const json& result) {
-    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "models", "memory", "port"});
+    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "abacus", "models", "memory", "port"});
 }
 
 std::string render_stats(const json& result) {
