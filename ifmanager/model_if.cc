@@ -166,6 +166,7 @@ model_if::model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& s
     for (int i = 0; i < 2; ++i)
         _lanes[i] = std::make_unique<lane>(i == 0 ? gpu::task_class::rt : gpu::task_class::be, _config.settings.batching,
                                            buckets);
+    for (auto& l : _lanes) l->launch_tsc = rte_rdtsc();  // shedding's probes count from here (shed_late)
     lane& own = *_lanes[_config.settings.cls == gpu::task_class::rt ? 0 : 1];
     plan_sizes(own, _config.settings.batching.max_batch);
     if (!_config.settings.rt_sources_be.empty()) plan_sizes(*_lanes[0], _config.settings.batching.max_batch);
@@ -714,6 +715,12 @@ void model_if::shed_late(lane& l, uint64_t now) {
     // A request that waited w and would finish at w + service(batch) > SLO cannot be served
     // in time any more: answering it now keeps the ones behind it inside their SLO.
     const double slo = _config.settings.batching.slo_ms;
+    // Unless the lane has run nothing for a while (twice the SLO, at least half a second): the
+    // prediction shedding rests on is only refreshed by batches that run, and one learned in a
+    // slow spell (a host stall, another tenant) would otherwise shed every request for good.
+    // The next batch then runs whatever the prediction says: a probe of the device's speed.
+    const double idle_ms = double(now - l.launch_tsc) * 1e3 / double(_tsc_hz);
+    if (idle_ms > std::max(2 * slo, 500.0)) return;
     while (l.count) {
         const ml::batch_controller& c = l.controllers[bucket_of(*l.front())];
         const double service = c.predict_ms(std::min(l.count, c.target()));

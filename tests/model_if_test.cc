@@ -313,6 +313,30 @@ TEST_F(model_if_test, abacus_drops_hopeless_batches_and_serves_the_rest) {
     EXPECT_GE(_scheduler->stats().abacus_groups, 1u);
 }
 
+// Shedding rests on the controller's prediction, which only batches that run refresh: a lane
+// that has run nothing for half a second serves its next request whatever the prediction says
+// (a probe), so a prediction learned in a slow spell cannot shed every request for good.
+TEST_F(model_if_test, a_lane_that_sheds_everything_probes_the_device_again) {
+    start_if([](reefline::ifm::model_if_config& c) { c.settings.batching.slo_ms = 0.001; });
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
+    std::vector<uint8_t> img(size_t(h) * w * c, 4);
+    for (uint64_t i = 0; i < 3; ++i) send_image(i, img, h, w, c);
+    auto answers = pump_and_collect(3);
+    ASSERT_EQ(answers.size(), 3u);
+    for (const answer& a : answers) EXPECT_EQ(a.head.status, uint8_t(wire::status::overloaded)) << a.message;
+    std::this_thread::sleep_for(std::chrono::milliseconds(600));
+    send_image(10, img, h, w, c);
+    answers = pump_and_collect(1);
+    ASSERT_EQ(answers.size(), 1u);
+    EXPECT_EQ(answers[0].head.kind, uint8_t(wire::kind::response)) << "the probe ran: " << answers[0].message;
+    send_image(11, img, h, w, c);  // right after the probe: shed again (the probe was late too)
+    answers = pump_and_collect(1);
+    ASSERT_EQ(answers.size(), 1u);
+    EXPECT_EQ(answers[0].head.status, uint8_t(wire::status::overloaded));
+    EXPECT_EQ(_if->stats()["shed_total"], 4);
+    EXPECT_EQ(_if->stats()["responses_total"], 1);
+}
+
 // Requests from an RT source run as RT tasks in a BE IF; `update` moves the whole IF to RT.
 TEST_F(model_if_test, rt_sources_and_class_changes_reach_the_scheduler) {
     const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
