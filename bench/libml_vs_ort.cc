@@ -1,8 +1,12 @@
-// libml_vs_ort: ResNet-50, VGG-19 and BERT-base at sequence length 128 (the project's zoo, full
-// size) on reefline's cpu backend vs ONNX Runtime's CPU provider on the same machine, in one
-// run, with the same number of compute threads (reefline: compute units of the cpu device;
-// ORT: intra-op threads). Prints a table and a last line `resnet50_ratio=X vgg19_ratio=Y
-// bert_ratio=Z` (reefline throughput / ORT throughput at batch 1).
+// libml_vs_ort: the zoo's model families at full size (ResNet-50, VGG-19, MobileNet-v2,
+// DenseNet-121, Inception-v3, and BERT-base at sequence length 128) on reefline's cpu backend vs
+// ONNX Runtime's CPU provider on the same machine, in one run, with the same number of compute
+// threads (reefline: compute units of the cpu device; ORT: intra-op threads, --threads N for
+// both). Prints a table and a last line `resnet50_ratio=A vgg19_ratio=B ... <model>_ratio=X`
+// (reefline throughput / ORT throughput at batch 1), one entry per model measured.
+//
+// The models run one after another, each side alone: the cores are not shared between the
+// two runtimes at any moment, and both get the same N threads.
 //
 // Every step (the zoo, npm, each model and batch on each runtime) prints a progress line on
 // stderr; --csv FILE writes the table, one row per model and batch.
@@ -20,6 +24,7 @@
 #include <thread>
 
 #include "bench/bench_report.h"
+#include "libml/kernels/kernels.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
@@ -91,18 +96,30 @@ double reefline_median_ms(ml::runtime& rt, const fs::path& model, int64_t batch,
     return ms[ms.size() / 2];
 }
 
+// The families measured, in the order of the last line; BERT-base runs at sequence length 128.
+struct family {
+    const char* name;
+    int64_t length;
+};
+constexpr family kFamilies[] = {{"resnet50", 0},    {"vgg19", 0},        {"mobilenet_v2", 0},
+                                {"densenet121", 0}, {"inception_v3", 0}, {"bert", 128}};
+
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"libml_vs_ort: reefline cpu backend vs ONNX Runtime CPU, ResNet-50, VGG-19 and BERT-base (L=128)"};
-    std::string models;
+    std::string all_names;
+    for (const family& f : kFamilies) all_names += std::string(all_names.empty() ? "" : ",") + f.name;
+    CLI::App app{"libml_vs_ort: reefline cpu backend vs ONNX Runtime CPU on the zoo's model families"};
+    std::string models, only = all_names;
     int repeat = 5;
     bool quick = false;
     unsigned units = 0;
     std::string root_dir, csv_path;
-    app.add_option("--models", models, "directory with resnet50.onnx, vgg19.onnx and bert.onnx (default: written by build/tools/zoo)");
+    app.add_option("--models", models, "directory with <model>.onnx for each model measured (default: written by build/tools/zoo)");
+    app.add_option("--only", only, "models to measure, comma-separated, from: " + all_names)->capture_default_str();
     app.add_option("--repeat", repeat, "timed runs per configuration")->capture_default_str();
-    app.add_option("--compute-units", units, "cpu device compute units = ORT threads (default: cores - 1, at least 1)");
+    auto* units_opt = app.add_option("--threads", units, "compute threads on both sides: cpu device compute units and ORT intra-op threads (default: cores - 1, at least 1)");
+    app.add_option("--compute-units", units, "the same as --threads")->excludes(units_opt);
     app.add_option("--root", root_dir, "repository root, for tests/ort and build/tools/zoo (default: two levels above the build dir)");
     app.add_flag("--quick", quick, "batch 1 only, 3 runs");
     app.add_option("--csv", csv_path, "write the table as CSV: one row per model and batch");
@@ -111,12 +128,28 @@ int main(int argc, char** argv) {
     const fs::path root = root_dir.empty() ? fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path()
                                            : fs::path(root_dir);
     if (!units) units = std::max(1u, std::thread::hardware_concurrency() - 1);
+    std::vector<family> chosen;
+    {
+        std::stringstream names(only);
+        for (std::string n; std::getline(names, n, ',');) {
+            const auto it = std::find_if(std::begin(kFamilies), std::end(kFamilies), [&](const family& f) { return n == f.name; });
+            if (it == std::end(kFamilies)) {
+                std::fprintf(stderr, "libml_vs_ort: --only: unknown model '%s' (known: %s)\n", n.c_str(), all_names.c_str());
+                return 2;
+            }
+            chosen.push_back(*it);
+        }
+        if (chosen.empty()) {
+            std::fprintf(stderr, "libml_vs_ort: --only names no model\n");
+            return 2;
+        }
+    }
     if (quick) repeat = 3;
     const std::vector<int64_t> batches = quick ? std::vector<int64_t>{1} : std::vector<int64_t>{1, 8};
     const bool need_npm = !fs::exists(root / "tests/ort/node_modules/onnxruntime-node");
     // The zoo and npm when they run, then every model and batch on each runtime.
     report::progress progress("libml_vs_ort",
-                              (models.empty() ? 1u : 0u) + (need_npm ? 1u : 0u) + unsigned(3 * batches.size() * 2));
+                              (models.empty() ? 1u : 0u) + (need_npm ? 1u : 0u) + unsigned(chosen.size() * batches.size() * 2));
     try {
         // Opened before minutes of measuring: an unwritable path fails now, naming the file.
         std::unique_ptr<report::csv_writer> csv;
@@ -128,8 +161,10 @@ int main(int argc, char** argv) {
         fs::create_directories(work);
         fs::path dir = models.empty() ? work : fs::path(models);
         if (models.empty()) {
-            auto step = progress.begin("ResNet-50, VGG-19 and BERT-base written by the zoo");
-            run((root / "build/tools/zoo").string() + " --out " + dir.string() + " --only resnet50,vgg19,bert -q");
+            std::string names;
+            for (const family& f : chosen) names += std::string(names.empty() ? "" : ",") + f.name;
+            auto step = progress.begin(names + " written by the zoo");
+            run((root / "build/tools/zoo").string() + " --out " + dir.string() + " --only " + names + " -q");
         }
         if (need_npm) {
             auto step = progress.begin("onnxruntime-node installed by npm in tests/ort");
@@ -139,35 +174,43 @@ int main(int argc, char** argv) {
         o.compute_units = units;
         auto device = reefline::gpu::make_cpu_device(o);
         ml::runtime rt(*device);
-        std::printf("%u compute unit(s) for reefline, %u intra-op thread(s) for ONNX Runtime, %d timed runs, medians\n\n",
+        std::printf("%u compute unit(s) for reefline, %u intra-op thread(s) for ONNX Runtime, %d timed runs, medians\n",
                     units, units, repeat);
-        std::printf("%-10s %5s %14s %14s %8s\n", "model", "batch", "reefline ms", "ORT ms", "ratio");
-        double ratio_b1[3] = {0, 0, 0};
-        const char* names[3] = {"resnet50", "vgg19", "bert"};
-        const int64_t lengths[3] = {0, 0, 128};  // BERT-base at sequence length 128
-        for (int mi = 0; mi < 3; ++mi) {
-            const fs::path model = dir / (std::string(names[mi]) + ".onnx");
+        // OpenBLAS runs the GEMM tiles with the kernel set its CPU table picks, unless
+        // OPENBLAS_CORETYPE names one: a narrower set (Haswell's AVX2 on an AVX-512 core) is
+        // worth ~1.6x on the convolution models, so the figures say which one ran.
+        const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+        std::printf("OpenBLAS kernels: %s%s%s\n\n", ml::kernels::cpu_blas_kernels(),
+                    coretype ? ", as OPENBLAS_CORETYPE=" : " (its own choice for this CPU)", coretype ? coretype : "");
+        std::printf("%-13s %5s %14s %14s %8s\n", "model", "batch", "reefline ms", "ORT ms", "ratio");
+        std::vector<double> ratio_b1(chosen.size(), 0.0);
+        for (size_t mi = 0; mi < chosen.size(); ++mi) {
+            const char* name = chosen[mi].name;
+            const int64_t length = chosen[mi].length;
+            const fs::path model = dir / (std::string(name) + ".onnx");
             for (int64_t batch : batches) {
-                const std::string config = std::string(names[mi]) + " batch " + std::to_string(batch);
+                const std::string config = std::string(name) + " batch " + std::to_string(batch);
                 auto step = progress.begin(config + ", reefline");
-                const double r = reefline_median_ms(rt, model, batch, lengths[mi], repeat);
+                const double r = reefline_median_ms(rt, model, batch, length, repeat);
                 step.result(std::to_string(int(std::lround(r))) + " ms median");
                 step.end();
                 auto ort_step = progress.begin(config + ", ONNX Runtime");
-                const double o_ms = ort_median_ms(root, model, batch, lengths[mi], int(units), repeat, work);
+                const double o_ms = ort_median_ms(root, model, batch, length, int(units), repeat, work);
                 ort_step.result(std::to_string(int(std::lround(o_ms))) + " ms median");
                 ort_step.end();
-                std::printf("%-10s %5lld %14.1f %14.1f %8.2f\n", names[mi], static_cast<long long>(batch), r, o_ms, o_ms / r);
+                std::printf("%-13s %5lld %14.1f %14.1f %8.2f\n", name, static_cast<long long>(batch), r, o_ms, o_ms / r);
                 std::fflush(stdout);
                 if (csv)
-                    csv->row({names[mi], batch, lengths[mi] ? report::csv_cell(lengths[mi]) : report::csv_cell::empty(), units, repeat, report::csv_cell::fixed(r, 1),
+                    csv->row({name, batch, length ? report::csv_cell(length) : report::csv_cell::empty(), units, repeat, report::csv_cell::fixed(r, 1),
                               report::csv_cell::fixed(o_ms, 1), report::csv_cell::fixed(o_ms / r, 3)});
                 if (batch == 1) ratio_b1[mi] = o_ms / r;
             }
         }
         if (models.empty()) fs::remove_all(work);
         if (csv) csv->commit();
-        std::printf("resnet50_ratio=%.3f vgg19_ratio=%.3f bert_ratio=%.3f\n", ratio_b1[0], ratio_b1[1], ratio_b1[2]);
+        for (size_t mi = 0; mi < chosen.size(); ++mi)
+            std::printf("%s%s_ratio=%.3f", mi ? " " : "", chosen[mi].name, ratio_b1[mi]);
+        std::printf("\n");
     } catch (const std::exception& e) {
         std::fprintf(stderr, "libml_vs_ort: %s\n", e.what());
         return 1;

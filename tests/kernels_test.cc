@@ -97,8 +97,65 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{1, 8, 10, 10, 12, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},  // pointwise
     conv_case{1, 4, 13, 13, 6, 5, 3, 2, 3, 2, 0, 1, 2, 1, 1, 2},   // asymmetric, grouped
     conv_case{1, 6, 12, 12, 6, 3, 3, 1, 1, 2, 2, 2, 2, 2, 2, 6},   // depthwise, dilated
+    conv_case{2, 24, 37, 35, 24, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 24},// depthwise, stride 2 (MobileNet)
+    conv_case{1, 5, 20, 41, 5, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 5},   // depthwise 5x5, rows past 16
+    conv_case{1, 4, 17, 19, 4, 3, 3, 3, 3, 0, 1, 2, 1, 1, 1, 4},   // depthwise, stride 3, asymmetric
     conv_case{2, 3, 15, 15, 10, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 1} // alexnet-like stem
 ));
+
+// The per-channel affine map with each activation it fuses, over planes whose length is not a
+// multiple of the vector width.
+TEST(batchnorm, matches_reference_with_each_fused_activation) {
+    const int64_t n = 2, c = 3, hw = 37;
+    auto x = random_vector(size_t(n * c * hw), 7);
+    const std::vector<float> scale{0.5f, -1.5f, 2.0f}, bias{0.1f, 0.2f, -0.3f}, mean{0.0f, 0.25f, -0.5f},
+        var{1.0f, 0.5f, 2.0f};
+    for (auto act : {k::activation::none, k::activation::relu, k::activation::clip, k::activation::sigmoid}) {
+        std::vector<float> y(x.size(), NAN), want(x.size());
+        k::batchnorm_args a{};
+        a.x = x.data(); a.scale = scale.data(); a.bias = bias.data(); a.mean = mean.data(); a.var = var.data();
+        a.y = y.data(); a.n = n; a.c = c; a.hw = hw; a.epsilon = 1e-5f; a.planes_per_block = 2;
+        a.ep.act = act; a.ep.alpha = -0.2f; a.ep.beta = 0.3f;
+        ASSERT_TRUE(run_blocks(k::batchnorm_kernel, &a, k::batchnorm_grid(a)));
+        for (size_t i = 0; i < x.size(); ++i) {
+            const size_t ch = (i / size_t(hw)) % size_t(c);
+            const double v = (x[i] - mean[ch]) / std::sqrt(double(var[ch]) + 1e-5) * scale[ch] + bias[ch];
+            want[i] = float(act == k::activation::relu      ? std::max(v, 0.0)
+                            : act == k::activation::clip    ? std::min(std::max(v, -0.2), 0.3)
+                            : act == k::activation::sigmoid ? 1 / (1 + std::exp(-v))
+                                                            : v);
+        }
+        expect_close(y, want);
+    }
+}
+
+// Average pooling's row-pass path against the per-output definition (pool_output, the one the
+// GPU kernel runs): pads, strides 1-3, windows past the padded input (ceil mode), both counts.
+TEST(pool2d, average_matches_the_per_output_definition) {
+    struct pool_case { int64_t h, w, k, s, pad, pad_end, extra; };
+    for (const pool_case pc : {pool_case{35, 35, 3, 1, 1, 1, 0}, pool_case{56, 56, 2, 2, 0, 0, 0},
+                               pool_case{17, 23, 3, 2, 1, 0, 1}, pool_case{20, 41, 5, 3, 2, 2, 1},
+                               pool_case{7, 7, 7, 1, 0, 0, 0}})
+        for (bool include_pad : {false, true}) {
+            k::pool2d_args a{};
+            a.n = 2; a.c = 3; a.h = pc.h; a.w = pc.w; a.kh = a.kw = pc.k;
+            a.stride_h = a.stride_w = pc.s; a.pad_top = a.pad_left = pc.pad; a.pad_bottom = a.pad_right = pc.pad_end;
+            a.dil_h = a.dil_w = 1; a.op = k::pool_op::average; a.count_include_pad = include_pad;
+            a.h_out = (pc.h + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;  // + 1: a ceil-mode window
+            a.w_out = (pc.w + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
+            a.planes_per_block = 4;
+            auto x = random_vector(size_t(a.n * a.c * a.h * a.w), 8);
+            std::vector<float> y(size_t(a.n * a.c * a.h_out * a.w_out), NAN), want(y.size());
+            a.x = x.data(); a.y = y.data();
+            ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a)));
+            k::pool2d_args r = a;
+            r.y = want.data();
+            for (int64_t plane = 0; plane < a.n * a.c; ++plane)
+                for (int64_t oy = 0; oy < a.h_out; ++oy)
+                    for (int64_t ox = 0; ox < a.w_out; ++ox) k::pool_output(r, plane, 0, oy, ox);
+            expect_close(y, want, 1e-5f);
+        }
+}
 
 TEST(gemm, transposes_bias_kinds_and_batches) {
     for (bool ta : {false, true})

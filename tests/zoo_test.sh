@@ -55,7 +55,7 @@ set -e
 [[ $rc == 2 ]] && ok "unknown model name exits 2" || fail "unknown model name exit status $rc, want 2"
 names=$("$zoo" --list | cut -f1 | tr '\n' ' ')
 want="vgg19 resnet152 densenet201 inception_v3 distilbert bert resnet50 alexnet mobilenet_v2"
-want+=" sensor_tcn "
+want+=" densenet121 sensor_tcn "
 [[ $names == "$want" ]] && ok "--list" || fail "--list gave '$names'"
 
 # ---- the tiny zoo; determinism ----
@@ -85,7 +85,7 @@ def dims(vi):
 
 bad = 0
 files = sorted(glob.glob(os.path.join(sys.argv[1], "*.onnx")))
-assert len(files) == 10, files
+assert len(files) == 11, files
 for f in files:
     name = os.path.basename(f)
     try:
@@ -133,6 +133,7 @@ want = {
     "resnet50": {"Conv": 53, "BatchNormalization": 53, "Add": 16},
     "resnet152": {"Conv": 155, "BatchNormalization": 155, "Add": 50},
     "densenet201": {"Conv": 200, "Concat": 98, "AveragePool": 3, "BatchNormalization": 201},
+    "densenet121": {"Conv": 120, "Concat": 58, "AveragePool": 3, "BatchNormalization": 121},
     "inception_v3": {"Conv": 94, "Concat": 15, "AveragePool": 9, "MaxPool": 4},
     "mobilenet_v2": {"Conv": 52, "Clip": 35, "Add": 10},
     # Gathers: word (+ token type) and position embeddings, Shape(ids)[1], hidden[:, 0].

@@ -414,12 +414,47 @@ bool max_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
     return true;
 }
 
+// 2-D average pooling without dilation: each plane's window sums by window_sum (unit-stride
+// row passes), then each output divided by its count, which is separable: rows of the window
+// counted times columns counted (inside the input, or inside the padded input when
+// count_include_pad; never beyond it, as ceil_mode's last windows reach).
+constexpr int64_t kAvgPoolMaxStridedRow = 2048;
+
+bool avg_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::block_context& ctx) {
+    const plane_window g{a.h, a.w, a.w_out, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_top, a.pad_left, 1, 1};
+    float strided[kAvgPoolMaxStridedRow];
+    const int64_t in_plane = a.h * a.w, out_plane = a.h_out * a.w_out;
+    // The window's extent along one axis at output o: inside [0, n), or inside [0, n + pad_end).
+    const auto counted = [&](int64_t o, int64_t stride, int64_t pad, int64_t pad_end, int64_t k, int64_t n) {
+        const int64_t lo = o * stride - pad, hi = lo + k;
+        const int64_t end = a.count_include_pad ? n + pad_end : n, begin = a.count_include_pad ? -pad : 0;
+        return std::max<int64_t>(0, std::min(hi, end) - std::max(lo, begin));
+    };
+    for (int64_t plane = p0; plane < p1; ++plane) {
+        if (ctx.preempted()) return false;
+        float* y = a.y + plane * out_plane;
+        window_sum(g, a.x + plane * in_plane, nullptr, 0, out_plane, y, strided);
+        for (int64_t oy = 0; oy < a.h_out; ++oy) {
+            const int64_t rows = counted(oy, a.stride_h, a.pad_top, a.pad_bottom, a.kh, a.h);
+            float* row = y + oy * a.w_out;
+            for (int64_t ox = 0; ox < a.w_out; ++ox) {
+                const int64_t n = rows * counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w);
+                row[ox] = n ? row[ox] / float(n) : 0.0f;
+            }
+        }
+    }
+    return true;
+}
+
 bool pool2d_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const pool2d_args*>(p);
     const int64_t Do = std::max<int64_t>(1, a.d_out);
     const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
     const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
     if (a.op == pool_op::max && !a.indices && a.d <= 1 && Do == 1 && a.kd <= 1) return max_pool2d_planes(a, p0, p1, ctx);
+    if (a.op == pool_op::average && a.d <= 1 && Do == 1 && a.kd <= 1 && a.dil_h == 1 && a.dil_w == 1 &&
+        a.w_out <= kAvgPoolMaxStridedRow)
+        return avg_pool2d_planes(a, p0, p1, ctx);
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
         for (int64_t od = 0; od < Do; ++od)
@@ -460,8 +495,7 @@ bool batchnorm_block(const void* p, const gpu::block_context& ctx) {
         const float b = a.bias[c] - a.mean[c] * s;
         const float* x = a.x + plane * a.hw;
         float* y = a.y + plane * a.hw;
-        for (int64_t i = 0; i < a.hw; ++i) y[i] = x[i] * s + b;
-        if (a.ep.act != activation::none) apply_epilogue(y, a.hw, a.ep);
+        affine_row(y, x, s, b, a.hw, a.ep);
     }
     return true;
 }

@@ -159,6 +159,30 @@ void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float*
     }
 }
 
+// acc[j] += w * x[j]: one tap of a depthwise convolution over a run of output pixels. Vectorised
+// at run time like the epilogue; the scalar loop is the fallback elsewhere.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) void axpy_row_avx512(float* acc, const float* x, float w, int64_t n) {
+    const __m512 vw = _mm512_set1_ps(w);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(vw, _mm512_loadu_ps(x + j), _mm512_loadu_ps(acc + j)));
+    if (j < n) {
+        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(acc + j, m, _mm512_fmadd_ps(vw, _mm512_maskz_loadu_ps(m, x + j), _mm512_maskz_loadu_ps(m, acc + j)));
+    }
+}
+#endif
+
+void axpy_row(float* __restrict acc, const float* __restrict x, float w, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_avx512) return axpy_row_avx512(acc, x, w, n);
+#endif
+    for (int64_t j = 0; j < n; ++j) acc[j] += w * x[j];
+}
+
+bool conv2d_is_depthwise(const conv2d_args& c) { return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1; }
+
 // y[j] = max(y[j] + b + r[j], 0) and its variants over one output row. GCC at -O2 does not
 // vectorise these (that would need a run-time check that y and r do not overlap), and the
 // scalar loops took a third of ResNet-50's time, more than sgemm on its 1x1 convs, so the
@@ -194,6 +218,36 @@ __attribute__((target("avx512f"))) void epilogue_row_avx512(float* y, const floa
 }
 #endif
 
+// y[j] = min(max(y[j] + b, lo), hi): Clip after the bias (ReLU6 in MobileNets), one pass. The
+// operand order keeps a NaN as the scalar loop does.
+#if defined(__x86_64__) && defined(__GNUC__)
+// The maskz forms with a full mask: the plain ones trip GCC 12's -Wmaybe-uninitialized.
+__attribute__((target("avx512f"), always_inline)) inline __m512 clip_16(__m512 v, __m512 vb, __m512 vlo, __m512 vhi) {
+    const __mmask16 all = 0xffff;
+    return _mm512_maskz_min_ps(all, vhi, _mm512_maskz_max_ps(all, vlo, _mm512_add_ps(v, vb)));
+}
+
+__attribute__((target("avx512f"))) void clip_row_avx512(float* y, float b, float lo, float hi, int64_t n) {
+    const __m512 vb = _mm512_set1_ps(b), vlo = _mm512_set1_ps(lo), vhi = _mm512_set1_ps(hi);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, clip_16(_mm512_loadu_ps(y + j), vb, vlo, vhi));
+    if (j < n) {
+        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(y + j, m, clip_16(_mm512_maskz_loadu_ps(m, y + j), vb, vlo, vhi));
+    }
+}
+#endif
+
+void clip_row(float* y, float b, float lo, float hi, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_avx512) return clip_row_avx512(y, b, lo, hi, n);
+#endif
+    for (int64_t j = 0; j < n; ++j) {
+        const float x = y[j] + b, v = x < lo ? lo : x;
+        y[j] = v > hi ? hi : v;
+    }
+}
+
 void epilogue_row(float* y, const float* r, float b, int64_t n, row_epi op) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (have_avx512) return epilogue_row_avx512(y, r, b, n, op);
@@ -224,22 +278,28 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     const int64_t co_abs = t.group * co_g + t.co0;
     const float* w = c.w + co_abs * K;
     float* y = c.y + (t.image * c.c_out + co_abs) * hw_out + t.p0;
-    const float* cols;
-    int64_t ldb;
-    if (conv2d_is_pointwise(c)) {
-        cols = x + t.p0;
-        ldb = c.h * c.w_in;
+    if (conv2d_is_depthwise(c)) {
+        // Direct, without im2col and without a GEMM of one row.
+        const plane_window g{c.h, c.w_in, c.w_out, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w};
+        window_sum(g, x, w, t.p0, t.p1, y, static_cast<float*>(ctx.scratch));
     } else {
-        auto* scratch = static_cast<float*>(ctx.scratch);
-        im2col(c, x, t.p0, t.p1, scratch);
-        cols = scratch;
-        ldb = np;
-    }
-    for (int64_t k0 = 0; k0 < K; k0 += c.tile_k) {
-        if (ctx.preempted()) return false;
-        const int64_t kc = k0 + c.tile_k < K ? c.tile_k : K - k0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nco), int(np), int(kc), 1.0f,
-                    w + k0, int(K), cols + k0 * ldb, int(ldb), k0 == 0 ? 0.0f : 1.0f, y, int(hw_out));
+        const float* cols;
+        int64_t ldb;
+        if (conv2d_is_pointwise(c)) {
+            cols = x + t.p0;
+            ldb = c.h * c.w_in;
+        } else {
+            auto* scratch = static_cast<float*>(ctx.scratch);
+            im2col(c, x, t.p0, t.p1, scratch);
+            cols = scratch;
+            ldb = np;
+        }
+        for (int64_t k0 = 0; k0 < K; k0 += c.tile_k) {
+            if (ctx.preempted()) return false;
+            const int64_t kc = k0 + c.tile_k < K ? c.tile_k : K - k0;
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nco), int(np), int(kc), 1.0f,
+                        w + k0, int(K), cols + k0 * ldb, int(ldb), k0 == 0 ? 0.0f : 1.0f, y, int(hw_out));
+        }
     }
     const float* res = c.residual ? c.residual + (t.image * c.c_out + co_abs) * hw_out + t.p0 : nullptr;
     // One pass over the tile: bias, residual and ReLU together (vectorised), any other
@@ -249,6 +309,10 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     for (int64_t i = 0; i < nco; ++i) {
         float* row = y + i * hw_out;
         const float b = c.bias ? c.bias[co_abs + i] : 0.0f;
+        if (!res && c.ep.act == activation::clip) {
+            clip_row(row, b, c.ep.alpha, c.ep.beta, np);
+            continue;
+        }
         if (res || relu || b != 0.0f) epilogue_row(row, res ? res + i * hw_out : nullptr, b, np, op);
         if (!relu && c.ep.act != activation::none) apply_epilogue(row, np, c.ep);
     }
@@ -270,12 +334,84 @@ void apply_epilogue(float* v, int64_t n, const epilogue& ep) {
     for (int64_t i = 0; i < n; ++i) v[i] = act(v[i], ep);
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void affine_row_avx512(float* y, const float* x, float s, float b, int64_t n,
+                                                                 const epilogue& ep) {
+    const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b), vlo = _mm512_set1_ps(ep.alpha),
+                 vhi = _mm512_set1_ps(ep.beta), zero = _mm512_setzero_ps();
+    const __mmask16 all = 0xffff;
+    // Multiply then add, as the scalar loop does (no FMA), so both paths give the same bits.
+    const auto one = [&](__m512 v) __attribute__((target("avx512f"))) {
+        v = _mm512_add_ps(_mm512_mul_ps(v, vs), vb);
+        if (ep.act == activation::relu) return _mm512_maskz_max_ps(all, v, zero);
+        if (ep.act == activation::clip) return _mm512_maskz_min_ps(all, vhi, _mm512_maskz_max_ps(all, vlo, v));
+        return v;
+    };
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(x + j)));
+    if (j < n) {
+        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(y + j, m, one(_mm512_maskz_loadu_ps(m, x + j)));
+    }
+}
+#endif
+
+void affine_row(float* y, const float* x, float s, float b, int64_t n, const epilogue& ep) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (have_avx512 && (ep.act == activation::none || ep.act == activation::relu || ep.act == activation::clip))
+        return affine_row_avx512(y, x, s, b, n, ep);
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s + b;
+    if (ep.act != activation::none) apply_epilogue(y, n, ep);
+}
+
+// Worked a row of output pixels at a time: each of the kh x kw taps adds w * x over the columns
+// where it lands inside the plane, so the padded edges cost nothing and there is no bounds
+// check per element. Strided rows are first copied to unit stride in `strided`. The taps are
+// summed in the same order for every pixel, so the result does not depend on [p0, p1).
+void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
+                float* strided) {
+    std::memset(y, 0, size_t(p1 - p0) * sizeof(float));
+    for (int64_t p = p0; p < p1;) {
+        const int64_t oy = p / g.w_out, ox0 = p % g.w_out, ox1 = std::min(g.w_out, ox0 + (p1 - p));
+        float* acc = y + (p - p0);
+        for (int64_t i = 0; i < g.kh; ++i) {
+            const int64_t iy = oy * g.stride_h - g.pad_top + i * g.dil_h;
+            if (iy < 0 || iy >= g.h) continue;
+            const float* row = x + iy * g.w;
+            for (int64_t j = 0; j < g.kw; ++j) {
+                const int64_t off = j * g.dil_w - g.pad_left;  // ix = ox * stride + off
+                // The output columns whose input column is inside the row: [a, b).
+                const int64_t a = std::max(ox0, off >= 0 ? 0 : (-off + g.stride_w - 1) / g.stride_w);
+                const int64_t b = std::min(ox1, g.w - off <= 0 ? 0 : (g.w - 1 - off) / g.stride_w + 1);
+                if (a >= b) continue;
+                const float* src = row + a * g.stride_w + off;
+                if (g.stride_w != 1) {
+                    if (g.stride_w == 2) {
+                        copy_stride2(strided, src, b - a);
+                    } else {
+                        for (int64_t q = 0; q < b - a; ++q) strided[q] = src[q * g.stride_w];
+                    }
+                    src = strided;
+                }
+                axpy_row(acc + (a - ox0), src, w ? w[i * g.kw + j] : 1.0f, b - a);
+            }
+        }
+        p += ox1 - ox0;
+    }
+}
+
+const char* cpu_blas_kernels() { return openblas_get_corename(); }
+
 bool conv2d_is_pointwise(const conv2d_args& c) {
     return c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.pad_top == 0 &&
            c.pad_left == 0 && c.h_out == c.h && c.w_out == c.w_in;
 }
 
 size_t conv2d_scratch_bytes(const conv2d_args& c) {
+    // Depthwise: one output row's strided input columns copied to unit stride.
+    if (conv2d_is_depthwise(c))
+        return c.stride_w == 1 ? 0 : size_t(std::min<int64_t>(c.tile_pix, c.w_out)) * sizeof(float);
     return conv2d_is_pointwise(c) ? 0 : size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
 }
 

@@ -25,6 +25,17 @@ extern const gpu::kernel_info gather_axis_kernel;  // gather_axis_args, gather_a
 // Scratch (bytes) a conv2d block needs on the cpu backend for its im2col tile.
 size_t conv2d_scratch_bytes(const conv2d_args& c);
 bool conv2d_is_pointwise(const conv2d_args& c);
+// The geometry of a window over one plane: a depthwise convolution's or a 2-D pooling's.
+struct plane_window {
+    int64_t h, w, w_out, kh, kw, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
+};
+// y[p - p0] = the sum over the window's taps inside the plane of w[tap] * x[tap] (w null: 1),
+// for output pixels [p0, p1) of one plane (row major, w_out wide). `strided` holds at least
+// min(p1 - p0, w_out) floats when stride_w != 1.
+void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
+                float* strided);
+// The kernel set the cpu GEMM/conv blocks run (OpenBLAS's core name: "SkylakeX", "Haswell", ...).
+const char* cpu_blas_kernels();
 
 // erf for the cpu blocks: Eigen's rational approximation (generic_fast_erf_float), a few ulp on
 // [-4, 4] and +-1 beyond. Branch-free, so loops over it vectorise; std::erf is ~10x slower,
@@ -48,5 +59,7 @@ inline float erf_fast(float x) {
 
 // Applies the fused epilogue to n values in place.
 void apply_epilogue(float* v, int64_t n, const epilogue& ep);
+// y[i] = ep(x[i] * s + b): a per-channel affine map (inference batch norm) with its activation.
+void affine_row(float* y, const float* x, float s, float b, int64_t n, const epilogue& ep);
 
 }  // namespace reefline::ml::kernels

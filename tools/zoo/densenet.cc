@@ -1,4 +1,5 @@
-// DenseNet-201 (torchvision): growth 32, blocks (6, 12, 48, 32), 64 initial features,
+// DenseNet-121 and DenseNet-201 (torchvision): growth 32, blocks (6, 12, 24, 16) and
+// (6, 12, 48, 32), 64 initial features,
 // bottleneck 4 x growth. Each dense layer is BN-ReLU-Conv1x1-BN-ReLU-Conv3x3 on the Concat of
 // all earlier features of its block (one multi-input Concat per layer, as torchvision exports);
 // transitions are BN-ReLU-Conv1x1 (halving channels) then AveragePool 2x2/2.
@@ -10,10 +11,11 @@
 
 namespace reefline::zoo {
 
-void build_densenet201(graph_builder& g, const variant_options& v, model_meta& m) {
+namespace {
+
+void build_densenet(graph_builder& g, const variant_options& v, model_meta& m, const std::vector<int>& blocks) {
     const int64_t div = v.tiny ? 8 : 1, size = v.tiny ? 64 : 224, classes = v.tiny ? 10 : 1000;
     const int64_t growth = 32 / div, bottleneck = 4 * 32 / div;
-    const std::vector<int> blocks{6, 12, 48, 32};
 
     std::string x = image_input(g, m, size);
     int64_t c = 64 / div;
@@ -48,5 +50,11 @@ void build_densenet201(graph_builder& g, const variant_options& v, model_meta& m
     x = g.gemm(x, "classifier", c, classes, kLogitRms);
     image_output(g, m, x, classes);
 }
+
+}  // namespace
+
+void build_densenet121(graph_builder& g, const variant_options& v, model_meta& m) { build_densenet(g, v, m, {6, 12, 24, 16}); }
+
+void build_densenet201(graph_builder& g, const variant_options& v, model_meta& m) { build_densenet(g, v, m, {6, 12, 48, 32}); }
 
 }  // namespace reefline::zoo

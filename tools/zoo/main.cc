@@ -17,8 +17,8 @@
 int main(int argc, char** argv) {
     using namespace reefline::zoo;
     CLI::App app{
-        "Writes ONNX models (vgg19, resnet152, densenet201, inception_v3, distilbert, "
-        "resnet50, alexnet, mobilenet_v2) with deterministic weights from a seed"};
+        "Writes ONNX models (vgg19, resnet152, densenet201, densenet121, inception_v3, distilbert, bert, "
+        "resnet50, alexnet, mobilenet_v2, sensor_tcn) with deterministic weights from a seed"};
     std::string out;
     bool tiny = false, list = false, quiet = false;
     uint64_t seed = 1;

@@ -44,6 +44,9 @@ const std::vector<zoo_entry>& registry() {
         {"mobilenet_v2", build_mobilenet_v2,
          "MobileNet-v2: inverted residuals, depthwise convs, ReLU6 as Clip, 224x224, 1000 classes",
          "MobileNet-v2 tiny: widths / 4 (last conv 320), 64x64, 10 classes"},
+        {"densenet121", build_densenet121,
+         "DenseNet-121: dense blocks [6, 12, 24, 16], growth 32, 224x224, 1000 classes",
+         "DenseNet-121 tiny: dense blocks [6, 12, 24, 16], growth 4, 64x64, 10 classes"},
         {"sensor_tcn", build_sensor_tcn,
          "Sensor TCN: 6 residual blocks of dilated causal 1-D convs (64 channels, dilations 1 .. "
          "32), windows of 256 steps x 12 features, 8 classes",

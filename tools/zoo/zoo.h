@@ -65,6 +65,7 @@ void build_alexnet(graph_builder&, const variant_options&, model_meta&);
 void build_resnet50(graph_builder&, const variant_options&, model_meta&);
 void build_resnet152(graph_builder&, const variant_options&, model_meta&);
 void build_mobilenet_v2(graph_builder&, const variant_options&, model_meta&);
+void build_densenet121(graph_builder&, const variant_options&, model_meta&);
 void build_densenet201(graph_builder&, const variant_options&, model_meta&);
 void build_inception_v3(graph_builder&, const variant_options&, model_meta&);
 void build_distilbert(graph_builder&, const variant_options&, model_meta&);
