@@ -213,8 +213,9 @@ model_file read_model_file(const std::string& path, uint64_t limit) {
     return f;
 }
 
-std::string sizes_text(const std::vector<int64_t>& sizes) {
-    std::vector<int64_t> distinct(sizes);
+std::string sizes_text(const std::vector<std::vector<int64_t>>& lanes) {
+    std::vector<int64_t> distinct;
+    for (const auto& sizes : lanes) distinct.insert(distinct.end(), sizes.begin(), sizes.end());
     std::sort(distinct.begin(), distinct.end());
     distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
     std::string s;
@@ -517,7 +518,8 @@ void if_manager::profile(model_if& mif, const std::string& name, bool keep, mode
 }
 
 if_manager::loaded_model if_manager::load_model_file(const std::string& name, const std::string& onnx,
-                                                    const model_settings& settings, const std::vector<int64_t>& sizes) {
+                                                    const model_settings& settings,
+                                                    const std::vector<std::vector<int64_t>>& sizes) {
     // The file's size is checked before it is read, and it must fit the budget on its own:
     // importing holds at least its bytes.
     std::error_code ec;
@@ -556,7 +558,7 @@ if_manager::loaded_model if_manager::load_model_file(const std::string& name, co
         needs += "weights " + format_byte_size(double(need.weight_bytes)) + " (+ " + format_byte_size(double(need.host_bytes)) +
                  " host copy), ";
     needs += "arenas " + format_byte_size(double(need.instance_bytes())) + " for batch sizes " + sizes_text(sizes) +
-             (lengths.empty() ? "" : " at sequence lengths " + sizes_text(lengths)) +
+             (lengths.empty() ? "" : " at sequence lengths " + sizes_text({lengths})) +
              ", while loading the file " + format_byte_size(double(file.bytes.size()));
     if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
     admit(peak, needs);
@@ -694,7 +696,7 @@ json if_manager::set(const json& f) {
         // A new version of the model: every batch size the IF plans, on the new weights, admitted
         // beside what the IF holds now (both are held until the switch-over).
         replacement = load_model_file(name, get_string(f, "onnx"), s, mif->instances_to_plan(s, true));
-    } else if (const std::vector<int64_t> sizes = mif->instances_to_plan(s); !sizes.empty()) {
+    } else if (const std::vector<std::vector<int64_t>> sizes = mif->instances_to_plan(s); !sizes.empty()) {
         // New batch sizes (a larger max_batch, a lane that was not planned) are new instances.
         int64_t need = 0;
         try {

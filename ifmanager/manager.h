@@ -129,8 +129,9 @@ private:
         model_file file;
         std::pair<uint64_t, uint64_t> key;  // _loaded's
     };
+    // `sizes`: the batch sizes to plan, per lane (a lane's instances share an arena).
     loaded_model load_model_file(const std::string& name, const std::string& onnx, const model_settings& settings,
-                                 const std::vector<int64_t>& sizes);
+                                 const std::vector<std::vector<int64_t>>& sizes);
     nlohmann::json set(const nlohmann::json& fields);
     // Refuses `need` more bytes when they do not fit the budget beside what is in use;
     // `what` says what they are for ("model 'cam' needs 3.1 GiB: ...").

@@ -5,6 +5,7 @@
 #include <rte_errno.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -244,14 +245,11 @@ std::vector<int64_t> model_if::batch_sizes(uint32_t max_batch) {
     return sizes;
 }
 
-std::vector<int64_t> model_if::initial_instances(const model_settings& s) {
-    std::vector<int64_t> sizes = batch_sizes(s.batching.max_batch);
+std::vector<std::vector<int64_t>> model_if::initial_instances(const model_settings& s) {
+    std::vector<std::vector<int64_t>> lanes{batch_sizes(s.batching.max_batch)};
     // The constructor plans the IF's own lane, and the RT lane too when RT sources are named.
-    if (s.cls == gpu::task_class::be && !s.rt_sources_be.empty()) {
-        const size_t n = sizes.size();
-        for (size_t i = 0; i < n; ++i) sizes.push_back(sizes[i]);
-    }
-    return sizes;
+    if (s.cls == gpu::task_class::be && !s.rt_sources_be.empty()) lanes.push_back(lanes.front());
+    return lanes;
 }
 
 bool model_if::lane_planned_by(const model_settings& s, int i) const {
@@ -259,32 +257,49 @@ bool model_if::lane_planned_by(const model_settings& s, int i) const {
     return used || !_lanes[i]->instances.empty();
 }
 
-std::vector<int64_t> model_if::instances_to_plan(const model_settings& s, bool all) const {
+std::vector<std::vector<int64_t>> model_if::instances_to_plan(const model_settings& s, bool all) const {
     std::lock_guard<std::mutex> g(_mu);
-    std::vector<int64_t> sizes;
+    std::vector<std::vector<int64_t>> lanes;
     for (int i = 0; i < 2; ++i) {
         if (!lane_planned_by(s, i)) continue;
+        std::vector<int64_t> sizes;
         for (const int64_t b : batch_sizes(s.batching.max_batch))
             if (all || !_lanes[i]->instances.count(uint32_t(b))) sizes.push_back(b);
+        if (!sizes.empty()) lanes.push_back(std::move(sizes));
     }
-    return sizes;
+    return lanes;
 }
+
+namespace {
+// The distinct shared arenas of a set of instances.
+template <typename Instances>
+void add_arenas(const Instances& instances, std::vector<const ml::shared_arena*>& seen) {
+    for (const auto& [b, in] : instances)
+        if (const ml::shared_arena* a = in->shared().get(); a && std::find(seen.begin(), seen.end(), a) == seen.end())
+            seen.push_back(a);
+}
+}  // namespace
 
 int64_t model_if::memory_bytes() const {
     std::lock_guard<std::mutex> g(_mu);
     int64_t total = 0;
-    for (const auto& l : _lanes)
+    std::vector<const ml::shared_arena*> arenas;
+    for (const auto& l : _lanes) {
         for (const auto& [b, in] : l->instances) total += in->memory_bytes();
+        add_arenas(l->instances, arenas);
+    }
+    for (const ml::shared_arena* a : arenas) total += a->bytes();
     return total;
 }
 
 std::unique_ptr<ml::instance> model_if::plan_instance(const std::shared_ptr<ml::model>& model,
                                                       const ml::request_input& input, gpu::task_class cls, uint32_t b,
                                                       bool through_scheduler,
-                                                      std::vector<std::pair<size_t, double>>& warm_ms) const {
+                                                      std::vector<std::pair<size_t, double>>& warm_ms,
+                                                      const std::shared_ptr<ml::shared_arena>& arena) const {
     const std::vector<int64_t> lengths = planned_lengths(input);
     auto in = _runtime.link_model(model, cls == gpu::task_class::rt ? -1 : 0);
-    if (in->batch() != b || !lengths.empty()) _runtime.configure_batch(*in, b, lengths);
+    _runtime.configure_batch(*in, b, lengths, arena);
     if (_config.warm_up) {
         // One run with zero inputs: touches the arena and weights, and seeds the controller's
         // latency model with a measured time for this size. Sequences warm up every size at
@@ -328,11 +343,13 @@ std::unique_ptr<ml::instance> model_if::plan_instance(const std::shared_ptr<ml::
 }
 
 void model_if::plan_sizes(lane& l, uint32_t max_batch) {
+    // The lane runs one batch at a time: its instances share one arena.
+    const auto arena = _runtime.make_shared_arena();
     for (const int64_t size : batch_sizes(max_batch)) {
         const uint32_t b = uint32_t(size);
         if (l.instances.count(b)) continue;
         std::vector<std::pair<size_t, double>> warm_ms;
-        auto in = plan_instance(_model, _input, l.cls, b, false, warm_ms);
+        auto in = plan_instance(_model, _input, l.cls, b, false, warm_ms, arena);
         for (const auto& [bucket, ms] : warm_ms) l.controllers[bucket].observe(b, ms, ms);
         l.instances.emplace(b, std::move(in));
     }
@@ -493,10 +510,14 @@ model_if::prepared_settings model_if::prepare(const model_settings& s, std::shar
     }
     // Planned and warmed up without the IF's lock: the serving thread goes on with the
     // instances it has (before, a `set` that added batch sizes held the IF for all of this).
+    // A lane's new instances share one new arena: its live instances' arena is in use by the
+    // batch the lane runs meanwhile, and the warm-up runs below are tasks of their own.
     const std::shared_ptr<ml::model>& model = p.model ? p.model : _model;
+    std::array<std::shared_ptr<ml::shared_arena>, 2> arenas;
     for (const auto& [i, b] : wanted) {
         std::vector<std::pair<size_t, double>> warm_ms;
-        p.instances.push_back({i, b, plan_instance(model, p.input, _lanes[i]->cls, b, true, warm_ms)});
+        if (!arenas[size_t(i)]) arenas[size_t(i)] = _runtime.make_shared_arena();
+        p.instances.push_back({i, b, plan_instance(model, p.input, _lanes[i]->cls, b, true, warm_ms, arenas[size_t(i)])});
         for (const auto& [bucket, ms] : warm_ms) p.samples.push_back({i, bucket, b, ms});
     }
     return p;
@@ -1049,11 +1070,22 @@ nlohmann::json model_if::describe() const {
         for (const auto& [b, _] : own.instances) sizes.push_back(b);
         j["planned_batch_sizes"] = sizes;
     }
-    nlohmann::json instances = nlohmann::json::array();
-    for (int i = 0; i < 2; ++i)
+    nlohmann::json instances = nlohmann::json::array(), arenas = nlohmann::json::array();
+    for (int i = 0; i < 2; ++i) {
         for (const auto& [b, in] : _lanes[i]->instances)
             instances.push_back({{"lane", i == 0 ? "rt" : "be"}, {"batch", b}, {"bytes", in->memory_bytes()}});
+        // The arenas the lane's instances share (one, or one per `set` that added sizes).
+        std::vector<const ml::shared_arena*> seen;
+        add_arenas(_lanes[i]->instances, seen);
+        for (const ml::shared_arena* a : seen) {
+            nlohmann::json sizes = nlohmann::json::array();
+            for (const auto& [b, in] : _lanes[i]->instances)
+                if (in->shared().get() == a) sizes.push_back(b);
+            arenas.push_back({{"lane", i == 0 ? "rt" : "be"}, {"bytes", a->bytes()}, {"batch_sizes", sizes}});
+        }
+    }
     j["instances"] = instances;
+    j["arenas"] = arenas;
     return j;
 }
 

@@ -189,11 +189,12 @@ public:
     static ml::import_options import_options();
     // The batch sizes a lane plans for `max_batch`: the powers of two below it, and it.
     static std::vector<int64_t> batch_sizes(uint32_t max_batch);
-    // The instances (one batch size per entry) a new IF with these settings plans.
-    static std::vector<int64_t> initial_instances(const model_settings& s);
-    // The instances update(s) would add to those planned now; with `all`, every instance the
-    // settings plan (what a replacement model needs).
-    std::vector<int64_t> instances_to_plan(const model_settings& s, bool all = false) const;
+    // The instances a new IF with these settings plans: per lane, its batch sizes (a lane's
+    // instances share one arena).
+    static std::vector<std::vector<int64_t>> initial_instances(const model_settings& s);
+    // The instances update(s) would add to those planned now, per lane (they share a new arena
+    // per lane); with `all`, every instance the settings plan (what a replacement model needs).
+    std::vector<std::vector<int64_t>> instances_to_plan(const model_settings& s, bool all = false) const;
     // Gather segments per request the data plane can hand over (its fragments per request).
     static constexpr int64_t segments_per_request = wire::max_fragments;
     // Memory the IF's instances hold now (arenas, inputs, gather lists; not the weights).
@@ -231,10 +232,12 @@ private:
     void plan_sizes(lane& l, uint32_t max_batch);
     // One instance of batch size b for a lane of class cls, warmed up when the config says so
     // (directly on the device before the IF serves, as BE tasks through the scheduler while
-    // it does); the warm-up runs' times go to `warm_ms` as (length bucket, ms).
+    // it does); the warm-up runs' times go to `warm_ms` as (length bucket, ms). Its plans use
+    // `arena`, which the lane's other instances planned in the same round share.
     std::unique_ptr<ml::instance> plan_instance(const std::shared_ptr<ml::model>& model, const ml::request_input& input,
                                                 gpu::task_class cls, uint32_t b, bool through_scheduler,
-                                                std::vector<std::pair<size_t, double>>& warm_ms) const;
+                                                std::vector<std::pair<size_t, double>>& warm_ms,
+                                                const std::shared_ptr<ml::shared_arena>& arena) const;
     // Profiles `instances` (kprof; see profile()) and returns the summary.
     nlohmann::json profile_instances(const std::vector<ml::instance*>& instances, const dkp::model_profile* stored,
                                      const ml::runtime::launch_runner& run_alone, double budget_ms,

@@ -65,8 +65,20 @@ instance::~instance() {
     if (_task) _device->ops().task_words_destroy(_device, _task);
     free_variants();
     if (_arena) _device->free(_arena);
+    leave_shared();
     if (_gather_list) _device->free(_gather_list);
     if (_model) --_model->_instances;
+}
+
+void instance::leave_shared() {
+    if (!_shared) return;
+    auto& users = _shared->_users;
+    users.erase(std::remove(users.begin(), users.end(), this), users.end());
+    _shared.reset();
+}
+
+shared_arena::~shared_arena() {
+    if (_memory) _device->free(_memory);
 }
 
 std::vector<tensor_desc> instance::inputs() const {
@@ -99,6 +111,7 @@ int64_t instance::memory_bytes() const {
 runtime::runtime(gpu::device& device, plan_options options) : _device(device), _options(options) {
     if (_options.tiles == plan_options::tiles_for::device)
         _options.tiles = device.caps().gpu ? plan_options::tiles_for::gpu : plan_options::tiles_for::cpu;
+    if (_options.compute_units == 0) _options.compute_units = device.caps().compute_units;
 }
 runtime::~runtime() = default;
 
@@ -177,13 +190,32 @@ int64_t runtime::gather_list_bytes(int64_t batch, int64_t segments_per_request, 
 std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& imported, const plan::weight_layout& layout,
                                                                  std::span<const int64_t> batches,
                                                                  int64_t segments_per_request,
-                                                                 std::span<const int64_t> lengths) const {
+                                                                 std::span<const int64_t> lengths,
+                                                                 int64_t* shared_arena) const {
+    const int64_t max_length = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+    if (shared_arena) {
+        // configure_batch() with a shared arena frees the instance's own (link_model's): the
+        // shared one ends as large as the largest plan of the group.
+        std::vector<std::pair<int64_t, int64_t>> out;
+        *shared_arena = 0;
+        const std::vector<int64_t> each = lengths.empty() ? std::vector<int64_t>{0}
+                                                          : std::vector<int64_t>(lengths.begin(), lengths.end());
+        for (const int64_t b : batches) {
+            int64_t inputs = 0;
+            for (const int64_t len : each) {
+                const plan p = plan_for(imported, layout, b, len).first;
+                *shared_arena = std::max(*shared_arena, arena_allocation(p));
+                inputs += inputs_allocation(p);
+            }
+            out.emplace_back(b, inputs + gather_list_bytes(b, segments_per_request, max_length));
+        }
+        return out;
+    }
     // link_model() configures the imported batch first; configure_batch() then replaces the
     // arena only with a larger one (the larger of the plans stays) and the inputs regions with
     // its plans' own.
     const int64_t first = imported.batch > 0 ? imported.batch : 1;
     const plan first_plan = plan_for(imported, layout, first).first;
-    const int64_t max_length = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
     std::vector<std::pair<int64_t, int64_t>> out;
     for (const int64_t b : batches) {
         int64_t arena = arena_allocation(first_plan), inputs = inputs_allocation(first_plan);
@@ -204,13 +236,21 @@ std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& im
     return out;
 }
 
-memory_footprint runtime::footprint(const graph& imported, std::span<const int64_t> batches,
-                                    int64_t segments_per_request, std::span<const int64_t> lengths) const {
+namespace {
+// A graph not loaded yet: its weights, their host copy and the upload's staging buffer.
+memory_footprint weights_footprint(const graph& imported, const plan::weight_layout& layout) {
     memory_footprint f;
-    const plan::weight_layout layout = plan::layout_weights(imported);
     f.weight_bytes = layout.bytes;
     f.host_bytes = distinct_constant_bytes(imported);
     f.staging_bytes = layout.bytes;
+    return f;
+}
+}  // namespace
+
+memory_footprint runtime::footprint(const graph& imported, std::span<const int64_t> batches,
+                                    int64_t segments_per_request, std::span<const int64_t> lengths) const {
+    const plan::weight_layout layout = plan::layout_weights(imported);
+    memory_footprint f = weights_footprint(imported, layout);
     f.instances = instance_bytes(imported, layout, batches, segments_per_request, lengths);
     return f;
 }
@@ -222,7 +262,41 @@ memory_footprint runtime::footprint(const model& m, std::span<const int64_t> bat
     return f;
 }
 
-void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64_t> lengths) {
+void runtime::add_groups(memory_footprint& f, const graph& imported, const plan::weight_layout& layout,
+                         std::span<const std::vector<int64_t>> groups, int64_t segments_per_request,
+                         std::span<const int64_t> lengths) const {
+    for (const std::vector<int64_t>& group : groups) {
+        if (group.empty()) continue;
+        int64_t arena = 0;
+        for (auto& entry : instance_bytes(imported, layout, group, segments_per_request, lengths, &arena))
+            f.instances.push_back(entry);
+        f.arenas.push_back(arena);
+    }
+}
+
+memory_footprint runtime::footprint(const graph& imported, std::span<const std::vector<int64_t>> groups,
+                                    int64_t segments_per_request, std::span<const int64_t> lengths) const {
+    const plan::weight_layout layout = plan::layout_weights(imported);
+    memory_footprint f = weights_footprint(imported, layout);
+    add_groups(f, imported, layout, groups, segments_per_request, lengths);
+    return f;
+}
+
+memory_footprint runtime::footprint(const model& m, std::span<const std::vector<int64_t>> groups,
+                                    int64_t segments_per_request, std::span<const int64_t> lengths) const {
+    memory_footprint f;
+    add_groups(f, m._imported, m._layout, groups, segments_per_request, lengths);
+    return f;
+}
+
+std::shared_ptr<shared_arena> runtime::make_shared_arena() {
+    auto a = std::make_shared<shared_arena>();
+    a->_device = &_device;
+    return a;
+}
+
+void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64_t> lengths,
+                              const std::shared_ptr<shared_arena>& shared) {
     // Plan everything first: a plan that fails leaves the instance as it was.
     std::vector<instance::variant> built;
     const std::vector<int64_t> each = lengths.empty() ? std::vector<int64_t>{0}
@@ -238,7 +312,22 @@ void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64
         arena = std::max(arena, size_t(arena_allocation(*v.p)));
         built.push_back(std::move(v));
     }
-    if (arena > in._arena_size) {
+    if (shared) {
+        if (shared->_device != &_device) throw std::invalid_argument("configure_batch: a shared arena of another device");
+        if (arena > shared->_size) {
+            // Grown: allocated first (a failure leaves everything as it was), then every instance
+            // that shares it is bound to the new memory before the old is freed.
+            void* memory = _device.alloc(arena);
+            if (!memory) throw std::bad_alloc();
+            for (instance* user : shared->_users)
+                for (instance::variant& v : user->_variants)
+                    v.p->bind({static_cast<std::byte*>(user->_model->_weights), static_cast<std::byte*>(memory),
+                               static_cast<std::byte*>(v.inputs)});
+            if (shared->_memory) _device.free(shared->_memory);
+            shared->_memory = memory;
+            shared->_size = arena;
+        }
+    } else if (arena > in._arena_size || in._shared) {
         if (in._arena) _device.free(in._arena);
         in._arena = _device.alloc(arena);
         in._arena_size = in._arena ? arena : 0;
@@ -247,20 +336,30 @@ void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64
         for (instance::variant& v : built)
             if (v.inputs) _device.free(v.inputs);
     };
-    if (!in._arena) {
+    if (!shared && !in._arena) {
         release();
         throw std::bad_alloc();
     }
+    std::byte* const arena_memory = static_cast<std::byte*>(shared ? shared->_memory : in._arena);
     for (instance::variant& v : built) {
         v.inputs = _device.alloc(v.inputs_size, gpu::memory_kind::host_mapped);
         if (!v.inputs) {
             release();
             throw std::bad_alloc();
         }
-        v.p->bind({static_cast<std::byte*>(in._model->_weights), static_cast<std::byte*>(in._arena),
-                   static_cast<std::byte*>(v.inputs)});
+        v.p->bind({static_cast<std::byte*>(in._model->_weights), arena_memory, static_cast<std::byte*>(v.inputs)});
     }
     in.free_variants();
+    if (shared && in._shared != shared) {
+        in.leave_shared();
+        if (in._arena) _device.free(in._arena);
+        in._arena = nullptr;
+        in._arena_size = 0;
+        in._shared = shared;
+        shared->_users.push_back(&in);
+    } else if (!shared) {
+        in.leave_shared();
+    }
     in._variants = std::move(built);
     in._selected = in._variants.size() - 1;  // the longest length
     in._batch = batch;
@@ -429,7 +528,7 @@ std::vector<tensor> runtime::read_outputs(const instance& in) {
         bytes_t host(bytes);
         if (bytes) {
             const std::byte* src = loc.where == region::weights ? static_cast<const std::byte*>(in._model->_weights)
-                                   : loc.where == region::arena  ? static_cast<const std::byte*>(in._arena)
+                                   : loc.where == region::arena  ? static_cast<const std::byte*>(in.arena_memory())
                                                                   : in.input_memory();
             _device.ops().copy_to_host(&_device, host.data(), src + loc.offset, bytes);
         }

@@ -42,12 +42,17 @@ struct memory_footprint {
     int64_t weight_bytes = 0;   // device: the weights region, one per loaded model
     int64_t host_bytes = 0;     // host: the constants a loaded model keeps (plans are built from them)
     int64_t staging_bytes = 0;  // host, while loading only: the buffer the weights are uploaded from
-    // One entry per instance: its batch size and its bytes (arena, inputs regions, gather list).
+    // One entry per instance: its batch size and its bytes (inputs regions, gather list, and
+    // its arena unless it shares one).
     std::vector<std::pair<int64_t, int64_t>> instances;
+    // The shared arenas, one per group of instances that share one (footprint's groups).
+    std::vector<int64_t> arenas;
 
+    // Everything the instances hold: their own bytes and the arenas they share.
     int64_t instance_bytes() const {
         int64_t total = 0;
         for (const auto& [batch, bytes] : instances) total += bytes;
+        for (const int64_t a : arenas) total += a;
         return total;
     }
     // What loading the model and then planning every instance needs at its peak: the staging
@@ -90,7 +95,30 @@ public:
     ~model();
 };
 
-// One instance of a model: its own arena, inputs, stream and task words. A sequence model's
+class instance;
+
+// Device memory for intermediate tensors that instances use in turn: an IF lane's instances
+// (one per planned batch size; the lane runs one batch at a time), so that the lane holds one
+// arena the size of its largest plan's instead of one per batch size. Only for instances whose
+// tasks are never in flight at once: a preempted task resumes from what it left in the arena.
+// Grows when configure_batch() plans an instance that needs more; the instances that share it
+// are then bound to the new memory (so none of their tasks may be in flight then either).
+class shared_arena {
+public:
+    ~shared_arena();
+    int64_t bytes() const { return int64_t(_size); }
+    size_t users() const { return _users.size(); }
+
+private:
+    friend class runtime;
+    friend class instance;
+    gpu::device* _device = nullptr;
+    void* _memory = nullptr;
+    size_t _size = 0;
+    std::vector<instance*> _users;
+};
+
+// One instance of a model: its own arena (or a shared one), inputs, stream and task words. A sequence model's
 // instance holds a plan per length bucket; they share the arena (one batch runs at a time)
 // and each has its own inputs region (which holds the constants only its length has).
 class instance {
@@ -102,14 +130,17 @@ public:
     const graph& specialized() const { return selected().g; }
     std::vector<tensor_desc> inputs() const;
     std::vector<tensor_desc> outputs() const;
-    int64_t arena_bytes() const { return int64_t(_arena_size); }
+    // The arena the instance's plans use (its own, or the shared arena's size).
+    int64_t arena_bytes() const { return _shared ? _shared->bytes() : int64_t(_arena_size); }
+    const std::shared_ptr<shared_arena>& shared() const { return _shared; }
     gpu::task_words* task() const { return _task; }
     std::byte* input_memory() const { return static_cast<std::byte*>(selected().inputs); }
     // The planned sequence lengths (empty: one plan at the model's own input shapes) and the
     // selected plan's length (0 for such a plan).
     std::vector<int64_t> lengths() const;
     int64_t length() const { return selected().length; }
-    // Device and host-mapped memory the instance holds now: arena, inputs regions, gather list.
+    // Device and host-mapped memory the instance holds now: its own arena (not a shared one:
+    // shared() says), inputs regions, gather list.
     int64_t memory_bytes() const;
 
 private:
@@ -134,8 +165,11 @@ private:
     int64_t _batch = 0;
     std::vector<variant> _variants;
     size_t _selected = 0;
-    void* _arena = nullptr;
+    void* _arena = nullptr;  // own; null while the instance uses _shared
     size_t _arena_size = 0;
+    std::shared_ptr<shared_arena> _shared;
+    std::byte* arena_memory() const { return static_cast<std::byte*>(_shared ? _shared->_memory : _arena); }
+    void leave_shared();
     // Host-mapped: the gather kernel's segments and offsets, then (sequences) its token errors.
     void* _gather_list = nullptr;
     size_t _gather_list_size = 0;
@@ -155,8 +189,13 @@ public:
     std::shared_ptr<model> load_graph(graph g, const std::string& name);
     std::unique_ptr<instance> link_model(const std::shared_ptr<model>& m, int stream_priority = 0);
     // Plans the instance for `batch` at the model's own input shapes (one plan), or for a
-    // sequence model at each of `lengths` (a plan per length; request_input::lengths).
-    void configure_batch(instance& in, int64_t batch, std::span<const int64_t> lengths = {});
+    // sequence model at each of `lengths` (a plan per length; request_input::lengths). With
+    // `arena`, the plans use that shared arena (grown if they need more) and the instance
+    // frees its own.
+    void configure_batch(instance& in, int64_t batch, std::span<const int64_t> lengths = {},
+                         const std::shared_ptr<shared_arena>& arena = nullptr);
+    // An empty shared arena on this device, for configure_batch() to size.
+    std::shared_ptr<shared_arena> make_shared_arena();
     // Runs one batch: copies `inputs` (one per graph input, in order, the configured shapes;
     // for an instance with a plan per length, the shapes select the plan) into the instance,
     // runs every launch and copies the outputs back.
@@ -229,6 +268,12 @@ public:
                                int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
     memory_footprint footprint(const model& m, std::span<const int64_t> batches,
                                int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
+    // The same with the instances in groups that each share one arena (make_shared_arena):
+    // an IF's lanes, each with an instance per batch size.
+    memory_footprint footprint(const graph& imported, std::span<const std::vector<int64_t>> groups,
+                               int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
+    memory_footprint footprint(const model& m, std::span<const std::vector<int64_t>> groups,
+                               int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
     // The gather list request_task() allocates at most for a batch of `batch` requests of up to
     // `segments_per_request` segments each and (sequences) up to `max_length` tokens (it grows
     // to twice what a batch needs).
@@ -239,10 +284,15 @@ private:
     // the imported shapes), and its specialized graph.
     std::pair<plan, graph> plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch,
                                     int64_t length = 0) const;
-    // (batch, bytes) of an instance configured for each of `batches`.
+    // (batch, bytes) of an instance configured for each of `batches`. With `shared_arena`, the
+    // instances share one: their bytes leave it out and *shared_arena is its size.
     std::vector<std::pair<int64_t, int64_t>> instance_bytes(const graph& imported, const plan::weight_layout& layout,
                                                             std::span<const int64_t> batches, int64_t segments_per_request,
-                                                            std::span<const int64_t> lengths) const;
+                                                            std::span<const int64_t> lengths,
+                                                            int64_t* shared_arena = nullptr) const;
+    void add_groups(memory_footprint& f, const graph& imported, const plan::weight_layout& layout,
+                    std::span<const std::vector<int64_t>> groups, int64_t segments_per_request,
+                    std::span<const int64_t> lengths) const;
     void run(instance& in, std::span<const tensor> inputs, std::vector<tensor>& outputs,
              std::vector<double>* launch_ms, const gpu::task_launch* gather = nullptr);
     gpu::task_launch gather_for(instance& in, const request_batch& batch);

@@ -90,11 +90,6 @@ std::optional<k::elem> elem_of(dtype t) {
     }
 }
 
-bool is_alias_op(op_type op) {
-    return op == op_type::Reshape || op == op_type::Flatten || op == op_type::Squeeze ||
-           op == op_type::Unsqueeze;
-}
-
 }  // namespace
 
 // ---- weights ----------------------------------------------------------------------------
@@ -436,6 +431,12 @@ void planner::lower_conv(int ni) {
     const int64_t K = k::conv2d_k(a);
     a.tile_pix = int32_t(std::clamp<int64_t>((int64_t(1) << 20) / std::max<int64_t>(1, K), 64, std::max<int64_t>(64, npix)));
     a.tile_pix = int32_t(std::min<int64_t>(a.tile_pix, npix));
+    // Several units: at least two blocks per unit where the pixels allow (halving the pixel
+    // tile, not below 64), or a batch-1 layer of one or two blocks leaves units idle. With one
+    // unit the larger tiles are faster (fewer, longer OpenBLAS calls), so they stay.
+    if (_o.compute_units > 1)
+        while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_pix > 64)
+            a.tile_pix = int32_t(std::max<int64_t>(64, (a.tile_pix + 1) / 2));
     a.tile_k = int32_t(std::min<int64_t>(K, 1024));
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
     std::vector<int> reads{x, w};

@@ -61,6 +61,9 @@ struct plan_options {
     // device it runs on (device_caps::gpu); plan::build alone reads it as cpu.
     enum class tiles_for : uint8_t { device, cpu, gpu };
     tiles_for tiles = tiles_for::device;
+    // The compute units the plan's kernels spread over (cpu tiles split small layers so that
+    // each unit gets blocks). 0: the runtime takes the device's; plan::build alone reads 1.
+    uint32_t compute_units = 0;
 };
 
 struct memory_bases {

@@ -836,13 +836,20 @@ TEST_F(control_test, a_model_that_does_not_fit_the_memory_budget_is_refused_befo
 }
 
 // The admission figure comes from the planner: for every batch size it is what the instance
-// then holds (arena and inputs exactly; the gather list at the data plane's worst case), and a
-// second IF of the same file counts its weights once.
+// then holds (inputs exactly; the gather list at the data plane's worst case), the lane's
+// instances share one arena as large as the largest plan's, and a second IF of the same file
+// counts its weights once.
 TEST_F(control_test, the_footprint_is_what_the_instances_then_hold_and_shared_weights_count_once) {
     const std::string file = write_activation_model(_dir / "activations.onnx", {1, 3, 64, 48});
     const std::vector<int64_t> sizes = {1, 2, 4, 5};
-    const ml::memory_footprint f = _runtime->footprint(ml::import_onnx(file), sizes, ifm::model_if::segments_per_request);
+    const std::vector<std::vector<int64_t>> lanes{sizes};
+    const ml::memory_footprint f = _runtime->footprint(ml::import_onnx(file), lanes, ifm::model_if::segments_per_request);
     ASSERT_EQ(f.instances.size(), sizes.size());
+    ASSERT_EQ(f.arenas.size(), 1u);
+    // Each size with an arena of its own would hold about 12x the batch-1 arena in all (1 + 2 +
+    // 4 + 5); the lane holds one the size of batch 5's.
+    const ml::memory_footprint alone = _runtime->footprint(ml::import_onnx(file), sizes, ifm::model_if::segments_per_request);
+    EXPECT_LT(f.instance_bytes(), alone.instance_bytes());
     const json r = add("act", 9100, file, {{"max_batch", 5}});
     ASSERT_TRUE(r["ok"].get<bool>()) << r.dump();
     const json& held = r["result"]["instances"];
@@ -854,6 +861,10 @@ TEST_F(control_test, the_footprint_is_what_the_instances_then_hold_and_shared_we
                   f.instances[i].second - ml::runtime::gather_list_bytes(sizes[i], ifm::model_if::segments_per_request))
             << "batch " << sizes[i];
     }
+    const json& arenas = r["result"]["arenas"];
+    ASSERT_EQ(arenas.size(), 1u) << arenas.dump();
+    EXPECT_EQ(arenas[0]["bytes"].get<int64_t>(), f.arenas[0]);
+    EXPECT_EQ(arenas[0]["batch_sizes"], json(sizes));
 
     const json a = add("a", 9101, _model, {{"max_batch", 2}});
     ASSERT_TRUE(a["ok"].get<bool>()) << a.dump();

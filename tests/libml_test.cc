@@ -121,6 +121,68 @@ TEST_F(libml_api, link_model_shares_weights) {
     EXPECT_EQ(m->instances(), 1);
 }
 
+// An IF lane's instances (one per batch size, run one at a time) share one arena: it is as
+// large as the largest plan's, grows when a larger plan joins (the instances already in it are
+// bound to the new memory), is what the footprint said, and changes no result.
+TEST_F(libml_api, instances_that_share_an_arena_give_the_results_of_their_own) {
+    counting_device counted(*_device);
+    ml::runtime rt(*counted.dev);
+    auto m = rt.load_model(_path / "model.onnx");
+    const ml::tensor x0 = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
+    const std::vector<ml::tensor> xs = {x0, random_like(x0, 1), random_like(x0, 2), random_like(x0, 3)};
+    // References: instances with arenas of their own.
+    auto own1 = rt.link_model(m), own4 = rt.link_model(m);
+    rt.configure_batch(*own4, 4);
+    std::vector<ml::tensor> want1, want4;
+    rt.infer_batch(*own1, std::vector<ml::tensor>{x0}, want1);
+    rt.infer_batch(*own4, std::vector<ml::tensor>{stack(xs)}, want4);
+
+    auto arena = rt.make_shared_arena();
+    auto a1 = rt.link_model(m);
+    rt.configure_batch(*a1, 1, {}, arena);
+    EXPECT_EQ(arena->bytes(), own1->arena_bytes());
+    EXPECT_EQ(a1->memory_bytes(), own1->memory_bytes() - own1->arena_bytes());  // its own arena is freed
+    std::vector<ml::tensor> y;
+    rt.infer_batch(*a1, std::vector<ml::tensor>{x0}, y);
+    for (size_t o = 0; o < y.size(); ++o) EXPECT_TRUE(y[o] == want1[o]) << "output " << o;
+
+    // Batch 4 joins: the arena grows to its plan's, a1 is bound to the new memory.
+    const int64_t before = counting_device::bytes;
+    auto a4 = rt.link_model(m);
+    rt.configure_batch(*a4, 4, {}, arena);
+    EXPECT_EQ(arena->bytes(), own4->arena_bytes());
+    EXPECT_EQ(arena->users(), 2u);
+    EXPECT_EQ(a4->shared(), arena);
+    std::printf("shared arena %lld bytes for batch 1 and 4 (own arenas: %lld + %lld); batch 4 joined for %lld bytes\n",
+                static_cast<long long>(arena->bytes()), static_cast<long long>(own1->arena_bytes()),
+                static_cast<long long>(own4->arena_bytes()), static_cast<long long>(counting_device::bytes - before));
+    for (int round = 0; round < 2; ++round) {  // in turn, as a lane runs them
+        rt.infer_batch(*a4, std::vector<ml::tensor>{stack(xs)}, y);
+        for (size_t o = 0; o < y.size(); ++o) EXPECT_TRUE(y[o] == want4[o]) << "batch 4, output " << o;
+        rt.infer_batch(*a1, std::vector<ml::tensor>{x0}, y);
+        for (size_t o = 0; o < y.size(); ++o) EXPECT_TRUE(y[o] == want1[o]) << "batch 1, output " << o;
+    }
+
+    // The footprint of the group: each instance's own bytes, and the arena once.
+    const std::vector<std::vector<int64_t>> groups{{1, 4}};
+    const ml::memory_footprint f = rt.footprint(*m, groups, 0);
+    ASSERT_EQ(f.arenas.size(), 1u);
+    EXPECT_EQ(f.arenas[0], arena->bytes());
+    ASSERT_EQ(f.instances.size(), 2u);
+    EXPECT_EQ(f.instances[0].second, a1->memory_bytes());
+    EXPECT_EQ(f.instances[1].second, a4->memory_bytes());
+    EXPECT_EQ(f.instance_bytes(), a1->memory_bytes() + a4->memory_bytes() + arena->bytes());
+
+    // Leaving: an instance configured on its own again, or destroyed, is no longer a user.
+    rt.configure_batch(*a1, 1);
+    EXPECT_EQ(a1->shared(), nullptr);
+    EXPECT_EQ(arena->users(), 1u);
+    rt.infer_batch(*a1, std::vector<ml::tensor>{x0}, y);
+    for (size_t o = 0; o < y.size(); ++o) EXPECT_TRUE(y[o] == want1[o]) << "own again, output " << o;
+    a4.reset();
+    EXPECT_EQ(arena->users(), 0u);
+}
+
 TEST_F(libml_api, wrong_inputs_are_refused) {
     auto m = _rt->load_model(_path / "model.onnx");
     auto a = _rt->link_model(m);

@@ -789,6 +789,10 @@ TEST(reefctl_render, ToleratesMissingFields) {
               std::string::npos)
         << render_describe({{"knee", knee}});
     EXPECT_NE(render_describe({{"knee", nullptr}}).find("not measured"), std::string::npos);
+    const json arenas = json::array({{{"lane", "be"}, {"bytes", 3 << 20}, {"batch_sizes", {1, 2, 4}}}});
+    EXPECT_NE(render_describe({{"arenas", arenas}}).find("be 3.0 MiB for batch 1, 2, 4"), std::string::npos)
+        << render_describe({{"arenas", arenas}});
+    EXPECT_NO_THROW((void)render_describe({{"arenas", json::array({json::object(), 1})}}));
 }
 
 }  // namespace

@@ -127,6 +127,20 @@ std::string instances_line(const json& list) {
     return s.empty() ? "(none)" : s;
 }
 
+// describe's "arenas": "be 28.0 MiB for batch 1, 2, 4, 8, 16" (the lane's instances share it).
+std::string arenas_line(const json& list) {
+    if (!list.is_array()) return plain(list);
+    std::string s;
+    for (const auto& a : list) {
+        const auto b = number(a, "bytes");
+        std::string sizes;
+        if (const json& l = member(a, "batch_sizes"); l.is_array())
+            for (const auto& x : l) sizes += (sizes.empty() ? "" : ", ") + plain(x);
+        s += (s.empty() ? "" : "; ") + cell(a, "lane") + " " + (b ? bytes(*b) : "-") + " for batch " + sizes;
+    }
+    return s.empty() ? "(none)" : s;
+}
+
 // describe's "knee": "0.5 of the device (2 of 4 units) at batch 16; 1 unit 80.2 ms, 2 units 41.0 ms, ...".
 std::string knee_line(const json& k) {
     if (!k.is_object()) return k.is_null() ? "not measured" : plain(k);
@@ -182,6 +196,8 @@ std::string key_values(const json& result, const std::vector<std::string>& order
             text = footprint_line(v);
         else if (key == "instances")
             text = instances_line(v);
+        else if (key == "arenas")
+            text = arenas_line(v);
         else if (key == "knee")
             text = knee_line(v);
         else if (key == "abacus")
@@ -277,7 +293,7 @@ std::string render_describe(const json& result) {
     return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "input_format", "request",
                                "output", "batching", "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
                                "shed", "share", "share_policy", "share_demand", "units", "knee", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
-                               "kernels", "weight_bytes", "arena_bytes", "memory", "instances",
+                               "kernels", "weight_bytes", "arena_bytes", "memory", "instances", "arenas",
                                "requests_total", "responses_total"});
 }
 

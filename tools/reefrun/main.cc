@@ -40,10 +40,40 @@ int main(int argc, char** argv) {
     app.add_option("--batch", batch, "batch size (inputs of batch 1 are repeated)");
     app.add_option("--repeat", repeat, "run this many times and report the time per run")->check(CLI::PositiveNumber);
     app.add_option("--profile", profile, "print the N slowest launches (kernel, node, grid, ms)");
+    uint32_t footprint = 0;
+    app.add_option("--footprint", footprint,
+                   "print the memory an IF lane planned up to this max_batch holds (batch sizes 1, 2, 4, .., "
+                   "max_batch), its instances sharing one arena and each with its own; runs nothing")
+        ->check(CLI::Range(1, 4096));
     CLI11_PARSE(app, argc, argv);
     try {
         auto device = reefline::gpu::make_cpu_device();
         ml::runtime rt(*device);
+        if (footprint) {
+            // The sizes a lane plans (the powers of two below max_batch, and max_batch).
+            std::vector<int64_t> sizes;
+            for (int64_t b = 1; b < footprint; b *= 2) sizes.push_back(b);
+            sizes.push_back(footprint);
+            // A symbolic sequence length at the first bucket, as the daemon imports models.
+            ml::import_options fopts;
+            fopts.unbound_dim = ml::sequence_buckets[0];
+            const ml::graph g = ml::import_onnx(model, fopts);
+            std::vector<int64_t> lengths;
+            if (const ml::request_input r = ml::derive_request_input(g); r.kind == ml::request_kind::sequence) lengths = r.lengths;
+            const ml::memory_footprint own = rt.footprint(g, sizes, 0, lengths);
+            const std::vector<std::vector<int64_t>> lane{sizes};
+            const ml::memory_footprint shared = rt.footprint(g, lane, 0, lengths);
+            std::printf("%6s %16s %16s\n", "batch", "own arena", "shared arena");
+            for (size_t i = 0; i < sizes.size(); ++i)
+                std::printf("%6lld %16lld %16lld\n", static_cast<long long>(sizes[i]),
+                            static_cast<long long>(own.instances[i].second), static_cast<long long>(shared.instances[i].second));
+            std::printf("%6s %16s %16lld\n", "arena", "-", static_cast<long long>(shared.arenas.at(0)));
+            std::printf("weight_bytes=%lld instances_own_arenas=%lld instances_shared_arena=%lld ratio=%.2f\n",
+                        static_cast<long long>(own.weight_bytes), static_cast<long long>(own.instance_bytes()),
+                        static_cast<long long>(shared.instance_bytes()),
+                        double(own.instance_bytes()) / double(std::max<int64_t>(1, shared.instance_bytes())));
+            return 0;
+        }
         ml::import_options opts;
         if (batch > 0) opts.batch = batch;
         std::vector<ml::tensor> xs;
