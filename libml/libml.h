@@ -103,6 +103,8 @@ class instance;
 // tasks are never in flight at once: a preempted task resumes from what it left in the arena.
 // Grows when configure_batch() plans an instance that needs more; the instances that share it
 // are then bound to the new memory (so none of their tasks may be in flight then either).
+// Not thread-safe: configure and destroy the instances that share one from one thread at a
+// time (an IF's control thread does both).
 class shared_arena {
 public:
     ~shared_arena();
