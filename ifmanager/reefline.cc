@@ -399,11 +399,8 @@ int main(int argc, char** argv) {
                 reefline::gpu::cpu_device_options dopt;
                 dopt.compute_units = compute_units;
                 device = reefline::gpu::make_cpu_device(dopt);
-                // Worth ~1.6x on convolution models: say which GEMM kernels run, and why.
-                const char* coretype = std::getenv("OPENBLAS_CORETYPE");
-                std::fprintf(stderr, "reefline: cpu device GEMM by OpenBLAS's %s kernels%s%s\n",
-                             reefline::ml::kernels::cpu_blas_kernels(), coretype ? " (OPENBLAS_CORETYPE=" : "",
-                             coretype ? (std::string(coretype) + ")").c_str() : "");
+                std::fprintf(stderr, "reefline: cpu device GEMM by OpenBLAS's %s kernels\n",
+                             reefline::ml::kernels::cpu_blas_kernels().c_str());
             } else {
                 device = make_gpu_backend(gpu_ordinal, gpu_math_name);
                 // The gather kernel reads request payloads where the NIC wrote them: the rx

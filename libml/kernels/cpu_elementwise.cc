@@ -430,6 +430,10 @@ bool avg_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
         const int64_t end = a.count_include_pad ? n + pad_end : n, begin = a.count_include_pad ? -pad : 0;
         return std::max<int64_t>(0, std::min(hi, end) - std::max(lo, begin));
     };
+    // The columns each output counts are the same in every row and plane: once per block.
+    int32_t columns[kAvgPoolMaxStridedRow];
+    for (int64_t ox = 0; ox < a.w_out; ++ox)
+        columns[ox] = int32_t(counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
         float* y = a.y + plane * out_plane;
@@ -438,7 +442,7 @@ bool avg_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
             const int64_t rows = counted(oy, a.stride_h, a.pad_top, a.pad_bottom, a.kh, a.h);
             float* row = y + oy * a.w_out;
             for (int64_t ox = 0; ox < a.w_out; ++ox) {
-                const int64_t n = rows * counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w);
+                const int64_t n = rows * columns[ox];
                 row[ox] = n ? row[ox] / float(n) : 0.0f;
             }
         }

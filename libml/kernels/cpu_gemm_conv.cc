@@ -5,7 +5,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -401,7 +403,11 @@ void window_sum(const plane_window& g, const float* x, const float* w, int64_t p
     }
 }
 
-const char* cpu_blas_kernels() { return openblas_get_corename(); }
+std::string cpu_blas_kernels() {
+    const char* coretype = std::getenv("OPENBLAS_CORETYPE");
+    return std::string(openblas_get_corename()) +
+           (coretype ? std::string(" (as OPENBLAS_CORETYPE=") + coretype + ")" : " (OpenBLAS's choice for this CPU)");
+}
 
 bool conv2d_is_pointwise(const conv2d_args& c) {
     return c.kh == 1 && c.kw == 1 && c.stride_h == 1 && c.stride_w == 1 && c.pad_top == 0 &&

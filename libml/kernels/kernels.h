@@ -2,6 +2,8 @@
 // (decomp.h). Backend implementations: cpu_*.cc here; CUDA/HIP from the same decompositions in gpu/.
 #pragma once
 
+#include <string>
+
 #include "libml/kernels/decomp.h"
 #include "preempt/device.h"
 
@@ -34,8 +36,10 @@ struct plane_window {
 // min(p1 - p0, w_out) floats when stride_w != 1.
 void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
                 float* strided);
-// The kernel set the cpu GEMM/conv blocks run (OpenBLAS's core name: "SkylakeX", "Haswell", ...).
-const char* cpu_blas_kernels();
+// The kernel set the cpu GEMM/conv blocks run, for logs: OpenBLAS's core name, and where
+// OPENBLAS_CORETYPE chose it ("Cooperlake (OpenBLAS's choice for this CPU)", "Haswell (as
+// OPENBLAS_CORETYPE=Haswell)"). Worth ~1.6x on convolution models, hence printed.
+std::string cpu_blas_kernels();
 
 // erf for the cpu blocks: Eigen's rational approximation (generic_fast_erf_float), a few ulp on
 // [-4, 4] and +-1 beyond. Branch-free, so loops over it vectorise; std::erf is ~10x slower,
