@@ -584,8 +584,12 @@ TEST_F(control_test, curve_serves_listed_clients_only) {
         }
         EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5)) << "reported only by the timeout";
     };
-    refused(&unlisted);
-    refused(nullptr);
+    // Refusals in a row: each closes its socket while libzmq may still be reporting on it (a
+    // reconnect after the refusal), which once hung the client's I/O thread for good.
+    for (int i = 0; i < 8; ++i) {
+        refused(&unlisted);
+        refused(nullptr);
+    }
     // The daemon keeps serving the listed client after refusing the others.
     EXPECT_EQ(rc::call(local, {{"op", "list"}}, 10000, &listed)["models"].size(), 0u);
 }

@@ -168,15 +168,39 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
         const std::string mon = "inproc://reefctl-monitor-" + std::to_string(monitors++);
         if (zmq_socket_monitor(socket.handle(), mon.c_str(),
                                ZMQ_EVENT_HANDSHAKE_FAILED_AUTH | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) == 0) {
+                                   ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_CONNECTED |
+                                   ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_DISCONNECTED) == 0) {
             monitor.emplace(context(), zmq::socket_type::pair);
             monitor->set(zmq::sockopt::linger, 0);
             monitor->connect(mon);
         }
+        // libzmq's I/O thread sends monitor events with a blocking send, and a PAIR socket with
+        // no peer blocks: were our end closed while the socket still reports (a reconnect after
+        // a refusal), that thread, and every later call of this process, would hang. Monitoring
+        // stops before our end closes (destruction runs in reverse order of declaration).
+        struct stop_monitoring {
+            void* socket;
+            ~stop_monitoring() { zmq_socket_monitor(socket, nullptr, 0); }
+        } const stop_monitor_first{socket.handle()};
         socket.connect(endpoint);
         if (!socket.send(zmq::buffer(text), zmq::send_flags::none))
             fail(local_code::no_reply, no_reply);
 
+        // A CURVE server may close the connection before its ERROR command is flushed (libzmq
+        // does not wait for it), so a refusal can also arrive as connections that are closed
+        // before their handshake completes: each is a refusal too, and two in a row are not a
+        // daemon restarting under us.
+        bool connected = false;
+        int closed_in_handshake = 0;
+        const auto refused = [&](bool told_auth) {
+            const char* why =
+                !curve ? "does the daemon use CURVE? then give --curve-server-key and --curve-key"
+                : told_auth ? "the daemon refused this client's key: is its public key in the daemon's "
+                              "--curve-clients list?"
+                            : "is --curve-server-key the daemon's public key, is this client's key in the "
+                              "daemon's --curve-clients list, and does the daemon use CURVE?";
+            fail(local_code::auth, "the handshake with " + endpoint + " failed (" + why + ")");
+        };
         for (;;) {
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
                 deadline - clock::now());
@@ -184,18 +208,21 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
             zmq::pollitem_t items[2] = {{socket.handle(), 0, ZMQ_POLLIN, 0},
                                         {monitor ? monitor->handle() : nullptr, 0, ZMQ_POLLIN, 0}};
             zmq::poll(items, monitor ? 2 : 1, left);
-            if (monitor && (items[1].revents & ZMQ_POLLIN)) {
-                zmq::message_t event;
-                if (monitor->recv(event, zmq::recv_flags::dontwait)) {
-                    uint16_t id = 0;
-                    if (event.size() >= 2) std::memcpy(&id, event.data(), 2);
-                    const char* why =
-                        !curve ? "does the daemon use CURVE? then give --curve-server-key and --curve-key"
-                        : id == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH
-                            ? "the daemon refused this client's key: is its public key in the daemon's "
-                              "--curve-clients list?"
-                            : "is --curve-server-key the daemon's public key, and does the daemon use CURVE?";
-                    fail(local_code::auth, "the handshake with " + endpoint + " failed (" + why + ")");
+            // Every monitor event is two parts: (event id, value), then the endpoint.
+            zmq::message_t event, address;
+            while (monitor && monitor->recv(event, zmq::recv_flags::dontwait)) {
+                if (event.more()) (void)monitor->recv(address, zmq::recv_flags::dontwait);
+                uint16_t id = 0;
+                if (event.size() >= 2) std::memcpy(&id, event.data(), 2);
+                switch (id) {
+                case ZMQ_EVENT_CONNECTED: connected = true; break;
+                case ZMQ_EVENT_HANDSHAKE_SUCCEEDED: connected = false; closed_in_handshake = 0; break;
+                case ZMQ_EVENT_DISCONNECTED:
+                    if (connected && ++closed_in_handshake >= 2) refused(false);
+                    connected = false;
+                    break;
+                case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: refused(true);
+                default: refused(false);  // the handshake failed for a protocol reason
                 }
             }
             if (!(items[0].revents & ZMQ_POLLIN)) continue;
