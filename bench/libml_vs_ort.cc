@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "bench/bench_report.h"
+#include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
 
@@ -123,6 +124,10 @@ int main(int argc, char** argv) {
     app.add_option("--root", root_dir, "repository root, for tests/ort and build/tools/zoo (default: two levels above the build dir)");
     app.add_flag("--quick", quick, "batch 1 only, 3 runs");
     app.add_option("--csv", csv_path, "write the table as CSV: one row per model and batch");
+    std::string gemm = "onednn";
+    app.add_option("--gemm", gemm, "the library reefline's GEMM and convolution blocks call (onednn falls back to OpenBLAS in a build without it)")
+        ->check(CLI::IsMember({"onednn", "openblas"}))
+        ->capture_default_str();
     app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
     CLI11_PARSE(app, argc, argv);
     const fs::path root = root_dir.empty() ? fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path()
@@ -173,12 +178,13 @@ int main(int argc, char** argv) {
         reefline::gpu::cpu_device_options o;
         o.compute_units = units;
         auto device = reefline::gpu::make_cpu_device(o);
+        ml::kernels::use_openblas_only(gemm == "openblas");
         ml::runtime rt(*device);
         std::printf("%u compute unit(s) for reefline, %u intra-op thread(s) for ONNX Runtime, %d timed runs, medians\n",
                     units, units, repeat);
-        // A narrower OpenBLAS kernel set (Haswell's AVX2 on an AVX-512 core) is worth ~1.6x on
-        // the convolution models, so the figures say which one ran.
-        std::printf("OpenBLAS kernels: %s\n\n", ml::kernels::cpu_blas_kernels().c_str());
+        // The GEMM library, and OpenBLAS's kernel set where it runs (Haswell's AVX2 on an AVX-512
+        // core is worth ~1.6x on the convolution models), so the figures say what ran.
+        std::printf("GEMM: %s\n\n", ml::kernels::cpu_gemm_library().c_str());
         std::printf("%-13s %5s %14s %14s %8s\n", "model", "batch", "reefline ms", "ORT ms", "ratio");
         std::vector<double> ratio_b1(chosen.size(), 0.0);
         for (size_t mi = 0; mi < chosen.size(); ++mi) {

@@ -36,6 +36,7 @@
 #include "ifmanager/manager.h"
 #include "ifmanager/metrics.h"
 #include "ifmanager/model_if.h"
+#include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
 #include "dataplane/eal.h"
@@ -399,8 +400,8 @@ int main(int argc, char** argv) {
                 reefline::gpu::cpu_device_options dopt;
                 dopt.compute_units = compute_units;
                 device = reefline::gpu::make_cpu_device(dopt);
-                std::fprintf(stderr, "reefline: cpu device GEMM by OpenBLAS's %s kernels\n",
-                             reefline::ml::kernels::cpu_blas_kernels().c_str());
+                std::fprintf(stderr, "reefline: cpu device GEMM by %s\n",
+                             reefline::ml::kernels::cpu_gemm_library().c_str());
             } else {
                 device = make_gpu_backend(gpu_ordinal, gpu_math_name);
                 // The gather kernel reads request payloads where the NIC wrote them: the rx

@@ -4,9 +4,12 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
 
 namespace k = reefline::ml::kernels;
@@ -41,6 +44,12 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
     for (size_t i = 0; i < got.size(); ++i)
         ASSERT_NEAR(got[i], want[i], tol * (1 + std::fabs(want[i]))) << "at " << i;
 }
+
+// Chooses the GEMM library for a scope (cpu_onednn.h), back to the default after.
+struct library_choice {
+    explicit library_choice(bool openblas) { k::use_openblas_only(openblas); }
+    ~library_choice() { k::use_openblas_only(false); }
+};
 
 struct conv_case {
     int64_t n, ci, h, w, co, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, g;
@@ -87,9 +96,15 @@ TEST_P(conv, matches_reference_with_relu) {
     a.dil_h = c.dh; a.dil_w = c.dw; a.groups = c.g; a.h_out = ho; a.w_out = wo;
     a.ep.act = k::activation::relu;
     a.tile_co = 8; a.tile_pix = 17; a.tile_k = 7;  // odd tiles exercise every edge
-    ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
-                           k::conv2d_scratch_bytes(a)));
-    expect_close(y, conv_reference(c, x, w, b, ho, wo));
+    const auto want = conv_reference(c, x, w, b, ho, wo);
+    for (bool openblas : {false, true}) {  // both GEMM libraries
+        SCOPED_TRACE(openblas ? "OpenBLAS" : "oneDNN");
+        const library_choice choice(openblas);
+        std::fill(y.begin(), y.end(), NAN);
+        ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
+                               k::conv2d_scratch_bytes(a)));
+        expect_close(y, want);
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
@@ -158,6 +173,7 @@ TEST(pool2d, average_matches_the_per_output_definition) {
 }
 
 TEST(gemm, transposes_bias_kinds_and_batches) {
+    for (bool openblas : {false, true})
     for (bool ta : {false, true})
         for (bool tb : {false, true})
             for (auto bk : {k::bias_kind::none, k::bias_kind::scalar, k::bias_kind::per_col,
@@ -174,6 +190,8 @@ TEST(gemm, transposes_bias_kinds_and_batches) {
                 g.stride_bias = bk == k::bias_kind::full ? M * N : 0;
                 g.trans_a = ta; g.trans_b = tb; g.bias_mode = bk; g.alpha = 0.5f; g.beta = 2.0f;
                 g.tile_m = 5; g.tile_n = 8; g.tile_k = 6;
+                SCOPED_TRACE(openblas ? "OpenBLAS" : "oneDNN");
+                const library_choice choice(openblas);
                 ASSERT_TRUE(run_blocks(k::gemm_kernel, &g, k::gemm_grid(g)));
                 std::vector<float> want(c.size());
                 for (int64_t bt = 0; bt < B; ++bt)
@@ -214,6 +232,38 @@ TEST(gemm, block_slices_compose) {
     run_blocks(k::gemm_kernel, &g, grid, 0, 7);          // an RT kernel's share ...
     run_blocks(k::gemm_kernel, &g, grid, 7, grid - 7);   // ... and the rest, later
     EXPECT_EQ(whole, sliced);  // bit-identical: the same blocks compute the same tiles
+}
+
+// The two libraries agree on shapes of the size models have (K = 1152 in 2 chunks, 196
+// pixels), and oneDNN, on a compute unit's thread, starts no threads of its own: its OpenMP
+// team would otherwise take every core from every unit.
+TEST(gemm, onednn_agrees_with_openblas_and_stays_on_its_thread) {
+    const int64_t M = 128, N = 196, K = 1152;
+    auto a = random_vector(size_t(M * K), 21), b = random_vector(size_t(K * N), 22);
+    std::vector<float> c_dnnl(size_t(M * N)), c_blas(size_t(M * N));
+    k::gemm_args g{};
+    g.a = a.data(); g.b = b.data(); g.batch = 1; g.m = M; g.n = N; g.k = K;
+    g.lda = K; g.ldb = N; g.ldc = N; g.alpha = 1; g.tile_m = 64; g.tile_n = 196; g.tile_k = 576;
+    const auto threads = [] {
+        size_t n = 0;
+        for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++n;
+        return n;
+    };
+    size_t before = 0, during = 0;
+    std::thread unit([&] {
+        before = threads();
+        g.c = c_dnnl.data();
+        run_blocks(k::gemm_kernel, &g, k::gemm_grid(g));
+        during = threads();
+    });
+    unit.join();
+    EXPECT_EQ(during, before) << "threads started by " << k::cpu_gemm_library();
+    {
+        const library_choice choice(true);
+        g.c = c_blas.data();
+        run_blocks(k::gemm_kernel, &g, k::gemm_grid(g));
+    }
+    expect_close(c_dnnl, c_blas, 1e-4f);
 }
 
 TEST(kernels, stop_at_check_points_and_restart_identically) {

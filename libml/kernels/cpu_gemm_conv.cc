@@ -1,6 +1,7 @@
 // CPU implementations of the GEMM and convolution blocks: each block hands its output tile
-// to single-threaded OpenBLAS sgemm in K chunks, checking the preemption flag between
-// chunks, then applies the fused epilogue (bias, residual, activation) to the tile.
+// to a single-threaded sgemm (oneDNN's, or OpenBLAS's: cpu_onednn.h) in K chunks, checking the
+// preemption flag between chunks, then applies the fused epilogue (bias, residual,
+// activation) to the tile.
 #include <cblas.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <immintrin.h>
 #endif
 
+#include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -60,9 +62,7 @@ bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
         const int64_t kc = k0 + g.tile_k < g.k ? g.tile_k : g.k - k0;
         const float* ap = g.trans_a ? a + k0 * g.lda + t.m0 : a + t.m0 * g.lda + k0;
         const float* bp = g.trans_b ? b + t.n0 * g.ldb + k0 : b + k0 * g.ldb + t.n0;
-        cblas_sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
-                    g.trans_b ? CblasTrans : CblasNoTrans, int(mt), int(nt), int(kc), g.alpha,
-                    ap, int(g.lda), bp, int(g.ldb), k0 == 0 ? 0.0f : 1.0f, c, int(g.ldc));
+        sgemm(g.trans_a, g.trans_b, mt, nt, kc, g.alpha, ap, g.lda, bp, g.ldb, k0 == 0 ? 0.0f : 1.0f, c, g.ldc);
     }
     if (g.k == 0)
         for (int64_t i = 0; i < mt; ++i) std::memset(c + i * g.ldc, 0, size_t(nt) * sizeof(float));
@@ -299,8 +299,7 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
         for (int64_t k0 = 0; k0 < K; k0 += c.tile_k) {
             if (ctx.preempted()) return false;
             const int64_t kc = k0 + c.tile_k < K ? c.tile_k : K - k0;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, int(nco), int(np), int(kc), 1.0f,
-                        w + k0, int(K), cols + k0 * ldb, int(ldb), k0 == 0 ? 0.0f : 1.0f, y, int(hw_out));
+            sgemm(false, false, nco, np, kc, 1.0f, w + k0, K, cols + k0 * ldb, ldb, k0 == 0 ? 0.0f : 1.0f, y, hw_out);
         }
     }
     const float* res = c.residual ? c.residual + (t.image * c.c_out + co_abs) * hw_out + t.p0 : nullptr;

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "libml/kernels/cpu_onednn.h"
 #include "libml/libml.h"
 
 namespace ml = reefline::ml;
@@ -45,9 +46,16 @@ int main(int argc, char** argv) {
                    "print the memory an IF lane planned up to this max_batch holds (batch sizes 1, 2, 4, .., "
                    "max_batch), its instances sharing one arena and each with its own; runs nothing")
         ->check(CLI::Range(1, 4096));
+    std::string gemm = "onednn";
+    app.add_option("--gemm", gemm,
+                   "the library the GEMM and convolution blocks call, for comparisons (onednn falls back to "
+                   "OpenBLAS in a build without it)")
+        ->check(CLI::IsMember({"onednn", "openblas"}))
+        ->capture_default_str();
     CLI11_PARSE(app, argc, argv);
     try {
         auto device = reefline::gpu::make_cpu_device();
+        ml::kernels::use_openblas_only(gemm == "openblas");
         ml::runtime rt(*device);
         if (footprint) {
             // The sizes a lane plans (the powers of two below max_batch, and max_batch).
