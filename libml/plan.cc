@@ -633,7 +633,8 @@ void planner::lower_pool(const node& n, bool global, int x, int y) {
                                                   std::max<int64_t>(1, a.d_out * a.h_out * a.w_out * a.kd * a.kh * a.kw / 4));
     if (idx >= 0)
         return emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}, {&a.indices, idx}}, {x}, {y, idx});
-    emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+    emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y},
+         k::pool2d_is_separable(a) ? k::pool2d_scratch_bytes(a) : 0);
 }
 
 void planner::lower(int ni) {

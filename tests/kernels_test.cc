@@ -146,16 +146,21 @@ TEST(batchnorm, matches_reference_with_each_fused_activation) {
 
 // Average pooling's row-pass path against the per-output definition (pool_output, the one the
 // GPU kernel runs): pads, strides 1-3, windows past the padded input (ceil mode), both counts.
-TEST(pool2d, average_matches_the_per_output_definition) {
+// The separable path (flat runs at stride 1, even/odd columns at stride 2, a plain loop at
+// other strides; ceil-mode windows past the padding) against the per-output definition: max
+// exactly, averages within rounding.
+TEST(pool2d, separable_matches_the_per_output_definition) {
     struct pool_case { int64_t h, w, k, s, pad, pad_end, extra; };
     for (const pool_case pc : {pool_case{35, 35, 3, 1, 1, 1, 0}, pool_case{56, 56, 2, 2, 0, 0, 0},
                                pool_case{17, 23, 3, 2, 1, 0, 1}, pool_case{20, 41, 5, 3, 2, 2, 1},
-                               pool_case{7, 7, 7, 1, 0, 0, 0}})
+                               pool_case{7, 7, 7, 1, 0, 0, 0}, pool_case{147, 147, 3, 2, 0, 0, 0},
+                               pool_case{17, 17, 3, 1, 1, 1, 0}, pool_case{9, 30, 3, 2, 1, 1, 1}})
+        for (auto op : {k::pool_op::average, k::pool_op::max})
         for (bool include_pad : {false, true}) {
             k::pool2d_args a{};
             a.n = 2; a.c = 3; a.h = pc.h; a.w = pc.w; a.kh = a.kw = pc.k;
             a.stride_h = a.stride_w = pc.s; a.pad_top = a.pad_left = pc.pad; a.pad_bottom = a.pad_right = pc.pad_end;
-            a.dil_h = a.dil_w = 1; a.op = k::pool_op::average; a.count_include_pad = include_pad;
+            a.dil_h = a.dil_w = 1; a.op = op; a.count_include_pad = include_pad;
             a.h_out = (pc.h + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;  // + 1: a ceil-mode window
             a.w_out = (pc.w + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
             a.planes_per_block = 4;
@@ -168,7 +173,11 @@ TEST(pool2d, average_matches_the_per_output_definition) {
             for (int64_t plane = 0; plane < a.n * a.c; ++plane)
                 for (int64_t oy = 0; oy < a.h_out; ++oy)
                     for (int64_t ox = 0; ox < a.w_out; ++ox) k::pool_output(r, plane, 0, oy, ox);
-            expect_close(y, want, 1e-5f);
+            ASSERT_TRUE(k::pool2d_is_separable(a));
+            if (op == k::pool_op::max)
+                EXPECT_EQ(y, want) << pc.h << "x" << pc.w << " k" << pc.k << " s" << pc.s;
+            else
+                expect_close(y, want, 1e-5f);
         }
 }
 

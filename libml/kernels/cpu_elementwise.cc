@@ -414,15 +414,13 @@ bool max_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
     return true;
 }
 
-// 2-D average pooling without dilation: each plane's window sums by window_sum (unit-stride
-// row passes), then each output divided by its count, which is separable: rows of the window
-// counted times columns counted (inside the input, or inside the padded input when
-// count_include_pad; never beyond it, as ceil_mode's last windows reach).
-constexpr int64_t kAvgPoolMaxStridedRow = 2048;
+// 2-D pooling without dilation, a plane at a time by pool_plane_separable; averages then
+// divided by their counts, which are separable: rows of the window counted times columns
+// counted (inside the input, or inside the padded input when count_include_pad; never beyond
+// it, as ceil_mode's last windows reach).
+constexpr int64_t kAvgPoolMaxCountedColumns = 4096;
 
-bool avg_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::block_context& ctx) {
-    const plane_window g{a.h, a.w, a.w_out, a.kh, a.kw, a.stride_h, a.stride_w, a.pad_top, a.pad_left, 1, 1};
-    float strided[kAvgPoolMaxStridedRow];
+bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::block_context& ctx) {
     const int64_t in_plane = a.h * a.w, out_plane = a.h_out * a.w_out;
     // The window's extent along one axis at output o: inside [0, n), or inside [0, n + pad_end).
     const auto counted = [&](int64_t o, int64_t stride, int64_t pad, int64_t pad_end, int64_t k, int64_t n) {
@@ -431,21 +429,20 @@ bool avg_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
         return std::max<int64_t>(0, std::min(hi, end) - std::max(lo, begin));
     };
     // The columns each output counts are the same in every row and plane: once per block.
-    int32_t columns[kAvgPoolMaxStridedRow];
-    for (int64_t ox = 0; ox < a.w_out; ++ox)
-        columns[ox] = int32_t(counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
+    float columns[kAvgPoolMaxCountedColumns];
+    const bool average = a.op == pool_op::average;
+    if (average)
+        for (int64_t ox = 0; ox < a.w_out; ++ox)
+            columns[ox] = float(counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
+    auto* scratch = static_cast<float*>(ctx.scratch);
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
         float* y = a.y + plane * out_plane;
-        window_sum(g, a.x + plane * in_plane, nullptr, 0, out_plane, y, strided);
-        for (int64_t oy = 0; oy < a.h_out; ++oy) {
-            const int64_t rows = counted(oy, a.stride_h, a.pad_top, a.pad_bottom, a.kh, a.h);
-            float* row = y + oy * a.w_out;
-            for (int64_t ox = 0; ox < a.w_out; ++ox) {
-                const int64_t n = rows * columns[ox];
-                row[ox] = n ? row[ox] / float(n) : 0.0f;
-            }
-        }
+        pool_plane_separable(a, a.x + plane * in_plane, y, scratch);
+        if (!average) continue;
+        for (int64_t oy = 0; oy < a.h_out; ++oy)
+            divide_row(y + oy * a.w_out, float(counted(oy, a.stride_h, a.pad_top, a.pad_bottom, a.kh, a.h)), columns,
+                       a.w_out);
     }
     return true;
 }
@@ -455,10 +452,11 @@ bool pool2d_block(const void* p, const gpu::block_context& ctx) {
     const int64_t Do = std::max<int64_t>(1, a.d_out);
     const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
     const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
+    // The planned scratch (pool2d_scratch_bytes) holds a plane's rows reduced across columns.
+    if (pool2d_is_separable(a) && a.w_out <= kAvgPoolMaxCountedColumns && ctx.scratch &&
+        ctx.scratch_size >= pool2d_scratch_bytes(a))
+        return separable_pool2d_planes(a, p0, p1, ctx);
     if (a.op == pool_op::max && !a.indices && a.d <= 1 && Do == 1 && a.kd <= 1) return max_pool2d_planes(a, p0, p1, ctx);
-    if (a.op == pool_op::average && a.d <= 1 && Do == 1 && a.kd <= 1 && a.dil_h == 1 && a.dil_w == 1 &&
-        a.w_out <= kAvgPoolMaxStridedRow)
-        return avg_pool2d_planes(a, p0, p1, ctx);
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
         for (int64_t od = 0; od < Do; ++od)

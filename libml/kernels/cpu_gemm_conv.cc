@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #if defined(__x86_64__)
@@ -15,35 +16,12 @@
 #endif
 
 #include "libml/kernels/cpu_onednn.h"
+#include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
 
 namespace {
-
-inline float act(float x, const epilogue& ep) {
-    switch (ep.act) {
-    case activation::none: return x;
-    case activation::relu: return x > 0 ? x : 0;
-    case activation::leaky_relu: return x >= 0 ? x : ep.alpha * x;
-    case activation::sigmoid: return 1.0f / (1.0f + std::exp(-x));
-    case activation::tanh: return std::tanh(x);
-    // ONNX: min(max(x, lo), hi), so lo > hi yields hi everywhere.
-    case activation::clip: { const float v = x < ep.alpha ? ep.alpha : x; return v > ep.beta ? ep.beta : v; }
-    case activation::hard_sigmoid: {
-        const float v = ep.alpha * x + ep.beta;
-        return v < 0 ? 0 : (v > 1 ? 1 : v);
-    }
-    case activation::hard_swish: {
-        const float v = x / 6.0f + 0.5f;
-        return x * (v < 0 ? 0 : (v > 1 ? 1 : v));
-    }
-    case activation::gelu_erf: return 0.5f * x * (1.0f + erf_fast(x * 0.70710678118654752f));
-    case activation::gelu_tanh:
-        return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
-    }
-    return x;
-}
 
 // One-time: OpenBLAS must not spawn its own threads; parallelism is the device's blocks.
 struct blas_single_threaded {
@@ -90,35 +68,6 @@ bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// o[i] = in[2 * i]: two loads and one permute per 16 outputs. The second load is masked to the
-// 15 elements that are used, so it never reads past in[2 * (n - 1)].
-__attribute__((target("avx512f"))) void copy_stride2_avx512(float* o, const float* in, int64_t n) {
-    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 lo = _mm512_loadu_ps(in + 2 * i);
-        const __m512 hi = _mm512_maskz_loadu_ps(__mmask16(0x7fff), in + 2 * i + 16);
-        _mm512_storeu_ps(o + i, _mm512_permutex2var_ps(lo, even, hi));
-    }
-    for (; i < n; ++i) o[i] = in[2 * i];
-}
-// A static initialiser may run before libgcc's own CPU detection, hence the explicit init.
-const bool have_avx512 = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") != 0;
-}();
-#else
-const bool have_avx512 = false;
-#endif
-
-void copy_stride2(float* o, const float* in, int64_t n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx512) return copy_stride2_avx512(o, in, n);
-#endif
-    for (int64_t i = 0; i < n; ++i) o[i] = in[2 * i];
-}
-
 // cols[k][p] for output pixels [p0, p1) of one image and group; K = ci*kh*kw rows. Works a
 // row of output pixels at a time: the padded edges are zero-filled and the valid span is one
 // memcpy (stride 1) or one strided loop, instead of a bounds check per element.
@@ -159,28 +108,6 @@ void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float*
             }
         }
     }
-}
-
-// acc[j] += w * x[j]: one tap of a depthwise convolution over a run of output pixels. Vectorised
-// at run time like the epilogue; the scalar loop is the fallback elsewhere.
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) void axpy_row_avx512(float* acc, const float* x, float w, int64_t n) {
-    const __m512 vw = _mm512_set1_ps(w);
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16)
-        _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(vw, _mm512_loadu_ps(x + j), _mm512_loadu_ps(acc + j)));
-    if (j < n) {
-        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
-        _mm512_mask_storeu_ps(acc + j, m, _mm512_fmadd_ps(vw, _mm512_maskz_loadu_ps(m, x + j), _mm512_maskz_loadu_ps(m, acc + j)));
-    }
-}
-#endif
-
-void axpy_row(float* __restrict acc, const float* __restrict x, float w, int64_t n) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx512) return axpy_row_avx512(acc, x, w, n);
-#endif
-    for (int64_t j = 0; j < n; ++j) acc[j] += w * x[j];
 }
 
 bool conv2d_is_depthwise(const conv2d_args& c) { return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1; }
@@ -242,7 +169,7 @@ __attribute__((target("avx512f"))) void clip_row_avx512(float* y, float b, float
 
 void clip_row(float* y, float b, float lo, float hi, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx512) return clip_row_avx512(y, b, lo, hi, n);
+    if (cpu_has_avx512()) return clip_row_avx512(y, b, lo, hi, n);
 #endif
     for (int64_t j = 0; j < n; ++j) {
         const float x = y[j] + b, v = x < lo ? lo : x;
@@ -252,7 +179,7 @@ void clip_row(float* y, float b, float lo, float hi, int64_t n) {
 
 void epilogue_row(float* y, const float* r, float b, int64_t n, row_epi op) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx512) return epilogue_row_avx512(y, r, b, n, op);
+    if (cpu_has_avx512()) return epilogue_row_avx512(y, r, b, n, op);
 #endif
     switch (op) {
     case row_epi::add_res_relu:
@@ -321,86 +248,6 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
 }
 
 }  // namespace
-
-void apply_epilogue(float* v, int64_t n, const epilogue& ep) {
-    // The common cases, kept vectorisable.
-    if (ep.act == activation::relu) {
-        for (int64_t i = 0; i < n; ++i) v[i] = v[i] > 0 ? v[i] : 0;
-        return;
-    }
-    if (ep.act == activation::gelu_erf) {
-        for (int64_t i = 0; i < n; ++i) v[i] = 0.5f * v[i] * (1.0f + erf_fast(v[i] * 0.70710678118654752f));
-        return;
-    }
-    for (int64_t i = 0; i < n; ++i) v[i] = act(v[i], ep);
-}
-
-#if defined(__x86_64__) && defined(__GNUC__)
-__attribute__((target("avx512f"))) static void affine_row_avx512(float* y, const float* x, float s, float b, int64_t n,
-                                                                 const epilogue& ep) {
-    const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b), vlo = _mm512_set1_ps(ep.alpha),
-                 vhi = _mm512_set1_ps(ep.beta), zero = _mm512_setzero_ps();
-    const __mmask16 all = 0xffff;
-    // Multiply then add, as the scalar loop does (no FMA), so both paths give the same bits.
-    const auto one = [&](__m512 v) __attribute__((target("avx512f"))) {
-        v = _mm512_add_ps(_mm512_mul_ps(v, vs), vb);
-        if (ep.act == activation::relu) return _mm512_maskz_max_ps(all, v, zero);
-        if (ep.act == activation::clip) return _mm512_maskz_min_ps(all, vhi, _mm512_maskz_max_ps(all, vlo, v));
-        return v;
-    };
-    int64_t j = 0;
-    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(x + j)));
-    if (j < n) {
-        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
-        _mm512_mask_storeu_ps(y + j, m, one(_mm512_maskz_loadu_ps(m, x + j)));
-    }
-}
-#endif
-
-void affine_row(float* y, const float* x, float s, float b, int64_t n, const epilogue& ep) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (have_avx512 && (ep.act == activation::none || ep.act == activation::relu || ep.act == activation::clip))
-        return affine_row_avx512(y, x, s, b, n, ep);
-#endif
-    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s + b;
-    if (ep.act != activation::none) apply_epilogue(y, n, ep);
-}
-
-// Worked a row of output pixels at a time: each of the kh x kw taps adds w * x over the columns
-// where it lands inside the plane, so the padded edges cost nothing and there is no bounds
-// check per element. Strided rows are first copied to unit stride in `strided`. The taps are
-// summed in the same order for every pixel, so the result does not depend on [p0, p1).
-void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
-                float* strided) {
-    std::memset(y, 0, size_t(p1 - p0) * sizeof(float));
-    for (int64_t p = p0; p < p1;) {
-        const int64_t oy = p / g.w_out, ox0 = p % g.w_out, ox1 = std::min(g.w_out, ox0 + (p1 - p));
-        float* acc = y + (p - p0);
-        for (int64_t i = 0; i < g.kh; ++i) {
-            const int64_t iy = oy * g.stride_h - g.pad_top + i * g.dil_h;
-            if (iy < 0 || iy >= g.h) continue;
-            const float* row = x + iy * g.w;
-            for (int64_t j = 0; j < g.kw; ++j) {
-                const int64_t off = j * g.dil_w - g.pad_left;  // ix = ox * stride + off
-                // The output columns whose input column is inside the row: [a, b).
-                const int64_t a = std::max(ox0, off >= 0 ? 0 : (-off + g.stride_w - 1) / g.stride_w);
-                const int64_t b = std::min(ox1, g.w - off <= 0 ? 0 : (g.w - 1 - off) / g.stride_w + 1);
-                if (a >= b) continue;
-                const float* src = row + a * g.stride_w + off;
-                if (g.stride_w != 1) {
-                    if (g.stride_w == 2) {
-                        copy_stride2(strided, src, b - a);
-                    } else {
-                        for (int64_t q = 0; q < b - a; ++q) strided[q] = src[q * g.stride_w];
-                    }
-                    src = strided;
-                }
-                axpy_row(acc + (a - ox0), src, w ? w[i * g.kw + j] : 1.0f, b - a);
-            }
-        }
-        p += ox1 - ox0;
-    }
-}
 
 std::string cpu_blas_kernels() {
     const char* coretype = std::getenv("OPENBLAS_CORETYPE");

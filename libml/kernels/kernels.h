@@ -36,6 +36,17 @@ struct plane_window {
 // min(p1 - p0, w_out) floats when stride_w != 1.
 void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
                 float* strided);
+// 2-D pooling of whole planes, separably: each padded input row reduced across the window's
+// columns (strides 1 and 2 as unit-stride vector runs), then those rows across the window's
+// rows (stride 1: the whole plane as one run per tap). Max keeps the first of equal values as
+// the general loop does; a window whose first tap inside the input is NaN gives the maximum
+// of the others where the general loop gives NaN. Averages are the window sums (the caller
+// divides). For pools without dilation, depth or indices whose scratch stays within 16 MB.
+bool pool2d_is_separable(const pool2d_args& a);
+size_t pool2d_scratch_bytes(const pool2d_args& a);  // cpu: per block, for pool_plane_separable
+void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float* scratch);
+// y[j] = y[j] / (rows * columns[j]), 0 where that count is 0 (an average pool's counts).
+void divide_row(float* y, float rows, const float* columns, int64_t n);
 // The kernel set the cpu GEMM/conv blocks run, for logs: OpenBLAS's core name, and where
 // OPENBLAS_CORETYPE chose it ("Cooperlake (OpenBLAS's choice for this CPU)", "Haswell (as
 // OPENBLAS_CORETYPE=Haswell)"). Worth ~1.6x on convolution models, hence printed.

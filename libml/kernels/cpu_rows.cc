@@ -1,0 +1,379 @@
+// The cpu blocks' row passes that need no BLAS: fused activations, the batch-norm affine map,
+// window sums (depthwise convolution, average pooling), separable pooling and their vector
+// helpers, AVX-512 where the CPU has it (chosen at run time) and plain loops elsewhere. Built
+// into every configuration of the kernel library, with or without OpenBLAS.
+#include "libml/kernels/cpu_rows.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "libml/kernels/kernels.h"
+
+namespace reefline::ml::kernels {
+
+namespace {
+
+inline float act(float x, const epilogue& ep) {
+    switch (ep.act) {
+    case activation::none: return x;
+    case activation::relu: return x > 0 ? x : 0;
+    case activation::leaky_relu: return x >= 0 ? x : ep.alpha * x;
+    case activation::sigmoid: return 1.0f / (1.0f + std::exp(-x));
+    case activation::tanh: return std::tanh(x);
+    // ONNX: min(max(x, lo), hi), so lo > hi yields hi everywhere.
+    case activation::clip: { const float v = x < ep.alpha ? ep.alpha : x; return v > ep.beta ? ep.beta : v; }
+    case activation::hard_sigmoid: {
+        const float v = ep.alpha * x + ep.beta;
+        return v < 0 ? 0 : (v > 1 ? 1 : v);
+    }
+    case activation::hard_swish: {
+        const float v = x / 6.0f + 0.5f;
+        return x * (v < 0 ? 0 : (v > 1 ? 1 : v));
+    }
+    case activation::gelu_erf: return 0.5f * x * (1.0f + erf_fast(x * 0.70710678118654752f));
+    case activation::gelu_tanh:
+        return 0.5f * x * (1.0f + std::tanh(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    }
+    return x;
+}
+
+}  // namespace
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// o[i] = in[2 * i]: two loads and one permute per 16 outputs. The second load is masked to the
+// 15 elements that are used, so it never reads past in[2 * (n - 1)].
+__attribute__((target("avx512f"))) static void copy_stride2_avx512(float* o, const float* in, int64_t n) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 lo = _mm512_loadu_ps(in + 2 * i);
+        const __m512 hi = _mm512_maskz_loadu_ps(__mmask16(0x7fff), in + 2 * i + 16);
+        _mm512_storeu_ps(o + i, _mm512_permutex2var_ps(lo, even, hi));
+    }
+    for (; i < n; ++i) o[i] = in[2 * i];
+}
+#endif
+
+// A static initialiser may run before libgcc's own CPU detection, hence the explicit init.
+bool cpu_has_avx512() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static const bool has = [] {
+        __builtin_cpu_init();
+        return __builtin_cpu_supports("avx512f") != 0;
+    }();
+    return has;
+#else
+    return false;
+#endif
+}
+
+void copy_stride2(float* o, const float* in, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) return copy_stride2_avx512(o, in, n);
+#endif
+    for (int64_t i = 0; i < n; ++i) o[i] = in[2 * i];
+}
+
+// acc[j] += w * x[j]: one tap of a depthwise convolution over a run of output pixels. Vectorised
+// at run time like the epilogue; the scalar loop is the fallback elsewhere.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void axpy_row_avx512(float* acc, const float* x, float w, int64_t n) {
+    const __m512 vw = _mm512_set1_ps(w);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(acc + j, _mm512_fmadd_ps(vw, _mm512_loadu_ps(x + j), _mm512_loadu_ps(acc + j)));
+    if (j < n) {
+        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(acc + j, m, _mm512_fmadd_ps(vw, _mm512_maskz_loadu_ps(m, x + j), _mm512_maskz_loadu_ps(m, acc + j)));
+    }
+}
+#endif
+
+void axpy_row(float* __restrict acc, const float* __restrict x, float w, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) return axpy_row_avx512(acc, x, w, n);
+#endif
+    for (int64_t j = 0; j < n; ++j) acc[j] += w * x[j];
+}
+
+// y[j] = y[j] / (rows * columns[j]), 0 where that count is 0: an average pool's division.
+// Counts are small integers, exact in float, so the product is the count the scalar loop
+// divides by and the quotient is the same.
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void divide_row_avx512(float* y, float rows, const float* columns, int64_t n) {
+    const __m512 vr = _mm512_set1_ps(rows), zero = _mm512_setzero_ps();
+    const auto one = [&](__m512 v, __m512 c) __attribute__((target("avx512f"))) {
+        const __m512 d = _mm512_mul_ps(vr, c);
+        return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_OQ), v, d);
+    };
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(y + j), _mm512_loadu_ps(columns + j)));
+    if (j < n) {
+        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(y + j, m, one(_mm512_maskz_loadu_ps(m, y + j), _mm512_maskz_loadu_ps(m, columns + j)));
+    }
+}
+#endif
+
+
+void apply_epilogue(float* v, int64_t n, const epilogue& ep) {
+    // The common cases, kept vectorisable.
+    if (ep.act == activation::relu) {
+        for (int64_t i = 0; i < n; ++i) v[i] = v[i] > 0 ? v[i] : 0;
+        return;
+    }
+    if (ep.act == activation::gelu_erf) {
+        for (int64_t i = 0; i < n; ++i) v[i] = 0.5f * v[i] * (1.0f + erf_fast(v[i] * 0.70710678118654752f));
+        return;
+    }
+    for (int64_t i = 0; i < n; ++i) v[i] = act(v[i], ep);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void affine_row_avx512(float* y, const float* x, float s, float b, int64_t n,
+                                                                 const epilogue& ep) {
+    const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b), vlo = _mm512_set1_ps(ep.alpha),
+                 vhi = _mm512_set1_ps(ep.beta), zero = _mm512_setzero_ps();
+    const __mmask16 all = 0xffff;
+    // Multiply then add, as the scalar loop does (no FMA), so both paths give the same bits.
+    const auto one = [&](__m512 v) __attribute__((target("avx512f"))) {
+        v = _mm512_add_ps(_mm512_mul_ps(v, vs), vb);
+        if (ep.act == activation::relu) return _mm512_maskz_max_ps(all, v, zero);
+        if (ep.act == activation::clip) return _mm512_maskz_min_ps(all, vhi, _mm512_maskz_max_ps(all, vlo, v));
+        return v;
+    };
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(x + j)));
+    if (j < n) {
+        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        _mm512_mask_storeu_ps(y + j, m, one(_mm512_maskz_loadu_ps(m, x + j)));
+    }
+}
+#endif
+
+void affine_row(float* y, const float* x, float s, float b, int64_t n, const epilogue& ep) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512() && (ep.act == activation::none || ep.act == activation::relu || ep.act == activation::clip))
+        return affine_row_avx512(y, x, s, b, n, ep);
+#endif
+    for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s + b;
+    if (ep.act != activation::none) apply_epilogue(y, n, ep);
+}
+
+// Worked a row of output pixels at a time: each of the kh x kw taps adds w * x over the columns
+// where it lands inside the plane, so the padded edges cost nothing and there is no bounds
+// check per element. Strided rows are first copied to unit stride in `strided`. The taps are
+// summed in the same order for every pixel, so the result does not depend on [p0, p1).
+void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
+                float* strided) {
+    std::memset(y, 0, size_t(p1 - p0) * sizeof(float));
+    for (int64_t p = p0; p < p1;) {
+        const int64_t oy = p / g.w_out, ox0 = p % g.w_out, ox1 = std::min(g.w_out, ox0 + (p1 - p));
+        float* acc = y + (p - p0);
+        for (int64_t i = 0; i < g.kh; ++i) {
+            const int64_t iy = oy * g.stride_h - g.pad_top + i * g.dil_h;
+            if (iy < 0 || iy >= g.h) continue;
+            const float* row = x + iy * g.w;
+            for (int64_t j = 0; j < g.kw; ++j) {
+                const int64_t off = j * g.dil_w - g.pad_left;  // ix = ox * stride + off
+                // The output columns whose input column is inside the row: [a, b).
+                const int64_t a = std::max(ox0, off >= 0 ? 0 : (-off + g.stride_w - 1) / g.stride_w);
+                const int64_t b = std::min(ox1, g.w - off <= 0 ? 0 : (g.w - 1 - off) / g.stride_w + 1);
+                if (a >= b) continue;
+                const float* src = row + a * g.stride_w + off;
+                if (g.stride_w != 1) {
+                    if (g.stride_w == 2) {
+                        copy_stride2(strided, src, b - a);
+                    } else {
+                        for (int64_t q = 0; q < b - a; ++q) strided[q] = src[q * g.stride_w];
+                    }
+                    src = strided;
+                }
+                axpy_row(acc + (a - ox0), src, w ? w[i * g.kw + j] : 1.0f, b - a);
+            }
+        }
+        p += ox1 - ox0;
+    }
+}
+
+void divide_row(float* y, float rows, const float* columns, int64_t n) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) return divide_row_avx512(y, rows, columns, n);
+#endif
+    for (int64_t j = 0; j < n; ++j) {
+        const float d = rows * columns[j];
+        y[j] = d != 0 ? y[j] / d : 0.0f;
+    }
+}
+
+// The extents a separable pool walks: padded input columns Wn and rows Hn that the windows
+// cover (ceil_mode's last windows may reach past the padding; those cells hold the identity).
+namespace {
+struct pool_extent {
+    int64_t wn, hn, phase;  // phase: floats of each stride-2 column phase
+};
+pool_extent pool_extent_of(const pool2d_args& a) {
+    const int64_t wn = (a.w_out - 1) * a.stride_w + a.kw, hn = (a.h_out - 1) * a.stride_h + a.kh;
+    return {wn, hn, (wn + 1) / 2};
+}
+}  // namespace
+
+bool pool2d_is_separable(const pool2d_args& a) {
+    return !a.indices && a.d <= 1 && a.d_out <= 1 && a.kd <= 1 && a.dil_h == 1 && a.dil_w == 1 && a.kh >= 1 &&
+           a.kw >= 1 && a.stride_h >= 1 && a.stride_w >= 1 && a.h_out >= 1 && a.w_out >= 1 &&
+           int64_t(pool2d_scratch_bytes(a)) <= (int64_t(16) << 20);
+}
+
+size_t pool2d_scratch_bytes(const pool2d_args& a) {
+    if (a.h_out < 1 || a.w_out < 1) return 0;
+    const pool_extent e = pool_extent_of(a);
+    const int64_t by_rows = e.wn + 2 * e.phase + e.hn * a.w_out, flat = 2 * e.hn * e.wn;
+    return size_t(a.stride_w == 1 && a.stride_h == 1 ? std::max(by_rows, flat) : by_rows) * sizeof(float);
+}
+
+namespace {
+
+// The runs a separable pool is made of, once with AVX-512 (masked tails) and once as plain
+// loops; pool_plane_body is written once against either, and each instance is flattened
+// into one function: a small plane is ~100 runs of 8-35 floats, where a call apiece would
+// cost more than the work.
+#if defined(__x86_64__) && defined(__GNUC__)
+struct avx512_runs {
+    __attribute__((target("avx512f"))) static __mmask16 tail(int64_t n) { return __mmask16((1u << n) - 1); }
+    __attribute__((target("avx512f"))) static void copy(float* d, const float* s, int64_t n) {
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) _mm512_storeu_ps(d + j, _mm512_loadu_ps(s + j));
+        if (j < n) _mm512_mask_storeu_ps(d + j, tail(n - j), _mm512_maskz_loadu_ps(tail(n - j), s + j));
+    }
+    __attribute__((target("avx512f"))) static void fill(float* d, float v, int64_t n) {
+        const __m512 vv = _mm512_set1_ps(v);
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) _mm512_storeu_ps(d + j, vv);
+        if (j < n) _mm512_mask_storeu_ps(d + j, tail(n - j), vv);
+    }
+    __attribute__((target("avx512f"))) static __m512 max1(__m512 m, __m512 v) {
+        return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
+    }
+    __attribute__((target("avx512f"))) static void reduce(bool is_max, float* m, const float* v, int64_t n) {
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            const __m512 mv = _mm512_loadu_ps(m + j), vv = _mm512_loadu_ps(v + j);
+            _mm512_storeu_ps(m + j, is_max ? max1(mv, vv) : _mm512_add_ps(mv, vv));
+        }
+        if (j < n) {
+            const __mmask16 t = tail(n - j);
+            const __m512 mv = _mm512_maskz_loadu_ps(t, m + j), vv = _mm512_maskz_loadu_ps(t, v + j);
+            _mm512_mask_storeu_ps(m + j, t, is_max ? max1(mv, vv) : _mm512_add_ps(mv, vv));
+        }
+    }
+    __attribute__((target("avx512f"))) static void even(float* d, const float* s, int64_t n) { copy_stride2_avx512(d, s, n); }
+};
+#endif
+
+struct plain_runs {
+    static void copy(float* d, const float* s, int64_t n) { std::memcpy(d, s, size_t(n) * sizeof(float)); }
+    static void fill(float* d, float v, int64_t n) { std::fill(d, d + n, v); }
+    static void reduce(bool is_max, float* m, const float* v, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) m[j] = is_max ? (v[j] > m[j] ? v[j] : m[j]) : m[j] + v[j];
+    }
+    static void even(float* d, const float* s, int64_t n) {
+        for (int64_t i = 0; i < n; ++i) d[i] = s[2 * i];
+    }
+};
+
+template <class R>
+inline void pool_plane_body(const pool2d_args& a, const float* x, float* y, float* scratch) {
+    const bool is_max = a.op == pool_op::max;
+    const float identity = is_max ? -std::numeric_limits<float>::infinity() : 0.0f;
+    const pool_extent e = pool_extent_of(a);
+    const int64_t wo = a.w_out;
+    // Input columns [c0, c1) of a padded row are the input's; the rest hold the identity.
+    const int64_t c0 = std::clamp<int64_t>(a.pad_left, 0, e.wn), c1 = std::clamp<int64_t>(a.pad_left + a.w, c0, e.wn);
+    const auto padded_row = [&](float* pr, int64_t r) {
+        const int64_t iy = r - a.pad_top;
+        if (iy < 0 || iy >= a.h) return R::fill(pr, identity, e.wn);
+        R::fill(pr, identity, c0);
+        R::copy(pr + c0, x + iy * a.w + (c0 - a.pad_left), c1 - c0);
+        R::fill(pr + c1, identity, e.wn - c1);
+    };
+    if (a.stride_w == 1 && a.stride_h == 1) {
+        // Stride 1 both ways (Inception's 3x3 average pools on 35x35 .. 8x8 planes): the padded
+        // plane as one flat run per tap, rows wn apart; a value past a row's last window wraps
+        // into the next row and is never read back into an output.
+        float* p = scratch;             // [hn][wn]: the padded plane
+        float* hz = p + e.hn * e.wn;    // [hn][wn]: reduced across the window's columns
+        for (int64_t r = 0; r < e.hn; ++r) padded_row(p + r * e.wn, r);
+        const int64_t across = e.hn * e.wn - (a.kw - 1);
+        R::copy(hz, p, across);
+        for (int64_t j = 1; j < a.kw; ++j) R::reduce(is_max, hz, p + j, across);
+        R::fill(hz + across, identity, a.kw - 1);
+        const int64_t down = a.h_out * e.wn;  // into p, which is no longer needed
+        R::copy(p, hz, down);
+        for (int64_t i = 1; i < a.kh; ++i) R::reduce(is_max, p, hz + i * e.wn, down);
+        for (int64_t oy = 0; oy < a.h_out; ++oy) R::copy(y + oy * wo, p + oy * e.wn, wo);
+        return;
+    }
+    float* row = scratch;             // one padded input row, [0, wn)
+    float* even = row + e.wn;         // its even and odd columns (stride 2)
+    float* odd = even + e.phase;
+    float* h = odd + e.phase;         // [hn][w_out]: each padded row reduced across the window's columns
+    // Across columns, one padded row at a time.
+    for (int64_t r = 0; r < e.hn; ++r) {
+        float* hr = h + r * wo;
+        padded_row(row, r);
+        if (a.stride_w == 1) {
+            R::copy(hr, row, wo);
+            for (int64_t j = 1; j < a.kw; ++j) R::reduce(is_max, hr, row + j, wo);
+        } else if (a.stride_w == 2) {
+            R::even(even, row, (e.wn + 1) / 2);
+            R::even(odd, row + 1, e.wn / 2);
+            R::copy(hr, even, wo);
+            for (int64_t j = 1; j < a.kw; ++j) R::reduce(is_max, hr, (j & 1 ? odd : even) + j / 2, wo);
+        } else {
+            for (int64_t ox = 0; ox < wo; ++ox) {
+                const float* w0 = row + ox * a.stride_w;
+                float v = w0[0];
+                for (int64_t j = 1; j < a.kw; ++j) v = is_max ? (w0[j] > v ? w0[j] : v) : v + w0[j];
+                hr[ox] = v;
+            }
+        }
+    }
+    // Across rows: with stride 1, output row oy's taps are rows oy..oy+kh-1 of h, which is
+    // exactly w_out wide, so the whole plane reduces as one run per tap.
+    if (a.stride_h == 1) {
+        const int64_t n = a.h_out * wo;
+        R::copy(y, h, n);
+        for (int64_t i = 1; i < a.kh; ++i) R::reduce(is_max, y, h + i * wo, n);
+        return;
+    }
+    for (int64_t oy = 0; oy < a.h_out; ++oy) {
+        float* yr = y + oy * wo;
+        const float* first = h + oy * a.stride_h * wo;
+        R::copy(yr, first, wo);
+        for (int64_t i = 1; i < a.kh; ++i) R::reduce(is_max, yr, first + i * wo, wo);
+    }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"), flatten)) void pool_plane_avx512(const pool2d_args& a, const float* x, float* y,
+                                                                   float* scratch) {
+    pool_plane_body<avx512_runs>(a, x, y, scratch);
+}
+#endif
+
+}  // namespace
+
+void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float* scratch) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) return pool_plane_avx512(a, x, y, scratch);
+#endif
+    pool_plane_body<plain_runs>(a, x, y, scratch);
+}
+
+}  // namespace reefline::ml::kernels
