@@ -5,7 +5,9 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <random>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -97,14 +99,17 @@ TEST_P(conv, matches_reference_with_relu) {
     a.ep.act = k::activation::relu;
     a.tile_co = 8; a.tile_pix = 17; a.tile_k = 7;  // odd tiles exercise every edge
     const auto want = conv_reference(c, x, w, b, ho, wo);
-    for (bool openblas : {false, true}) {  // both GEMM libraries
-        SCOPED_TRACE(openblas ? "OpenBLAS" : "oneDNN");
-        const library_choice choice(openblas);
-        std::fill(y.begin(), y.end(), NAN);
-        ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
-                               k::conv2d_scratch_bytes(a)));
-        expect_close(y, want);
-    }
+    // Both GEMM libraries; odd tiles, then whole planes (depthwise: one run per tap).
+    for (bool openblas : {false, true})
+        for (int64_t tile_pix : {int64_t(17), ho * wo}) {
+            SCOPED_TRACE(std::string(openblas ? "OpenBLAS" : "oneDNN") + ", tile " + std::to_string(tile_pix));
+            const library_choice choice(openblas);
+            a.tile_pix = int32_t(tile_pix);
+            std::fill(y.begin(), y.end(), NAN);
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
+                                   k::conv2d_scratch_bytes(a)));
+            expect_close(y, want);
+        }
 }
 
 INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
@@ -117,6 +122,65 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{1, 4, 17, 19, 4, 3, 3, 3, 3, 0, 1, 2, 1, 1, 1, 4},   // depthwise, stride 3, asymmetric
     conv_case{2, 3, 15, 15, 10, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 1} // alexnet-like stem
 ));
+
+// A whole plane at stride 1 as one run per tap over the padded plane gives window_sum's sums
+// exactly (same taps, same order), for the depthwise shapes MobileNets have and odd ones.
+TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
+    struct plane_case { int64_t h, w, k, pad; };
+    for (const plane_case pc : {plane_case{14, 14, 3, 1}, plane_case{7, 7, 3, 1}, plane_case{112, 112, 3, 1},
+                                plane_case{20, 41, 5, 2}, plane_case{9, 5, 3, 0}, plane_case{6, 6, 7, 3},
+                                plane_case{1, 30, 3, 1}}) {
+        const int64_t h_out = pc.h + 2 * pc.pad - pc.k + 1, w_out = pc.w + 2 * pc.pad - pc.k + 1;
+        const k::plane_window g{pc.h, pc.w, w_out, pc.k, pc.k, 1, 1, pc.pad, pc.pad, 1, 1};
+        ASSERT_TRUE(k::window_sum_plane_fits(g));
+        const auto x = random_vector(size_t(pc.h * pc.w), 31), w = random_vector(size_t(pc.k * pc.k), 32);
+        std::vector<float> rows(size_t(h_out * w_out), NAN), plane(rows.size(), NAN), strided(static_cast<size_t>(w_out));
+        std::vector<float> scratch(k::window_sum_plane_scratch_bytes(g, h_out) / sizeof(float), NAN);
+        k::window_sum(g, x.data(), w.data(), 0, h_out * w_out, rows.data(), strided.data());
+        k::window_sum_plane(g, h_out, x.data(), w.data(), plane.data(), scratch.data());
+        EXPECT_EQ(plane, rows) << pc.h << "x" << pc.w << " k" << pc.k << " pad " << pc.pad;
+    }
+}
+
+// Softmax, log-softmax and layer norm rows (AVX-512 in float with a vector exp where the CPU
+// has it) against double-precision definitions, for lengths around the vector width and the
+// ones transformers use, with a masked (-inf) score and large values.
+TEST(rows, softmax_and_layer_norm_match_double_precision) {
+    for (int64_t n : {1, 7, 15, 16, 17, 33, 128, 384, 512, 768}) {
+        auto x = random_vector(size_t(n), uint32_t(40 + n));
+        for (auto& v : x) v = 80.0f + 12.0f * v;  // scores spread over tens, far from 0
+        if (n > 2) x[1] = -std::numeric_limits<float>::infinity();  // a masked position
+        std::vector<float> y(static_cast<size_t>(n)), ly(static_cast<size_t>(n));
+        k::softmax_row(x.data(), y.data(), n, false);
+        k::softmax_row(x.data(), ly.data(), n, true);
+        double mx = -INFINITY, sum = 0;
+        for (float v : x) mx = std::max(mx, double(v));
+        for (float v : x) sum += std::exp(double(v) - mx);
+        for (int64_t i = 0; i < n; ++i) {
+            const double p = std::exp(double(x[size_t(i)]) - mx) / sum;
+            ASSERT_NEAR(y[size_t(i)], p, 2e-6 * p + 1e-38) << "softmax n=" << n << " at " << i;
+            if (std::isfinite(x[size_t(i)]))
+                ASSERT_NEAR(ly[size_t(i)], double(x[size_t(i)]) - mx - std::log(sum), 1e-5) << "log-softmax n=" << n;
+        }
+        const auto scale = random_vector(size_t(n), 50), bias = random_vector(size_t(n), 51);
+        auto z = random_vector(size_t(n), 52);
+        for (auto& v : z) v = 3.0f + 2.0f * v;  // an offset mean
+        std::vector<float> ln(static_cast<size_t>(n));
+        float mean = 0, inv_std = 0;
+        k::layer_norm_row(z.data(), ln.data(), n, scale.data(), bias.data(), 1e-5f, &mean, &inv_std);
+        double m = 0, var = 0;
+        for (float v : z) m += v;
+        m /= double(n);
+        for (float v : z) var += (v - m) * (v - m);
+        var /= double(n);
+        const double inv = 1.0 / std::sqrt(var + 1e-5);
+        EXPECT_NEAR(mean, m, 1e-5);
+        EXPECT_NEAR(inv_std, inv, 1e-4 * inv);
+        for (int64_t i = 0; i < n; ++i)
+            ASSERT_NEAR(ln[size_t(i)], (z[size_t(i)] - m) * inv * scale[size_t(i)] + bias[size_t(i)], 2e-5)
+                << "layer norm n=" << n << " at " << i;
+    }
+}
 
 // The per-channel affine map with each activation it fuses, over planes whose length is not a
 // multiple of the vector width.

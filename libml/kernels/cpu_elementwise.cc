@@ -319,18 +319,13 @@ bool row_block(const void* p, const gpu::block_context& ctx) {
         if (ctx.preempted()) return false;
         if (a.op == row_op::layer_norm) {
             const int64_t n = a.axis * a.inner;
-            const float* x = a.x + u * n;
-            float* y = a.y + u * n;
-            double mean = 0, var = 0;
-            for (int64_t i = 0; i < n; ++i) mean += x[i];
-            mean /= double(n);
-            for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
-            var /= double(n);
-            const float inv = float(1.0 / std::sqrt(var + a.epsilon));
-            if (a.mean_out) a.mean_out[u] = float(mean);
-            if (a.inv_std_out) a.inv_std_out[u] = inv;
-            for (int64_t i = 0; i < n; ++i)
-                y[i] = float(x[i] - mean) * inv * a.scale[i] + (a.bias ? a.bias[i] : 0.0f);
+            layer_norm_row(a.x + u * n, a.y + u * n, n, a.scale, a.bias, a.epsilon, a.mean_out ? a.mean_out + u : nullptr,
+                           a.inv_std_out ? a.inv_std_out + u : nullptr);
+            continue;
+        }
+        if ((a.op == row_op::softmax || a.op == row_op::log_softmax) && a.inner == 1) {
+            // Along the last axis (attention scores): a contiguous row.
+            softmax_row(a.x + u * a.axis, a.y + u * a.axis, a.axis, a.op == row_op::log_softmax);
             continue;
         }
         // softmax-like and reductions: one (outer, inner) line along the axis.

@@ -210,7 +210,11 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     if (conv2d_is_depthwise(c)) {
         // Direct, without im2col and without a GEMM of one row.
         const plane_window g{c.h, c.w_in, c.w_out, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w};
-        window_sum(g, x, w, t.p0, t.p1, y, static_cast<float*>(ctx.scratch));
+        if (t.p0 == 0 && t.p1 == hw_out && window_sum_plane_fits(g) &&
+            ctx.scratch_size >= window_sum_plane_scratch_bytes(g, c.h_out))
+            window_sum_plane(g, c.h_out, x, w, y, static_cast<float*>(ctx.scratch));
+        else
+            window_sum(g, x, w, t.p0, t.p1, y, static_cast<float*>(ctx.scratch));
     } else {
         const float* cols;
         int64_t ldb;
@@ -261,9 +265,13 @@ bool conv2d_is_pointwise(const conv2d_args& c) {
 }
 
 size_t conv2d_scratch_bytes(const conv2d_args& c) {
-    // Depthwise: one output row's strided input columns copied to unit stride.
-    if (conv2d_is_depthwise(c))
+    // Depthwise: one output row's strided input columns copied to unit stride, or the padded
+    // plane of a whole-plane block at stride 1.
+    if (conv2d_is_depthwise(c)) {
+        const plane_window g{c.h, c.w_in, c.w_out, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w};
+        if (window_sum_plane_fits(g) && c.tile_pix >= c.h_out * c.w_out) return window_sum_plane_scratch_bytes(g, c.h_out);
         return c.stride_w == 1 ? 0 : size_t(std::min<int64_t>(c.tile_pix, c.w_out)) * sizeof(float);
+    }
     return conv2d_is_pointwise(c) ? 0 : size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
 }
 

@@ -273,6 +273,9 @@ struct avx512_runs {
         }
     }
     __attribute__((target("avx512f"))) static void even(float* d, const float* s, int64_t n) { copy_stride2_avx512(d, s, n); }
+    __attribute__((target("avx512f"))) static void axpy(float* acc, const float* x, float w, int64_t n) {
+        axpy_row_avx512(acc, x, w, n);
+    }
 };
 #endif
 
@@ -284,6 +287,9 @@ struct plain_runs {
     }
     static void even(float* d, const float* s, int64_t n) {
         for (int64_t i = 0; i < n; ++i) d[i] = s[2 * i];
+    }
+    static void axpy(float* acc, const float* x, float w, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) acc[j] += w * x[j];
     }
 };
 
@@ -374,6 +380,224 @@ void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float*
     if (cpu_has_avx512()) return pool_plane_avx512(a, x, y, scratch);
 #endif
     pool_plane_body<plain_runs>(a, x, y, scratch);
+}
+
+namespace {
+
+// The padded plane's extent for window_sum_plane: rows and columns every window covers, and
+// kw - 1 floats of slack after it (the last taps of the last row's wrapped columns read them).
+struct flat_plane {
+    int64_t hn, wn, slack;
+};
+flat_plane flat_plane_of(const plane_window& g, int64_t h_out) {
+    return {h_out + g.kh - 1, g.w_out + g.kw - 1, g.kw - 1};
+}
+
+template <class R>
+inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y,
+                                  float* scratch) {
+    const flat_plane f = flat_plane_of(g, h_out);
+    float* p = scratch;                          // [hn][wn] + slack: the zero-padded plane
+    float* acc = p + f.hn * f.wn + f.slack;      // [h_out][wn]
+    const int64_t c0 = std::clamp<int64_t>(g.pad_left, 0, f.wn), c1 = std::clamp<int64_t>(g.pad_left + g.w, c0, f.wn);
+    for (int64_t r = 0; r < f.hn; ++r) {
+        float* pr = p + r * f.wn;
+        const int64_t iy = r - g.pad_top;
+        if (iy < 0 || iy >= g.h) {
+            R::fill(pr, 0.0f, f.wn);
+            continue;
+        }
+        R::fill(pr, 0.0f, c0);
+        R::copy(pr + c0, x + iy * g.w + (c0 - g.pad_left), c1 - c0);
+        R::fill(pr + c1, 0.0f, f.wn - c1);
+    }
+    R::fill(p + f.hn * f.wn, 0.0f, f.slack);
+    // Output (oy, ox) at acc[oy * wn + ox] takes tap (i, j) from p[(oy + i) * wn + ox + j]: one
+    // run per tap over every row, in window_sum's order (a tap on padding adds w * 0).
+    const int64_t n = h_out * f.wn;
+    R::fill(acc, 0.0f, n);
+    for (int64_t i = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw; ++j) R::axpy(acc, p + i * f.wn + j, w ? w[i * g.kw + j] : 1.0f, n);
+    for (int64_t oy = 0; oy < h_out; ++oy) R::copy(y + oy * g.w_out, acc + oy * f.wn, g.w_out);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"), flatten)) void window_sum_plane_avx512(const plane_window& g, int64_t h_out,
+                                                                         const float* x, const float* w, float* y,
+                                                                         float* scratch) {
+    window_sum_plane_body<avx512_runs>(g, h_out, x, w, y, scratch);
+}
+#endif
+
+}  // namespace
+
+bool window_sum_plane_fits(const plane_window& g) {
+    return g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 && g.kh >= 1 && g.kw >= 1;
+}
+
+size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out) {
+    const flat_plane f = flat_plane_of(g, h_out);
+    return size_t(f.hn * f.wn + f.slack + h_out * f.wn) * sizeof(float);
+}
+
+void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) return window_sum_plane_avx512(g, h_out, x, w, y, scratch);
+#endif
+    window_sum_plane_body<plain_runs>(g, h_out, x, w, y, scratch);
+}
+
+// ---- softmax and layer norm over contiguous rows -------------------------------------------
+// A transformer spends a quarter of its time here when each element costs a double-precision
+// exp (BERT-base at L=128: 12 softmaxes over 12 x 128 x 128 scores, 25 layer norms over 768
+// features). The AVX-512 forms run in float with a vector exp (Cephes' expf: range reduction
+// by ln 2 in two parts, a degree-6 polynomial, scalef by 2^n; within 2 ulp) and reduce their
+// lanes in double; elsewhere the double-precision loops stay.
+namespace {
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) inline __m512 exp_ps(__m512 x) {
+    const __mmask16 all = 0xffff;
+    // exp underflows below -87.3 and overflows above 88.7; NaN becomes the lower bound.
+    x = _mm512_maskz_min_ps(all, _mm512_maskz_max_ps(all, x, _mm512_set1_ps(-87.3365448f)), _mm512_set1_ps(88.7228390f));
+    const __m512 n = _mm512_maskz_roundscale_ps(all, _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                                _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), r);
+    p = _mm512_add_ps(p, _mm512_set1_ps(1.0f));
+    return _mm512_maskz_scalef_ps(all, p, n);
+}
+
+// The sum of a vector's lanes in double, and their maximum (GCC 12's reduce intrinsics trip
+// its -Wuninitialized; a row's one reduction through memory costs nothing).
+__attribute__((target("avx512f"))) inline double lanes_sum(__m512 v) {
+    alignas(64) float l[16];
+    _mm512_store_ps(l, v);
+    double s = 0;
+    for (float x : l) s += x;
+    return s;
+}
+__attribute__((target("avx512f"))) inline float lanes_max(__m512 v) {
+    alignas(64) float l[16];
+    _mm512_store_ps(l, v);
+    float m = l[0];
+    for (float x : l) m = x > m ? x : m;
+    return m;
+}
+
+__attribute__((target("avx512f"))) inline __mmask16 tail_mask(int64_t n) { return __mmask16((1u << n) - 1); }
+
+__attribute__((target("avx512f"))) void softmax_row_avx512(const float* x, float* y, int64_t n, bool log) {
+    const __m512 ninf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    __m512 mv = ninf;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) mv = _mm512_maskz_max_ps(0xffff, mv, _mm512_loadu_ps(x + i));
+    if (i < n) mv = _mm512_maskz_max_ps(0xffff, mv, _mm512_mask_loadu_ps(ninf, tail_mask(n - i), x + i));
+    const __m512 mx = _mm512_set1_ps(lanes_max(mv));
+    __m512 sv = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx));
+        if (!log) _mm512_storeu_ps(y + i, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    if (i < n) {
+        const __mmask16 t = tail_mask(n - i);
+        const __m512 e = _mm512_maskz_mov_ps(t, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(t, x + i), mx)));
+        if (!log) _mm512_mask_storeu_ps(y + i, t, e);
+        sv = _mm512_add_ps(sv, e);
+    }
+    const double sum = lanes_sum(sv);
+    if (log) {
+        const __m512 shift = _mm512_set1_ps(float(std::log(sum)));
+        for (i = 0; i + 16 <= n; i += 16)
+            _mm512_storeu_ps(y + i, _mm512_sub_ps(_mm512_sub_ps(_mm512_loadu_ps(x + i), mx), shift));
+        if (i < n)
+            _mm512_mask_storeu_ps(y + i, tail_mask(n - i),
+                                  _mm512_sub_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), x + i), mx), shift));
+        return;
+    }
+    const __m512 inv = _mm512_set1_ps(float(1.0 / sum));
+    for (i = 0; i + 16 <= n; i += 16) _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_loadu_ps(y + i), inv));
+    if (i < n)
+        _mm512_mask_storeu_ps(y + i, tail_mask(n - i), _mm512_mul_ps(_mm512_maskz_loadu_ps(tail_mask(n - i), y + i), inv));
+}
+
+__attribute__((target("avx512f"))) void layer_norm_row_avx512(const float* x, float* y, int64_t n, const float* scale,
+                                                              const float* bias, float epsilon, float* mean_out,
+                                                              float* inv_std_out) {
+    __m512 sv = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) sv = _mm512_add_ps(sv, _mm512_loadu_ps(x + i));
+    if (i < n) sv = _mm512_add_ps(sv, _mm512_maskz_loadu_ps(tail_mask(n - i), x + i));
+    const float mean = float(lanes_sum(sv) / double(n));
+    const __m512 vm = _mm512_set1_ps(mean);
+    __m512 qv = _mm512_setzero_ps();
+    for (i = 0; i + 16 <= n; i += 16) {
+        const __m512 d = _mm512_sub_ps(_mm512_loadu_ps(x + i), vm);
+        qv = _mm512_fmadd_ps(d, d, qv);
+    }
+    if (i < n) {
+        const __m512 d = _mm512_maskz_sub_ps(tail_mask(n - i), _mm512_maskz_loadu_ps(tail_mask(n - i), x + i), vm);
+        qv = _mm512_fmadd_ps(d, d, qv);
+    }
+    const float inv = float(1.0 / std::sqrt(lanes_sum(qv) / double(n) + epsilon));
+    if (mean_out) *mean_out = mean;
+    if (inv_std_out) *inv_std_out = inv;
+    const __m512 vi = _mm512_set1_ps(inv);
+    const auto one = [&](__m512 xv, __m512 sc, __m512 b) __attribute__((target("avx512f"))) {
+        return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_sub_ps(xv, vm), vi), sc, b);
+    };
+    for (i = 0; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, one(_mm512_loadu_ps(x + i), _mm512_loadu_ps(scale + i),
+                                    bias ? _mm512_loadu_ps(bias + i) : _mm512_setzero_ps()));
+    if (i < n) {
+        const __mmask16 t = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, t, one(_mm512_maskz_loadu_ps(t, x + i), _mm512_maskz_loadu_ps(t, scale + i),
+                                            bias ? _mm512_maskz_loadu_ps(t, bias + i) : _mm512_setzero_ps()));
+    }
+}
+#endif
+
+}  // namespace
+
+void softmax_row(const float* x, float* y, int64_t n, bool log) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512() && n > 0) return softmax_row_avx512(x, y, n, log);
+#endif
+    float mx = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+    double sum = 0;
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i] - mx));
+    if (!log) {
+        const double inv = 1.0 / sum;
+        for (int64_t i = 0; i < n; ++i) y[i] = float(std::exp(double(x[i] - mx)) * inv);
+    } else {
+        const double l = std::log(sum);
+        for (int64_t i = 0; i < n; ++i) y[i] = float(double(x[i] - mx) - l);
+    }
+}
+
+void layer_norm_row(const float* x, float* y, int64_t n, const float* scale, const float* bias, float epsilon,
+                    float* mean_out, float* inv_std_out) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512() && n > 0) return layer_norm_row_avx512(x, y, n, scale, bias, epsilon, mean_out, inv_std_out);
+#endif
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < n; ++i) mean += x[i];
+    mean /= double(n);
+    for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+    var /= double(n);
+    const float inv = float(1.0 / std::sqrt(var + epsilon));
+    if (mean_out) *mean_out = float(mean);
+    if (inv_std_out) *inv_std_out = inv;
+    for (int64_t i = 0; i < n; ++i) y[i] = float(x[i] - mean) * inv * scale[i] + (bias ? bias[i] : 0.0f);
 }
 
 }  // namespace reefline::ml::kernels

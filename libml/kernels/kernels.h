@@ -36,6 +36,13 @@ struct plane_window {
 // min(p1 - p0, w_out) floats when stride_w != 1.
 void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
                 float* strided);
+// window_sum over a whole plane of h_out output rows at stride 1 without dilation (where
+// window_sum_plane_fits), as one run per tap over the zero-padded plane: the same sums in the
+// same order, without a call per tap and row (14x14 and 7x7 planes are most of MobileNet's
+// depthwise work). `scratch` holds window_sum_plane_scratch_bytes.
+bool window_sum_plane_fits(const plane_window& g);
+size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out);
+void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch);
 // 2-D pooling of whole planes, separably: each padded input row reduced across the window's
 // columns (strides 1 and 2 as unit-stride vector runs), then those rows across the window's
 // rows (stride 1: the whole plane as one run per tap). Max keeps the first of equal values as
@@ -45,6 +52,12 @@ void window_sum(const plane_window& g, const float* x, const float* w, int64_t p
 bool pool2d_is_separable(const pool2d_args& a);
 size_t pool2d_scratch_bytes(const pool2d_args& a);  // cpu: per block, for pool_plane_separable
 void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float* scratch);
+// Softmax (log: log-softmax) of one contiguous row of n, and layer norm of one row of n
+// (y = (x - mean) / sqrt(var + epsilon) * scale + bias; mean and 1/std stored where asked):
+// AVX-512 in float with a vector exp where the CPU has it, double-precision loops elsewhere.
+void softmax_row(const float* x, float* y, int64_t n, bool log);
+void layer_norm_row(const float* x, float* y, int64_t n, const float* scale, const float* bias, float epsilon,
+                    float* mean_out, float* inv_std_out);
 // y[j] = y[j] / (rows * columns[j]), 0 where that count is 0 (an average pool's counts).
 void divide_row(float* y, float rows, const float* columns, int64_t n);
 // The kernel set the cpu GEMM/conv blocks run, for logs: OpenBLAS's core name, and where

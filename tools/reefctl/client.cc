@@ -221,8 +221,8 @@ nlohmann::json call(const std::string& endpoint, const nlohmann::json& request, 
                     if (connected && ++closed_in_handshake >= 2) refused(false);
                     connected = false;
                     break;
-                case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: refused(true);
-                default: refused(false);  // the handshake failed for a protocol reason
+                case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH: refused(true); break;  // refused() throws
+                default: refused(false); break;  // the handshake failed for a protocol reason
                 }
             }
             if (!(items[0].revents & ZMQ_POLLIN)) continue;
