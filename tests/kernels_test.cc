@@ -151,16 +151,17 @@ TEST(rows, softmax_and_layer_norm_match_double_precision) {
         for (auto& v : x) v = 80.0f + 12.0f * v;  // scores spread over tens, far from 0
         if (n > 2) x[1] = -std::numeric_limits<float>::infinity();  // a masked position
         std::vector<float> y(static_cast<size_t>(n)), ly(static_cast<size_t>(n));
-        k::softmax_row(x.data(), y.data(), n, false);
-        k::softmax_row(x.data(), ly.data(), n, true);
+        k::softmax_row(x.data(), y.data(), n, 1, false);
+        k::softmax_row(x.data(), ly.data(), n, 1, true);
         double mx = -INFINITY, sum = 0;
         for (float v : x) mx = std::max(mx, double(v));
         for (float v : x) sum += std::exp(double(v) - mx);
         for (int64_t i = 0; i < n; ++i) {
             const double p = std::exp(double(x[size_t(i)]) - mx) / sum;
             ASSERT_NEAR(y[size_t(i)], p, 2e-6 * p + 1e-38) << "softmax n=" << n << " at " << i;
-            if (std::isfinite(x[size_t(i)]))
+            if (std::isfinite(x[size_t(i)])) {
                 ASSERT_NEAR(ly[size_t(i)], double(x[size_t(i)]) - mx - std::log(sum), 1e-5) << "log-softmax n=" << n;
+            }
         }
         const auto scale = random_vector(size_t(n), 50), bias = random_vector(size_t(n), 51);
         auto z = random_vector(size_t(n), 52);

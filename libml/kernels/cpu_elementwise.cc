@@ -323,32 +323,15 @@ bool row_block(const void* p, const gpu::block_context& ctx) {
                            a.inv_std_out ? a.inv_std_out + u : nullptr);
             continue;
         }
-        if ((a.op == row_op::softmax || a.op == row_op::log_softmax) && a.inner == 1) {
-            // Along the last axis (attention scores): a contiguous row.
-            softmax_row(a.x + u * a.axis, a.y + u * a.axis, a.axis, a.op == row_op::log_softmax);
-            continue;
-        }
         // softmax-like and reductions: one (outer, inner) line along the axis.
         const int64_t o = u / a.inner, in = u % a.inner;
         const float* x = a.x + o * a.axis * a.inner + in;
         const int64_t st = a.inner;
         switch (a.op) {
         case row_op::softmax:
-        case row_op::log_softmax: {
-            float* y = a.y + o * a.axis * a.inner + in;
-            float mx = -std::numeric_limits<float>::infinity();
-            for (int64_t i = 0; i < a.axis; ++i) mx = std::max(mx, x[i * st]);
-            double sum = 0;
-            for (int64_t i = 0; i < a.axis; ++i) sum += std::exp(double(x[i * st] - mx));
-            if (a.op == row_op::softmax) {
-                const double inv = 1.0 / sum;
-                for (int64_t i = 0; i < a.axis; ++i) y[i * st] = float(std::exp(double(x[i * st] - mx)) * inv);
-            } else {
-                const double l = std::log(sum);
-                for (int64_t i = 0; i < a.axis; ++i) y[i * st] = float(double(x[i * st] - mx) - l);
-            }
+        case row_op::log_softmax:
+            softmax_row(x, a.y + o * a.axis * a.inner + in, a.axis, st, a.op == row_op::log_softmax);
             break;
-        }
         case row_op::reduce_mean:
         case row_op::reduce_sum: {
             double s = 0;
@@ -413,8 +396,6 @@ bool max_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
 // divided by their counts, which are separable: rows of the window counted times columns
 // counted (inside the input, or inside the padded input when count_include_pad; never beyond
 // it, as ceil_mode's last windows reach).
-constexpr int64_t kAvgPoolMaxCountedColumns = 4096;
-
 bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::block_context& ctx) {
     const int64_t in_plane = a.h * a.w, out_plane = a.h_out * a.w_out;
     // The window's extent along one axis at output o: inside [0, n), or inside [0, n + pad_end).
@@ -424,7 +405,7 @@ bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const
         return std::max<int64_t>(0, std::min(hi, end) - std::max(lo, begin));
     };
     // The columns each output counts are the same in every row and plane: once per block.
-    float columns[kAvgPoolMaxCountedColumns];
+    float columns[pool_max_columns];
     const bool average = a.op == pool_op::average;
     if (average)
         for (int64_t ox = 0; ox < a.w_out; ++ox)
@@ -448,7 +429,7 @@ bool pool2d_block(const void* p, const gpu::block_context& ctx) {
     const int64_t p0 = int64_t(ctx.block) * a.planes_per_block;
     const int64_t p1 = std::min(a.n * a.c, p0 + a.planes_per_block);
     // The planned scratch (pool2d_scratch_bytes) holds a plane's rows reduced across columns.
-    if (pool2d_is_separable(a) && a.w_out <= kAvgPoolMaxCountedColumns && ctx.scratch &&
+    if (pool2d_is_separable(a) && ctx.scratch &&
         ctx.scratch_size >= pool2d_scratch_bytes(a))
         return separable_pool2d_planes(a, p0, p1, ctx);
     if (a.op == pool_op::max && !a.indices && a.d <= 1 && Do == 1 && a.kd <= 1) return max_pool2d_planes(a, p0, p1, ctx);

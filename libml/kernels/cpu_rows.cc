@@ -227,6 +227,7 @@ pool_extent pool_extent_of(const pool2d_args& a) {
 bool pool2d_is_separable(const pool2d_args& a) {
     return !a.indices && a.d <= 1 && a.d_out <= 1 && a.kd <= 1 && a.dil_h == 1 && a.dil_w == 1 && a.kh >= 1 &&
            a.kw >= 1 && a.stride_h >= 1 && a.stride_w >= 1 && a.h_out >= 1 && a.w_out >= 1 &&
+           a.w_out <= pool_max_columns &&
            int64_t(pool2d_scratch_bytes(a)) <= (int64_t(16) << 20);
 }
 
@@ -567,20 +568,20 @@ __attribute__((target("avx512f"))) void layer_norm_row_avx512(const float* x, fl
 
 }  // namespace
 
-void softmax_row(const float* x, float* y, int64_t n, bool log) {
+void softmax_row(const float* x, float* y, int64_t n, int64_t stride, bool log) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (cpu_has_avx512() && n > 0) return softmax_row_avx512(x, y, n, log);
+    if (cpu_has_avx512() && n > 0 && stride == 1) return softmax_row_avx512(x, y, n, log);
 #endif
     float mx = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+    for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i * stride]);
     double sum = 0;
-    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i] - mx));
+    for (int64_t i = 0; i < n; ++i) sum += std::exp(double(x[i * stride] - mx));
     if (!log) {
         const double inv = 1.0 / sum;
-        for (int64_t i = 0; i < n; ++i) y[i] = float(std::exp(double(x[i] - mx)) * inv);
+        for (int64_t i = 0; i < n; ++i) y[i * stride] = float(std::exp(double(x[i * stride] - mx)) * inv);
     } else {
         const double l = std::log(sum);
-        for (int64_t i = 0; i < n; ++i) y[i] = float(double(x[i] - mx) - l);
+        for (int64_t i = 0; i < n; ++i) y[i * stride] = float(double(x[i * stride] - mx) - l);
     }
 }
 

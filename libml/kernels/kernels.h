@@ -48,14 +48,17 @@ void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, cons
 // rows (stride 1: the whole plane as one run per tap). Max keeps the first of equal values as
 // the general loop does; a window whose first tap inside the input is NaN gives the maximum
 // of the others where the general loop gives NaN. Averages are the window sums (the caller
-// divides). For pools without dilation, depth or indices whose scratch stays within 16 MB.
+// divides). For pools without dilation, depth or indices, at most pool_max_columns outputs wide,
+// whose scratch stays within 16 MB.
+inline constexpr int64_t pool_max_columns = 4096;
 bool pool2d_is_separable(const pool2d_args& a);
 size_t pool2d_scratch_bytes(const pool2d_args& a);  // cpu: per block, for pool_plane_separable
 void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float* scratch);
-// Softmax (log: log-softmax) of one contiguous row of n, and layer norm of one row of n
-// (y = (x - mean) / sqrt(var + epsilon) * scale + bias; mean and 1/std stored where asked):
-// AVX-512 in float with a vector exp where the CPU has it, double-precision loops elsewhere.
-void softmax_row(const float* x, float* y, int64_t n, bool log);
+// Softmax (log: log-softmax) of one line of n elements `stride` apart, and layer norm of one
+// contiguous row of n (y = (x - mean) / sqrt(var + epsilon) * scale + bias; mean and 1/std
+// stored where asked): AVX-512 in float with a vector exp where the CPU has it and the row is
+// contiguous, double-precision loops otherwise.
+void softmax_row(const float* x, float* y, int64_t n, int64_t stride, bool log);
 void layer_norm_row(const float* x, float* y, int64_t n, const float* scale, const float* bias, float epsilon,
                     float* mean_out, float* inv_std_out);
 // y[j] = y[j] / (rows * columns[j]), 0 where that count is 0 (an average pool's counts).

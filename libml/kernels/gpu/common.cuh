@@ -157,7 +157,7 @@ __device__ __forceinline__ float group_max(float v) {
     return v;
 }
 
-// The fused activation, formula for formula as the cpu kernels (cpu_gemm_conv.cc: act()).
+// The fused activation, formula for formula as the cpu kernels (cpu_rows.cc: act()).
 __device__ __forceinline__ float act(float x, const epilogue& ep) {
     switch (ep.act) {
     case activation::none: return x;
