@@ -1116,8 +1116,31 @@ TEST(ReefgenSend, WrongAndMissingAnswersAreReported) {
     EXPECT_EQ(r.sent, 50u);
     EXPECT_GE(r.lost, 7u);  // the 7th, 14th, ..., 49th request the responder completes
     EXPECT_GT(r.bad, 0u);
+    EXPECT_EQ(r.errors, 0u) << "a wrong result is not an error reply";
     EXPECT_EQ(r.ok + r.bad, r.responses);
     EXPECT_NE(log.str().find("bad: request id="), std::string::npos) << log.str();
+}
+
+// The appliance's own refusals (a shed request: kind error, status overloaded) are bad answers
+// and also counted apart, so that a caller can tell them from wrong results.
+TEST(ReefgenSend, ErrorRepliesAreCountedApart) {
+    std::atomic<int> answered{0};
+    loopback_responder responder(0, 0, [&](uint64_t id, const std::vector<uint8_t>& payload) {
+        std::vector<uint8_t> out = crc32_response(id, payload);
+        if (++answered % 4 == 0) out[5] = uint8_t(wire::kind::error), out[7] = uint8_t(wire::status::overloaded);
+        return out;
+    });
+    send_options o = loopback_options(responder.port());
+    o.requests = 20;
+    o.closed_loop = 1;
+    std::ostringstream log;
+    const send_result r = run_send(o, log);
+    EXPECT_EQ(r.responses, 20u) << log.str();
+    EXPECT_EQ(r.ok, 15u) << log.str();
+    EXPECT_EQ(r.bad, 5u) << log.str();
+    EXPECT_EQ(r.errors, 5u) << log.str();
+    EXPECT_NE(format_send_result(r, false).find(" errors=5"), std::string::npos);
+    EXPECT_NE(format_send_result(r, true).find("\"errors\":5"), std::string::npos);
 }
 
 std::vector<std::string> read_lines(const std::string& path) {

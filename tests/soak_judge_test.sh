@@ -64,11 +64,11 @@ expect short 1 'too few samples'
 
 # tally: sums over the chunks; a chunk still running (empty) or cut off is skipped.
 mkdir "$tmp/chunks"
-echo '{"sent":100,"responses":99,"ok":98,"bad":1,"lost":1,"p50_us":1500,"p90_us":2000,"p99_us":6000,"p999_us":7000}' > "$tmp/chunks/0.txt"
+echo '{"sent":100,"responses":99,"ok":97,"bad":2,"lost":1,"p50_us":1500,"p90_us":2000,"p99_us":6000,"p999_us":7000,"errors":1}' > "$tmp/chunks/0.txt"
 printf 'a log line\n{"sent":50,"responses":50,"ok":50,"bad":0,"lost":0,"p50_us":2500,"p90_us":3000,"p99_us":8000,"p999_us":9000}\n' > "$tmp/chunks/1.txt"
 : > "$tmp/chunks/2.txt"
 echo '{"sent":' > "$tmp/chunks/3.txt"
 got=$(python3 "$judge" tally "$tmp/chunks")
-[ "$got" = "chunks=2 sent=150 responses=149 ok=148 bad=1 lost=1 p50_ms=2.0 p99_ms=7.0" ] || fail "tally: $got"
+[ "$got" = "chunks=2 sent=150 responses=149 ok=147 bad=2 errors=1 lost=1 p50_ms=2.0 p99_ms=7.0" ] || fail "tally: $got"
 echo "tally: $got"
 echo "soak_judge: ok"

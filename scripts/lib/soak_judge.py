@@ -4,8 +4,10 @@ daemon's resource samples.
 
   soak_judge.py tally DIR
       DIR holds one reefgen `send --json` output per chunk (*.txt, the JSON object on the last
-      line). Prints `chunks=N sent=N responses=N ok=N bad=N lost=N p50_ms=X p99_ms=X` where
-      p50/p99 are the medians over the chunks of each chunk's percentile.
+      line). Prints `chunks=N sent=N responses=N ok=N bad=N errors=N lost=N p50_ms=X p99_ms=X`
+      where errors are the bad answers that were the appliance's own error replies (a shed
+      request; the rest of bad were wrong results) and p50/p99 are the medians over the chunks
+      of each chunk's percentile.
 
   soak_judge.py judge SAMPLES WARMUP_S TOTAL_S RSS_TOL_PCT MBUF_TOL
       SAMPLES: lines `t_s rss_kb fds threads rx_mbufs_in_use tx_mbufs_in_use`. The warm-up
@@ -27,7 +29,7 @@ import sys
 
 
 def tally(directory: str) -> int:
-    totals = {"chunks": 0, "sent": 0, "responses": 0, "ok": 0, "bad": 0, "lost": 0}
+    totals = {"chunks": 0, "sent": 0, "responses": 0, "ok": 0, "bad": 0, "errors": 0, "lost": 0}
     p50, p99 = [], []
     for path in sorted(pathlib.Path(directory).glob("*.txt")):
         lines = path.read_text(errors="replace").strip().splitlines()
@@ -38,7 +40,7 @@ def tally(directory: str) -> int:
         except json.JSONDecodeError:
             continue
         totals["chunks"] += 1
-        for k in ("sent", "responses", "ok", "bad", "lost"):
+        for k in ("sent", "responses", "ok", "bad", "errors", "lost"):
             totals[k] += int(r.get(k, 0))
         if r.get("responses"):
             p50.append(r["p50_us"] / 1000)

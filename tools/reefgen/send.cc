@@ -120,7 +120,7 @@ struct shared_state {
     uint64_t sent = 0;
     uint64_t answered = 0;
     uint64_t outstanding = 0;
-    uint64_t ok = 0, bad = 0, duplicates = 0, stray = 0;
+    uint64_t ok = 0, bad = 0, errors = 0, duplicates = 0, stray = 0;
     std::vector<std::string> problems;  // the first few, for the log
     std::vector<std::string> shown;     // per-request result lines (--show)
     std::string receive_error;
@@ -243,6 +243,7 @@ void receive_loop(int fd, const send_options& o, uint64_t id_base,
                 ++st.ok;
             } else {
                 ++st.bad;
+                if (msg.head.kind == uint8_t(wire::kind::error)) ++st.errors;
                 note("bad: request id=" + std::to_string(msg.head.request_id) + ": " + problem);
             }
             if (st.shown.size() < o.show) st.shown.push_back(describe_result(msg, expect, rs, problem));
@@ -477,6 +478,7 @@ send_result run_send(const send_options& o, std::ostream& log) {
         r.responses = st.answered;
         r.ok = st.ok;
         r.bad = st.bad;
+        r.errors = st.errors;
         r.duplicates = st.duplicates;
         r.stray = st.stray;
         for (const auto& rs : st.requests)
@@ -588,11 +590,11 @@ std::string format_send_result(const send_result& r, bool json) {
         s << "{\"sent\":" << r.sent << ",\"responses\":" << r.responses << ",\"ok\":" << r.ok
           << ",\"bad\":" << r.bad << ",\"lost\":" << r.lost << ",\"p50_us\":" << us(r.p50_us)
           << ",\"p90_us\":" << us(r.p90_us) << ",\"p99_us\":" << us(r.p99_us)
-          << ",\"p999_us\":" << us(r.p999_us) << '}';
+          << ",\"p999_us\":" << us(r.p999_us) << ",\"errors\":" << r.errors << '}';
     } else {
         s << "sent=" << r.sent << " responses=" << r.responses << " ok=" << r.ok << " bad=" << r.bad
           << " lost=" << r.lost << " p50_us=" << us(r.p50_us) << " p90_us=" << us(r.p90_us)
-          << " p99_us=" << us(r.p99_us) << " p999_us=" << us(r.p999_us);
+          << " p99_us=" << us(r.p99_us) << " p999_us=" << us(r.p999_us) << " errors=" << r.errors;
     }
     return s.str();
 }

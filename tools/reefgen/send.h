@@ -35,7 +35,8 @@ struct send_result {
     uint64_t sent = 0;
     uint64_t responses = 0;  // requests answered (reassembled response, first one counts)
     uint64_t ok = 0;
-    uint64_t bad = 0;
+    uint64_t bad = 0;         // answers that are not a correct result (errors included)
+    uint64_t errors = 0;      // of those, the appliance's own error replies (e.g. "overloaded")
     uint64_t lost = 0;        // sent - responses
     uint64_t duplicates = 0;  // further responses for an answered request
     uint64_t stray = 0;       // datagrams not from the destination or for no request of ours
@@ -69,8 +70,9 @@ void write_results(std::ostream& out, const std::vector<answer_record>& records)
 // `log`. Throws usage_error on bad options, std::system_error on socket failures.
 send_result run_send(const send_options& options, std::ostream& log);
 
-// The line the tools print last: "sent=N responses=R ok=K bad=B lost=L p50_us=X ..." or, with
-// json, the same keys as one JSON object.
+// The line the tools print last: "sent=N responses=R ok=K bad=B lost=L p50_us=X ... errors=E"
+// or, with json, the same keys as one JSON object. bad - errors answers were wrong or
+// malformed; errors were well-formed refusals (a shed request, an IF that went away).
 std::string format_send_result(const send_result& r, bool json);
 
 }  // namespace reefline::reefgen
