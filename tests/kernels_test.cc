@@ -123,22 +123,28 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{2, 3, 15, 15, 10, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 1} // alexnet-like stem
 ));
 
-// A whole plane at stride 1 as one run per tap over the padded plane gives window_sum's sums
-// exactly (same taps, same order), for the depthwise shapes MobileNets have and odd ones.
+// A whole plane as one run per tap over the padded plane (its stride phases) gives
+// window_sum's sums exactly (same taps, same order), for the depthwise shapes MobileNets have
+// (stride 1 and 2) and odd ones: even and odd sizes, asymmetric strides, padding wider than
+// the plane, rows narrow (one flat run) and wide (row by row), windows past 64 taps.
 TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
-    struct plane_case { int64_t h, w, k, pad; };
+    struct plane_case { int64_t h, w, k, pad, sh = 1, sw = 1; };
     for (const plane_case pc : {plane_case{14, 14, 3, 1}, plane_case{7, 7, 3, 1}, plane_case{112, 112, 3, 1},
                                 plane_case{20, 41, 5, 2}, plane_case{9, 5, 3, 0}, plane_case{6, 6, 7, 3},
-                                plane_case{1, 30, 3, 1}}) {
-        const int64_t h_out = pc.h + 2 * pc.pad - pc.k + 1, w_out = pc.w + 2 * pc.pad - pc.k + 1;
-        const k::plane_window g{pc.h, pc.w, w_out, pc.k, pc.k, 1, 1, pc.pad, pc.pad, 1, 1};
+                                plane_case{1, 30, 3, 1}, plane_case{112, 112, 3, 1, 2, 2}, plane_case{14, 14, 3, 1, 2, 2},
+                                plane_case{15, 15, 3, 1, 2, 2}, plane_case{33, 35, 5, 2, 2, 2}, plane_case{9, 11, 3, 0, 2, 2},
+                                plane_case{10, 13, 3, 1, 1, 2}, plane_case{13, 10, 3, 1, 2, 1}, plane_case{4, 4, 7, 3, 2, 2},
+                                plane_case{1, 40, 3, 1, 2, 2}, plane_case{12, 12, 9, 4}, plane_case{40, 70, 9, 4, 2, 1}}) {
+        const int64_t h_out = (pc.h + 2 * pc.pad - pc.k) / pc.sh + 1, w_out = (pc.w + 2 * pc.pad - pc.k) / pc.sw + 1;
+        const k::plane_window g{pc.h, pc.w, w_out, pc.k, pc.k, pc.sh, pc.sw, pc.pad, pc.pad, 1, 1};
         ASSERT_TRUE(k::window_sum_plane_fits(g));
         const auto x = random_vector(size_t(pc.h * pc.w), 31), w = random_vector(size_t(pc.k * pc.k), 32);
         std::vector<float> rows(size_t(h_out * w_out), NAN), plane(rows.size(), NAN), strided(static_cast<size_t>(w_out));
         std::vector<float> scratch(k::window_sum_plane_scratch_bytes(g, h_out) / sizeof(float), NAN);
         k::window_sum(g, x.data(), w.data(), 0, h_out * w_out, rows.data(), strided.data());
         k::window_sum_plane(g, h_out, x.data(), w.data(), plane.data(), scratch.data());
-        EXPECT_EQ(plane, rows) << pc.h << "x" << pc.w << " k" << pc.k << " pad " << pc.pad;
+        EXPECT_EQ(plane, rows) << pc.h << "x" << pc.w << " k" << pc.k << " pad " << pc.pad << " stride " << pc.sh << "x"
+                               << pc.sw;
     }
 }
 

@@ -277,6 +277,24 @@ struct avx512_runs {
     __attribute__((target("avx512f"))) static void axpy(float* acc, const float* x, float w, int64_t n) {
         axpy_row_avx512(acc, x, w, n);
     }
+    // y[j] = sum over taps t in order of w[t] * src[t][j], from 0: the axpy runs' sums, with the
+    // running sum held in a register across the taps instead of stored after each.
+    __attribute__((target("avx512f"))) static void taps(float* y, const float* const* src, const float* w, int64_t taps,
+                                                        int64_t n) {
+        int64_t j = 0;
+        for (; j + 16 <= n; j += 16) {
+            __m512 v = _mm512_setzero_ps();
+            for (int64_t t = 0; t < taps; ++t) v = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(src[t] + j), v);
+            _mm512_storeu_ps(y + j, v);
+        }
+        if (j < n) {
+            const __mmask16 m = tail(n - j);
+            __m512 v = _mm512_setzero_ps();
+            for (int64_t t = 0; t < taps; ++t)
+                v = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_maskz_loadu_ps(m, src[t] + j), v);
+            _mm512_mask_storeu_ps(y + j, m, v);
+        }
+    }
 };
 #endif
 
@@ -291,6 +309,10 @@ struct plain_runs {
     }
     static void axpy(float* acc, const float* x, float w, int64_t n) {
         for (int64_t j = 0; j < n; ++j) acc[j] += w * x[j];
+    }
+    static void taps(float* y, const float* const* src, const float* w, int64_t taps, int64_t n) {
+        fill(y, 0.0f, n);
+        for (int64_t t = 0; t < taps; ++t) axpy(y, src[t], w[t], n);
     }
 };
 
@@ -385,41 +407,92 @@ void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float*
 
 namespace {
 
-// The padded plane's extent for window_sum_plane: rows and columns every window covers, and
-// kw - 1 floats of slack after it (the last taps of the last row's wrapped columns read them).
+// The zero-padded plane for window_sum_plane, split by stride into phases: phase (a, b) holds
+// the padded plane's rows a, a + sh, .. and columns b, b + sw, .. (at stride 1 the one phase is
+// the padded plane). Output (oy, ox) takes tap (i, j) from phase (i % sh, j % sw) at row
+// oy + i / sh, column ox + j / sw: at every stride, one unit-stride run per tap over the whole
+// plane. A phase is hp x wp, with (kw - 1) / sw floats of slack after it (the last taps of the
+// last row's wrapped columns read them; those sums land in columns >= w_out, never kept).
 struct flat_plane {
-    int64_t hn, wn, slack;
+    int64_t hp, wp, slack, phases;
+    int64_t phase_floats() const { return hp * wp + slack; }
 };
 flat_plane flat_plane_of(const plane_window& g, int64_t h_out) {
-    return {h_out + g.kh - 1, g.w_out + g.kw - 1, g.kw - 1};
+    return {h_out + (g.kh - 1) / g.stride_h, g.w_out + (g.kw - 1) / g.stride_w, (g.kw - 1) / g.stride_w,
+            g.stride_h * g.stride_w};
 }
+
+int64_t ceil_div_nonneg(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
 
 template <class R>
 inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y,
                                   float* scratch) {
     const flat_plane f = flat_plane_of(g, h_out);
-    float* p = scratch;                          // [hn][wn] + slack: the zero-padded plane
-    float* acc = p + f.hn * f.wn + f.slack;      // [h_out][wn]
-    const int64_t c0 = std::clamp<int64_t>(g.pad_left, 0, f.wn), c1 = std::clamp<int64_t>(g.pad_left + g.w, c0, f.wn);
-    for (int64_t r = 0; r < f.hn; ++r) {
-        float* pr = p + r * f.wn;
-        const int64_t iy = r - g.pad_top;
-        if (iy < 0 || iy >= g.h) {
-            R::fill(pr, 0.0f, f.wn);
-            continue;
+    const int64_t sh = g.stride_h, sw = g.stride_w;
+    float* acc = scratch + f.phases * f.phase_floats();  // [h_out][wp]
+    for (int64_t a = 0; a < sh; ++a)
+        for (int64_t b = 0; b < sw; ++b) {
+            float* p = scratch + (a * sw + b) * f.phase_floats();
+            // Phase columns [k0, k1) are input columns (sw * k + b - pad_left); the rest padding.
+            const int64_t k0 = std::min(f.wp, ceil_div_nonneg(g.pad_left - b, sw));
+            const int64_t k1 = std::clamp(ceil_div_nonneg(g.pad_left + g.w - b, sw), k0, f.wp);
+            for (int64_t r = 0; r < f.hp; ++r) {
+                float* pr = p + r * f.wp;
+                const int64_t iy = r * sh + a - g.pad_top;
+                if (iy < 0 || iy >= g.h || k0 == k1) {
+                    R::fill(pr, 0.0f, f.wp);
+                    continue;
+                }
+                R::fill(pr, 0.0f, k0);
+                const float* src = x + iy * g.w + (k0 * sw + b - g.pad_left);
+                if (sw == 1) R::copy(pr + k0, src, k1 - k0);
+                else R::even(pr + k0, src, k1 - k0);  // window_sum_plane_fits: sw <= 2
+                R::fill(pr + k1, 0.0f, f.wp - k1);
+            }
+            R::fill(p + f.hp * f.wp, 0.0f, f.slack);
         }
-        R::fill(pr, 0.0f, c0);
-        R::copy(pr + c0, x + iy * g.w + (c0 - g.pad_left), c1 - c0);
-        R::fill(pr + c1, 0.0f, f.wn - c1);
+    // The taps in window_sum's order (a tap on padding adds w * 0), in chunks of up to 16 (a
+    // 3x3 or 5x5 window in one or two), over a run of n outputs whose first reads phase row
+    // `row`. Narrow planes run as one flat run over every row into acc (the columns past w_out
+    // wasted), then copied out; wide rows (a few vectors each) go straight into y, row by row.
+    const int64_t taps = g.kh * g.kw;
+    constexpr int64_t chunk = 16;
+    const int64_t chunks = (taps + chunk - 1) / chunk;
+    // Each tap's first read in the phases (for row 0) and weight, worked out once per plane.
+    constexpr int64_t max_chunks = 4;  // windows up to 8x8 as register sums; larger ones by axpy
+    const float* first[max_chunks * chunk];
+    float tw[max_chunks * chunk];
+    for (int64_t t = 0; t < std::min(taps, max_chunks * chunk); ++t) {
+        const int64_t i = t / g.kw, j = t % g.kw;
+        first[t] = scratch + ((i % sh) * sw + j % sw) * f.phase_floats() + (i / sh) * f.wp + j / sw;
+        tw[t] = w ? w[t] : 1.0f;
     }
-    R::fill(p + f.hn * f.wn, 0.0f, f.slack);
-    // Output (oy, ox) at acc[oy * wn + ox] takes tap (i, j) from p[(oy + i) * wn + ox + j]: one
-    // run per tap over every row, in window_sum's order (a tap on padding adds w * 0).
-    const int64_t n = h_out * f.wn;
-    R::fill(acc, 0.0f, n);
-    for (int64_t i = 0; i < g.kh; ++i)
-        for (int64_t j = 0; j < g.kw; ++j) R::axpy(acc, p + i * f.wn + j, w ? w[i * g.kw + j] : 1.0f, n);
-    for (int64_t oy = 0; oy < h_out; ++oy) R::copy(y + oy * g.w_out, acc + oy * f.wn, g.w_out);
+    const auto run = [&](float* out, int64_t row, int64_t n) {
+        const float* src[chunk];
+        for (int64_t c = 0; c < chunks; ++c) {
+            const int64_t t0 = c * chunk, nt = std::min(chunk, taps - t0);
+            if (c >= max_chunks) {  // past 64 taps: one axpy run per tap
+                for (int64_t t = t0; t < t0 + nt; ++t) {
+                    const int64_t i = t / g.kw, j = t % g.kw;
+                    R::axpy(out, scratch + ((i % sh) * sw + j % sw) * f.phase_floats() + (row + i / sh) * f.wp + j / sw,
+                            w ? w[t] : 1.0f, n);
+                }
+                continue;
+            }
+            for (int64_t t = 0; t < nt; ++t) src[t] = first[t0 + t] + row * f.wp;
+            if (c == 0) {
+                R::taps(out, src, tw, nt, n);
+            } else {
+                for (int64_t t = 0; t < nt; ++t) R::axpy(out, src[t], tw[t0 + t], n);
+            }
+        }
+    };
+    if (g.w_out >= 32) {
+        for (int64_t oy = 0; oy < h_out; ++oy) run(y + oy * g.w_out, oy, g.w_out);
+        return;
+    }
+    run(acc, 0, h_out * f.wp);
+    for (int64_t oy = 0; oy < h_out; ++oy) R::copy(y + oy * g.w_out, acc + oy * f.wp, g.w_out);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -433,12 +506,13 @@ __attribute__((target("avx512f"), flatten)) void window_sum_plane_avx512(const p
 }  // namespace
 
 bool window_sum_plane_fits(const plane_window& g) {
-    return g.stride_h == 1 && g.stride_w == 1 && g.dil_h == 1 && g.dil_w == 1 && g.kh >= 1 && g.kw >= 1;
+    return g.stride_h >= 1 && g.stride_h <= 2 && g.stride_w >= 1 && g.stride_w <= 2 && g.dil_h == 1 && g.dil_w == 1 &&
+           g.kh >= 1 && g.kw >= 1;
 }
 
 size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out) {
     const flat_plane f = flat_plane_of(g, h_out);
-    return size_t(f.hn * f.wn + f.slack + h_out * f.wn) * sizeof(float);
+    return size_t(f.phases * f.phase_floats() + h_out * f.wp) * sizeof(float);
 }
 
 void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch) {

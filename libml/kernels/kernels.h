@@ -36,10 +36,11 @@ struct plane_window {
 // min(p1 - p0, w_out) floats when stride_w != 1.
 void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
                 float* strided);
-// window_sum over a whole plane of h_out output rows at stride 1 without dilation (where
-// window_sum_plane_fits), as one run per tap over the zero-padded plane: the same sums in the
-// same order, without a call per tap and row (14x14 and 7x7 planes are most of MobileNet's
-// depthwise work). `scratch` holds window_sum_plane_scratch_bytes.
+// window_sum over a whole plane of h_out output rows at strides 1 and 2 without dilation (where
+// window_sum_plane_fits), as one run per tap over the zero-padded plane (split into its
+// stride phases): the same sums in the same order, without a call per tap and row (14x14 and
+// 7x7 planes are most of MobileNet's depthwise work, its stride-2 layers the slowest per sum).
+// `scratch` holds window_sum_plane_scratch_bytes.
 bool window_sum_plane_fits(const plane_window& g);
 size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out);
 void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch);
