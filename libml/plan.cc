@@ -183,6 +183,49 @@ private:
         _storage[size_t(out)] = storage_of(in);
         _view_offset[size_t(out)] = _view_offset[size_t(in)];
     }
+    // Concatenation in place, where every dimension before the axis is 1 (channels of one
+    // image: each input's slot is one contiguous range of the output). The output becomes a
+    // view of the first input's storage from that input on, and each later input is either
+    // there already, at its slot, or is placed there (its producer writes the slot directly)
+    // when it has no storage yet and its slot lies past everything the storage holds; the
+    // storage grows to fit. A chain of concatenations (DenseNet: every layer concatenates all
+    // the block's earlier feature maps) becomes one buffer and no copy runs. False when any
+    // input does not fit that; the caller then copies every input.
+    bool concat_in_place(const node& n, int y, int64_t axis) {
+        const value& out = val(y);
+        const shape_t& ys = out.shape;
+        if (product(ys, 0, size_t(axis)) != 1 || _storage[size_t(y)] >= 0 || _g.is_output(y) || n.inputs.empty())
+            return false;
+        const int first = n.inputs[0];
+        if (first < 0 || val(first).is_constant() || _g.is_output(first)) return false;
+        const int64_t esize = int64_t(dtype_size(out.type)), slot_stride = contiguous_strides(ys)[size_t(axis)] * esize;
+        const int sv = storage_of(first);
+        const storage& s = _storages[size_t(sv)];
+        if (s.where != region::arena) return false;
+        const int64_t base = _view_offset[size_t(first)];
+        int64_t end = s.bytes, at = 0;
+        std::vector<std::pair<int, int64_t>> fresh;
+        for (int in : n.inputs) {
+            const value& x = val(in);
+            const int64_t off = base + at * slot_stride, bytes = esize * element_count(x.shape);
+            if (x.type != out.type || bytes <= 0) return false;
+            at += x.shape[size_t(axis)];
+            if (_storage[size_t(in)] == sv && _view_offset[size_t(in)] == off) continue;  // there already
+            if (_storage[size_t(in)] >= 0 || x.is_constant() || _g.is_output(in) || off < end) return false;
+            if (std::find_if(fresh.begin(), fresh.end(), [&](const auto& f) { return f.first == in; }) != fresh.end())
+                return false;  // the same value twice
+            fresh.push_back({in, off});
+            end = off + bytes;
+        }
+        for (auto [in, off] : fresh) {
+            _storage[size_t(in)] = sv;
+            _view_offset[size_t(in)] = off;
+        }
+        _storages[size_t(sv)].bytes = std::max(_storages[size_t(sv)].bytes, base + esize * element_count(ys));
+        _storage[size_t(y)] = sv;
+        _view_offset[size_t(y)] = base;
+        return true;
+    }
 
     template <class A>
     void emit(const gpu::kernel_info& kernel, const A& args, int64_t grid, const node& n,
@@ -757,6 +800,7 @@ void planner::lower(int ni) {
         const int64_t axis = n.i("axis", 0);
         const shape_t& ys = val(y).shape;
         const shape_t yst = contiguous_strides(ys);
+        if (concat_in_place(n, y, axis)) return;
         int64_t at = 0;
         for (int in : n.inputs) {
             const shape_t& is = val(in).shape;
@@ -981,9 +1025,11 @@ plan planner::run() {
             const tensor_location t = location(ptr.value);
             p._fixups.push_back({li, ptr.args_offset, t.where, t.offset + ptr.byte_offset});
         }
+        // A value's own bytes (a slot of a concatenation shares its storage with the others).
         auto range = [&](int v) {
-            const storage& s = _storages[size_t(storage_of(v))];
-            return byte_range{s.where, s.offset, s.bytes};
+            const value& x = val(v);
+            const tensor_location t = location(v);
+            return byte_range{t.where, t.offset, int64_t(dtype_size(x.type)) * std::max<int64_t>(1, element_count(x.shape))};
         };
         for (int v : q.reads) l.reads.push_back(range(v));
         for (int v : q.writes) l.writes.push_back(range(v));

@@ -1,12 +1,15 @@
 // The IF API on the cpu backend: batching, weight sharing between instances, errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
 #include "libml/libml.h"
+#include "tests/onnx_builder.h"
 
 namespace ml = reefline::ml;
 namespace fs = std::filesystem;
@@ -203,6 +206,78 @@ TEST(libml_errors, bad_files_name_the_problem) {
     }
     const char junk[] = "this is not an onnx file at all";
     EXPECT_THROW(rt.load_model_buffer(junk, sizeof junk, "junk"), ml::model_error);
+}
+
+// Concatenations along channels of one image run in place: DenseNet's pattern (each layer
+// concatenates all the block's earlier maps) becomes one buffer its producers write into, with
+// no copy; inputs that cannot take their slot (the same value twice, a value already placed
+// elsewhere in that buffer, a graph input) are copied. The batch of two (copies everywhere: its
+// slots are not contiguous) gives the same numbers, and no launch overwrites what an earlier
+// one in its restore window reads.
+TEST(libml_plan, concatenations_in_place_give_the_copies_results) {
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {-1, 2, 5, 5}).output("y").output("twice").output("apart").output("after_input");
+    std::vector<float> w1(3 * 2 * 9), w2(2 * 5 * 9);
+    for (size_t i = 0; i < w1.size(); ++i) w1[i] = float(int(i % 7) - 3) / 8.0f;
+    for (size_t i = 0; i < w2.size(); ++i) w2[i] = float(int(i % 5) - 2) / 4.0f;
+    b.init_f32("w1", {3, 2, 3, 3}, w1).init_f32("w2", {2, 5, 3, 3}, w2);
+    b.node("Relu", {"x"}, {"a"});
+    const auto conv = [&](const std::string& in, const std::string& w, const std::string& out) {
+        tm::attr_ints(b.node("Conv", {in, w}, {out}), "pads", {1, 1, 1, 1});
+    };
+    conv("a", "w1", "c1");
+    tm::attr_i(b.node("Concat", {"a", "c1"}, {"cat1"}), "axis", 1);
+    b.node("Relu", {"cat1"}, {"r1"});
+    conv("r1", "w2", "c2");
+    tm::attr_i(b.node("Concat", {"a", "c1", "c2"}, {"cat2"}), "axis", 1);
+    b.node("Relu", {"cat2"}, {"y"});
+    tm::attr_i(b.node("Concat", {"c2", "c2"}, {"twice"}), "axis", 1);
+    tm::attr_i(b.node("Concat", {"a", "c2"}, {"apart"}), "axis", 1);
+    tm::attr_i(b.node("Concat", {"x", "c1"}, {"after_input"}), "axis", 1);
+    const std::string bytes = b.bytes();
+
+    auto device = reefline::gpu::make_cpu_device();
+    ml::runtime rt(*device);
+    auto m = rt.load_model_buffer(bytes.data(), bytes.size(), "dense");
+    auto one = rt.link_model(m), two = rt.link_model(m);
+    rt.configure_batch(*one, 1);
+    rt.configure_batch(*two, 2);
+    const auto copies = [](const ml::plan& p) {
+        return std::count_if(p.launches().begin(), p.launches().end(),
+                             [](const auto& l) { return std::string(l.kernel->name) == "copy"; });
+    };
+    // cat1 and cat2 copy nothing; twice copies both inputs, apart both (a's next slot holds
+    // c1), after_input both (x is the graph's input).
+    EXPECT_EQ(copies(one->current_plan()), 6);
+    EXPECT_EQ(copies(two->current_plan()), 11);
+    EXPECT_EQ(one->current_plan().check_idempotence(), "");
+    EXPECT_EQ(two->current_plan().check_idempotence(), "");
+
+    std::vector<float> xv(2 * 2 * 5 * 5);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 37 % 23) - 11) / 5.0f;
+    ml::bytes_t xb(xv.size() * 4);
+    std::memcpy(xb.data(), xv.data(), xb.size());
+    const ml::tensor x2 = ml::tensor::make(ml::dtype::f32, {2, 2, 5, 5}, xb);
+    std::vector<ml::tensor> y2;
+    rt.infer_batch(*two, std::vector<ml::tensor>{x2}, y2);
+    for (int64_t item = 0; item < 2; ++item) {
+        ml::bytes_t ib(xb.begin() + item * 200, xb.begin() + (item + 1) * 200);
+        std::vector<ml::tensor> y1;
+        rt.infer_batch(*one, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {1, 2, 5, 5}, ib)}, y1);
+        ASSERT_EQ(y1.size(), y2.size());
+        for (size_t o = 0; o < y1.size(); ++o) {
+            const int64_t per = y1[o].elements();
+            ASSERT_EQ(y2[o].elements(), 2 * per);
+            for (int64_t i = 0; i < per; ++i)
+                ASSERT_EQ(y1[o].as_f64(i), y2[o].as_f64(item * per + i)) << "output " << o << " item " << item << " at " << i;
+        }
+    }
+    // The values themselves: y = relu(a, c1, c2) by channel, so its first two channels are a.
+    std::vector<ml::tensor> y1;
+    rt.infer_batch(*one, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {1, 2, 5, 5},
+                                                                  ml::bytes_t(xb.begin(), xb.begin() + 200))}, y1);
+    for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(y1[0].as_f64(i), std::max(0.0f, xv[size_t(i)]));
 }
 
 }  // namespace
