@@ -281,18 +281,29 @@ struct avx512_runs {
     // running sum held in a register across the taps instead of stored after each.
     __attribute__((target("avx512f"))) static void taps(float* y, const float* const* src, const float* w, int64_t taps,
                                                         int64_t n) {
-        int64_t j = 0;
-        for (; j + 16 <= n; j += 16) {
-            __m512 v = _mm512_setzero_ps();
-            for (int64_t t = 0; t < taps; ++t) v = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_loadu_ps(src[t] + j), v);
-            _mm512_storeu_ps(y + j, v);
-        }
-        if (j < n) {
-            const __mmask16 m = tail(n - j);
-            __m512 v = _mm512_setzero_ps();
-            for (int64_t t = 0; t < taps; ++t)
-                v = _mm512_fmadd_ps(_mm512_set1_ps(w[t]), _mm512_maskz_loadu_ps(m, src[t] + j), v);
-            _mm512_mask_storeu_ps(y + j, m, v);
+        // Four vectors at a time: four independent chains of fused multiply-adds, or each tap
+        // waits out the latency of the one before. The last group's vectors are masked (a mask
+        // may be empty: nothing is read or written).
+        for (int64_t j = 0; j < n; j += 64) {
+            const int64_t left = n - j;
+            const auto mask = [&](int64_t k) __attribute__((target("avx512f"))) {
+                const int64_t m = std::clamp<int64_t>(left - 16 * k, 0, 16);
+                return __mmask16(m == 16 ? 0xffff : (1u << m) - 1);
+            };
+            const __mmask16 m0 = mask(0), m1 = mask(1), m2 = mask(2), m3 = mask(3);
+            __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
+            for (int64_t t = 0; t < taps; ++t) {
+                const __m512 wt = _mm512_set1_ps(w[t]);
+                const float* s = src[t] + j;
+                v0 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m0, s), v0);
+                v1 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m1, s + 16), v1);
+                v2 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m2, s + 32), v2);
+                v3 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m3, s + 48), v3);
+            }
+            _mm512_mask_storeu_ps(y + j, m0, v0);
+            _mm512_mask_storeu_ps(y + j + 16, m1, v1);
+            _mm512_mask_storeu_ps(y + j + 32, m2, v2);
+            _mm512_mask_storeu_ps(y + j + 48, m3, v3);
         }
     }
 };
@@ -462,11 +473,14 @@ inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const fl
     constexpr int64_t max_chunks = 4;  // windows up to 8x8 as register sums; larger ones by axpy
     const float* first[max_chunks * chunk];
     float tw[max_chunks * chunk];
-    for (int64_t t = 0; t < std::min(taps, max_chunks * chunk); ++t) {
-        const int64_t i = t / g.kw, j = t % g.kw;
-        first[t] = scratch + ((i % sh) * sw + j % sw) * f.phase_floats() + (i / sh) * f.wp + j / sw;
-        tw[t] = w ? w[t] : 1.0f;
-    }
+    // (Strides are 1 or 2: masks and shifts, no divisions, which would cost as much as a 7x7
+    // plane's sums.)
+    const int64_t hs = sh - 1, ws = sw - 1;
+    for (int64_t i = 0, t = 0; i < g.kh; ++i)
+        for (int64_t j = 0; j < g.kw && t < max_chunks * chunk; ++j, ++t) {
+            first[t] = scratch + ((i & hs) * sw + (j & ws)) * f.phase_floats() + (i >> hs) * f.wp + (j >> ws);
+            tw[t] = w ? w[t] : 1.0f;
+        }
     const auto run = [&](float* out, int64_t row, int64_t n) {
         const float* src[chunk];
         for (int64_t c = 0; c < chunks; ++c) {
