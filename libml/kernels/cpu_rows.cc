@@ -56,7 +56,13 @@ __attribute__((target("avx512f"))) static void copy_stride2_avx512(float* o, con
         const __m512 hi = _mm512_maskz_loadu_ps(__mmask16(0x7fff), in + 2 * i + 16);
         _mm512_storeu_ps(o + i, _mm512_permutex2var_ps(lo, even, hi));
     }
-    for (; i < n; ++i) o[i] = in[2 * i];
+    if (i < n) {  // the last n - i < 16: reads in[2i .. 2(n - 1)], no further
+        const int64_t need = 2 * (n - i) - 1;  // floats from in + 2i
+        const auto first = [](int64_t k) { return __mmask16(k >= 16 ? 0xffff : (1u << std::max<int64_t>(k, 0)) - 1); };
+        const __m512 lo = _mm512_maskz_loadu_ps(first(need), in + 2 * i);
+        const __m512 hi = _mm512_maskz_loadu_ps(first(need - 16), in + 2 * i + 16);
+        _mm512_mask_storeu_ps(o + i, first(n - i), _mm512_permutex2var_ps(lo, even, hi));
+    }
 }
 #endif
 
