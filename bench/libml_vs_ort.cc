@@ -44,6 +44,11 @@ std::string run(const std::string& cmd) {
     return out;
 }
 
+// Untimed runs before the timed ones, on both sides: with several compute units, the first
+// runs touch each unit's scratch for the first time and their block-to-unit assignments vary,
+// so one warm-up left the median of five runs 1.6x slow (MobileNet-v2 on two units).
+constexpr int kWarmupRuns = 3;
+
 // The median "run_ms" ONNX Runtime reported for `repeat` runs.
 // `length` > 0: a sequence model at that length (ids below 1000, attention mask all ones).
 double ort_median_ms(const fs::path& root, const fs::path& model, int64_t batch, int64_t length, int threads,
@@ -51,7 +56,8 @@ double ort_median_ms(const fs::path& root, const fs::path& model, int64_t batch,
     const fs::path dir = work / ("ort_" + model.stem().string() + "_" + std::to_string(batch));
     run("node " + (root / "tests/ort/run_model.js").string() + " " + model.string() + " --batch " +
         std::to_string(batch) + (length ? " --dim L=" + std::to_string(length) + " --int-range 0,1000" : "") +
-        " --threads " + std::to_string(threads) + " --repeat " + std::to_string(repeat) + " --output-dir " +
+        " --threads " + std::to_string(threads) + " --repeat " + std::to_string(repeat) + " --warmup " +
+        std::to_string(kWarmupRuns) + " --output-dir " +
         dir.string() + " > /dev/null");
     std::ifstream f(dir / "summary.json");
     std::stringstream s;
@@ -86,7 +92,7 @@ double reefline_median_ms(ml::runtime& rt, const fs::path& model, int64_t batch,
         xs.push_back(ml::tensor::from_i64(v, desc.shape, desc.type));
     }
     std::vector<ml::tensor> ys;
-    rt.infer_batch(*in, xs, ys);  // warm-up
+    for (int w = 0; w < kWarmupRuns; ++w) rt.infer_batch(*in, xs, ys);
     std::vector<double> ms;
     for (int r = 0; r < repeat; ++r) {
         const auto t0 = std::chrono::steady_clock::now();

@@ -26,6 +26,7 @@ void use_gpu_tiles(k::conv2d_args& a) {
     a.tile_co = int32_t(std::clamp<int64_t>(co_g, 1, 64));
     a.tile_pix = int32_t(std::clamp<int64_t>(npix, 1, 64));
     a.tile_k = int32_t(std::clamp<int64_t>(K, 1, 128));
+    a.tile_groups = 1;
 }
 
 void use_gpu_tiles(k::gemm_args& g) {
@@ -477,10 +478,25 @@ void planner::lower_conv(int ni) {
     // Several units: at least two blocks per unit where the pixels allow (halving the pixel
     // tile, not below 64), or a batch-1 layer of one or two blocks leaves units idle. With one
     // unit the larger tiles are faster (fewer, longer OpenBLAS calls), so they stay.
-    if (_o.compute_units > 1)
+    // Planes too small to split (MobileNet's 7x7 layers: one pixel tile) split their output
+    // channels instead, down to 16 per tile.
+    if (_o.compute_units > 1) {
         while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_pix > 64)
             a.tile_pix = int32_t(std::max<int64_t>(64, (a.tile_pix + 1) / 2));
+        while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_co > 16)
+            a.tile_co = int32_t(std::max<int64_t>(16, (a.tile_co + 1) / 2));
+    }
     a.tile_k = int32_t(std::min<int64_t>(K, 1024));
+    // Depthwise planes of a few thousand outputs or fewer (MobileNet's 14x14 and 7x7): several
+    // per block, about 4096 outputs' worth, keeping two blocks per unit where there are units.
+    // With several units, 960 blocks of one 7x7 plane each spent more time claiming blocks
+    // (one cache line the units pass back and forth) than summing.
+    if (co_g == 1 && k::conv2d_ci_per_group(a) == 1 && a.tile_pix >= npix) {
+        a.tile_groups = int32_t(std::clamp<int64_t>(4096 / std::max<int64_t>(1, npix), 1, a.groups));
+        if (_o.compute_units > 1)
+            while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_groups > 1)
+                a.tile_groups = (a.tile_groups + 1) / 2;
+    }
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
     std::vector<int> reads{x, w};
     if (b >= 0) reads.push_back(b);

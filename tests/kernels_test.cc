@@ -99,10 +99,14 @@ TEST_P(conv, matches_reference_with_relu) {
     a.ep.act = k::activation::relu;
     a.tile_co = 8; a.tile_pix = 17; a.tile_k = 7;  // odd tiles exercise every edge
     const auto want = conv_reference(c, x, w, b, ho, wo);
-    // Both GEMM libraries; odd tiles, then whole planes (depthwise: one run per tap).
+    // Both GEMM libraries; odd tiles, then whole planes (depthwise: one run per tap), then
+    // whole planes 1, 2 or 3 groups to a block (the last block of 3 may hold fewer).
     for (bool openblas : {false, true})
-        for (int64_t tile_pix : {int64_t(17), ho * wo}) {
-            SCOPED_TRACE(std::string(openblas ? "OpenBLAS" : "oneDNN") + ", tile " + std::to_string(tile_pix));
+        for (int64_t tiling = 0; tiling < 4; ++tiling) {
+            const int64_t tile_pix = tiling == 0 ? 17 : ho * wo;
+            a.tile_groups = int32_t(tiling < 2 ? 0 : tiling);
+            SCOPED_TRACE(std::string(openblas ? "OpenBLAS" : "oneDNN") + ", tile " + std::to_string(tile_pix) +
+                         ", groups per block " + std::to_string(a.tile_groups));
             const library_choice choice(openblas);
             a.tile_pix = int32_t(tile_pix);
             std::fill(y.begin(), y.end(), NAN);

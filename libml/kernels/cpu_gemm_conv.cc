@@ -197,14 +197,23 @@ void epilogue_row(float* y, const float* r, float b, int64_t n, row_epi op) {
     }
 }
 
+bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx);
+
+// A block's groups one after the other: several only for depthwise tiles of small planes.
 bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     const auto& c = *static_cast<const conv2d_args*>(p);
     const conv2d_tile t = conv2d_block(c, ctx.block);
     if (ctx.preempted()) return false;
+    for (int64_t group = t.group; group < t.group1; ++group)
+        if (!conv2d_group_cpu(c, t, group, ctx)) return false;
+    return true;
+}
+
+bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx) {
     const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
     const int64_t hw_out = c.h_out * c.w_out, np = t.p1 - t.p0, nco = t.co1 - t.co0;
-    const float* x = c.x + (t.image * c.c_in + t.group * ci) * c.h * c.w_in;
-    const int64_t co_abs = t.group * co_g + t.co0;
+    const float* x = c.x + (t.image * c.c_in + group * ci) * c.h * c.w_in;
+    const int64_t co_abs = group * co_g + t.co0;
     const float* w = c.w + co_abs * K;
     float* y = c.y + (t.image * c.c_out + co_abs) * hw_out + t.p0;
     if (conv2d_is_depthwise(c)) {

@@ -85,6 +85,9 @@ struct conv2d_args {
     int64_t h_out, w_out;
     epilogue ep;
     int32_t tile_co, tile_pix, tile_k;
+    // Groups one block covers (0 reads as 1): the cpu device's depthwise blocks take several
+    // small planes at once, so that claiming a block does not cost as much as its work.
+    int32_t tile_groups;
 };
 
 RL_HD inline int64_t conv2d_co_per_group(const conv2d_args& c) { return c.c_out / c.groups; }
@@ -92,23 +95,26 @@ RL_HD inline int64_t conv2d_ci_per_group(const conv2d_args& c) { return c.c_in /
 RL_HD inline int64_t conv2d_k(const conv2d_args& c) { return conv2d_ci_per_group(c) * c.kh * c.kw; }
 RL_HD inline int64_t conv2d_tiles_co(const conv2d_args& c) { return ceil_div(conv2d_co_per_group(c), c.tile_co); }
 RL_HD inline int64_t conv2d_tiles_pix(const conv2d_args& c) { return ceil_div(c.h_out * c.w_out, c.tile_pix); }
+RL_HD inline int64_t conv2d_group_tile(const conv2d_args& c) { return c.tile_groups > 1 ? c.tile_groups : 1; }
+RL_HD inline int64_t conv2d_tiles_group(const conv2d_args& c) { return ceil_div(c.groups, conv2d_group_tile(c)); }
 RL_HD inline int64_t conv2d_grid(const conv2d_args& c) {
-    return c.n * c.groups * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
+    return c.n * conv2d_tiles_group(c) * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
 }
 
 struct conv2d_tile {
-    int64_t image, group, co0, co1, p0, p1;  // co within the group
+    int64_t image, group, group1, co0, co1, p0, p1;  // groups [group, group1); co within a group
 };
 RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
-    const int64_t tp = conv2d_tiles_pix(c), tc = conv2d_tiles_co(c);
+    const int64_t tp = conv2d_tiles_pix(c), tc = conv2d_tiles_co(c), tg = conv2d_tiles_group(c);
     conv2d_tile t;
     t.p0 = (block % tp) * c.tile_pix;
     block /= tp;
     t.co0 = (block % tc) * c.tile_co;
     block /= tc;
-    t.group = block % c.groups;
-    t.image = block / c.groups;
+    t.group = (block % tg) * conv2d_group_tile(c);
+    t.image = block / tg;
     const int64_t npix = c.h_out * c.w_out, nco = conv2d_co_per_group(c);
+    t.group1 = t.group + conv2d_group_tile(c) < c.groups ? t.group + conv2d_group_tile(c) : c.groups;
     t.p1 = t.p0 + c.tile_pix < npix ? t.p0 + c.tile_pix : npix;
     t.co1 = t.co0 + c.tile_co < nco ? t.co0 + c.tile_co : nco;
     return t;

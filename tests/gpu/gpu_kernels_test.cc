@@ -198,7 +198,7 @@ struct conv_problem {
 };
 
 void check_conv(const conv_problem& c, k::activation act, bool residual, int32_t tco, int32_t tpix, int32_t tk,
-                uint32_t seed) {
+                uint32_t seed, int32_t tgroups = 0) {
     const int64_t ho = (c.h + c.pt + c.pb - c.dh * (c.kh - 1) - 1) / c.sh + 1;
     const int64_t wo = (c.w + c.pl + c.pr - c.dw * (c.kw - 1) - 1) / c.sw + 1;
     auto x = random_floats(size_t(c.n * c.ci * c.h * c.w), seed);
@@ -210,7 +210,7 @@ void check_conv(const conv_problem& c, k::activation act, bool residual, int32_t
     a.stride_h = c.sh; a.stride_w = c.sw; a.pad_top = c.pt; a.pad_left = c.pl;
     a.dil_h = c.dh; a.dil_w = c.dw; a.groups = c.g; a.h_out = ho; a.w_out = wo;
     a.ep.act = act; a.ep.alpha = 0.1f; a.ep.beta = 0.5f;
-    a.tile_co = tco; a.tile_pix = tpix; a.tile_k = tk;
+    a.tile_co = tco; a.tile_pix = tpix; a.tile_k = tk; a.tile_groups = tgroups;
     const int64_t grid = k::conv2d_grid(a);
     std::vector<float> want(size_t(c.n * c.co * ho * wo));
     std::vector<double> scale(want.size());
@@ -238,10 +238,10 @@ void check_conv(const conv_problem& c, k::activation act, bool residual, int32_t
                     scale[oi] = 2 * (mag + std::fabs(b[size_t(o)]) + (residual ? std::fabs(res[oi]) : 0)) + 1e-3;
                 }
     char what[200];
-    std::snprintf(what, sizeof what, "conv n%lld ci%lld %lldx%lld co%lld k%lldx%lld s%lld,%lld d%lld,%lld g%lld act=%d res=%d tiles %d/%d/%d",
+    std::snprintf(what, sizeof what, "conv n%lld ci%lld %lldx%lld co%lld k%lldx%lld s%lld,%lld d%lld,%lld g%lld act=%d res=%d tiles %d/%d/%d/%d",
                   (long long)c.n, (long long)c.ci, (long long)c.h, (long long)c.w, (long long)c.co, (long long)c.kh,
                   (long long)c.kw, (long long)c.sh, (long long)c.sw, (long long)c.dh, (long long)c.dw, (long long)c.g,
-                  int(act), int(residual), tco, tpix, tk);
+                  int(act), int(residual), tco, tpix, tk, tgroups);
 #if !defined(REEFLINE_NO_CPU_GEMM)
     {
         std::vector<float> y(want.size(), NAN);
@@ -277,6 +277,7 @@ GPU_TEST(conv_shapes_groups_dilations_epilogues_tiles) {
         check_conv(c, k::activation::none, true, 64, 64, 128, seed += 5);         // GPU tiles, residual
         check_conv(c, k::activation::relu, true, 256, 4096, 1024, seed += 5);     // cpu-like tiles
         check_conv(c, k::activation::hard_swish, false, 64, 64, 128, seed += 5);  // other activation
+        check_conv(c, k::activation::relu, false, 256, 4096, 1024, seed += 5, 4); // 4 groups a block
     }
 }
 

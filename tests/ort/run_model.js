@@ -37,7 +37,8 @@ const USAGE = `usage: node run_model.js MODEL.onnx [options]
   --output-format F     pb (TensorProto, default) or json ({name, dtype, dims, data})
   --save-inputs         also write input_<i>.pb (or .json) to --output-dir
   --json FILE           write the summary there instead of stdout ('-' for stdout)
-  --repeat R            time R more runs after the first; report min and median ms
+  --repeat R            time R more runs after the warm-up; report min and median ms
+  --warmup W            untimed runs before the timed ones (default 1)
   --threads T           intra-op threads (default 1)
   --opt LEVEL           graph optimisation: disabled, basic, extended, all (default all)
   --quiet               print no summary`;
@@ -316,7 +317,7 @@ function parseArgs(argv) {
   const o = { model: null, inputs: [], seed: 1, batch: 1, dims: {}, intRange: [0, 100],
               floatRange: null, lengths: null, outputDir: null, format: 'pb', saveInputs: false,
               json: '-',
-              repeat: 0, threads: 1, opt: 'all', quiet: false };
+              repeat: 0, warmup: 1, threads: 1, opt: 'all', quiet: false };
   const pair = (s, what) => {
     const v = s.split(',').map(Number);
     if (v.length !== 2 || v.some(Number.isNaN) || !(v[0] < v[1])) usage(`bad ${what} '${s}'`);
@@ -357,6 +358,7 @@ function parseArgs(argv) {
       case '--save-inputs': o.saveInputs = true; break;
       case '--json': o.json = val(); break;
       case '--repeat': o.repeat = int(val(), '--repeat', 0); break;
+      case '--warmup': o.warmup = int(val(), '--warmup', 1); break;
       case '--threads': o.threads = int(val(), '--threads', 0); break;
       case '--opt': o.opt = val(); if (!['disabled', 'basic', 'extended', 'all'].includes(o.opt)) usage('bad --opt'); break;
       case '--quiet': o.quiet = true; break;
@@ -433,7 +435,7 @@ async function main() {
   let results;
   const times = [];
   try {
-    for (let r = 0; r <= o.repeat; ++r) {
+    for (let r = 0; r < (o.repeat > 0 ? o.warmup + o.repeat : 1); ++r) {
       const t = process.hrtime.bigint();
       results = await session.run(feeds);
       times.push(Number(process.hrtime.bigint() - t) / 1e6);
@@ -442,7 +444,7 @@ async function main() {
     console.error(`run_model.js: ${o.model}: run failed: ${e.message}`);
     process.exit(1);
   }
-  const timed = times.length > 1 ? times.slice(1).sort((a, b) => a - b) : times;
+  const timed = times.length > 1 ? times.slice(o.warmup).sort((a, b) => a - b) : times;
 
   const summary = {
     model: o.model, ort_version: ort.env.versions ? ort.env.versions.node : undefined,

@@ -52,9 +52,13 @@ int main(int argc, char** argv) {
                    "OpenBLAS in a build without it)")
         ->check(CLI::IsMember({"onednn", "openblas"}))
         ->capture_default_str();
+    uint32_t units = 0;
+    app.add_option("--compute-units", units, "the cpu device's compute units (default: cores - 1, at least 1)");
     CLI11_PARSE(app, argc, argv);
     try {
-        auto device = reefline::gpu::make_cpu_device();
+        reefline::gpu::cpu_device_options device_options;
+        device_options.compute_units = units;
+        auto device = reefline::gpu::make_cpu_device(device_options);
         ml::kernels::use_openblas_only(gemm == "openblas");
         ml::runtime rt(*device);
         if (footprint) {

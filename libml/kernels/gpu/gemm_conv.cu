@@ -302,13 +302,27 @@ __global__ void __launch_bounds__(kThreads) gemm_kernel(gemm_args g, launch_ctx 
 
 // ---- convolution ------------------------------------------------------------------------------
 template <int Mode>
+__device__ bool conv2d_group_gpu(const conv2d_args& c, const launch_ctx& ctx, const conv2d_tile& t, int64_t group,
+                                 unsigned char* smem);
+
+// A block's groups one after the other (GPU tiles take one group per block; the loop is for
+// tiles that take several).
+template <int Mode>
 __device__ bool conv2d_block_gpu(const conv2d_args& c, const launch_ctx& ctx, int64_t block, unsigned char* smem) {
     const conv2d_tile t = conv2d_block(c, block);
+    for (int64_t group = t.group; group < t.group1; ++group)
+        if (!conv2d_group_gpu<Mode>(c, ctx, t, group, smem)) return false;
+    return true;
+}
+
+template <int Mode>
+__device__ bool conv2d_group_gpu(const conv2d_args& c, const launch_ctx& ctx, const conv2d_tile& t, int64_t group,
+                                 unsigned char* smem) {
     const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
     const int64_t hw_out = c.h_out * c.w_out;
-    const int64_t co_base = t.group * co_g;  // the group's first output channel
+    const int64_t co_base = group * co_g;  // the group's first output channel
     conv_view v;
-    v.x = c.x + (t.image * c.c_in + t.group * ci) * c.h * c.w_in;
+    v.x = c.x + (t.image * c.c_in + group * ci) * c.h * c.w_in;
     v.w = c.w + co_base * K;
     v.K = int32_t(K);
     v.khw = int32_t(c.kh * c.kw);
