@@ -633,6 +633,11 @@ void planner::lower_matmul(int ni) {
     g.tile_m = int32_t(std::min<int64_t>(M, 256));
     g.tile_n = int32_t(std::min<int64_t>(N, 256));
     g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(K, 256)));
+    // Several units: BERT's 768-wide linears at batch 1 are three blocks, which two units run
+    // as two rounds; narrower column tiles (not below 64) until every unit has two blocks.
+    if (_o.compute_units > 1)
+        while (k::gemm_grid(g) < 2 * int64_t(_o.compute_units) && g.tile_n > 64)
+            g.tile_n = int32_t(std::max<int64_t>(64, (g.tile_n + 1) / 2));
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
     if (bias >= 0)
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, bias}, {&g.c, y}}, {A, B, bias}, {y});
