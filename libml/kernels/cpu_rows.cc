@@ -46,6 +46,9 @@ inline float act(float x, const epilogue& ep) {
 }  // namespace
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// The first k of a vector's 16 lanes (none below 0, all from 16): the mask of a partial vector.
+inline __mmask16 first_lanes(int64_t k) { return __mmask16(k >= 16 ? 0xffff : (1u << std::max<int64_t>(k, 0)) - 1); }
+
 // o[i] = in[2 * i]: two loads and one permute per 16 outputs. The second load is masked to the
 // 15 elements that are used, so it never reads past in[2 * (n - 1)].
 __attribute__((target("avx512f"))) static void copy_stride2_avx512(float* o, const float* in, int64_t n) {
@@ -58,10 +61,9 @@ __attribute__((target("avx512f"))) static void copy_stride2_avx512(float* o, con
     }
     if (i < n) {  // the last n - i < 16: reads in[2i .. 2(n - 1)], no further
         const int64_t need = 2 * (n - i) - 1;  // floats from in + 2i
-        const auto first = [](int64_t k) { return __mmask16(k >= 16 ? 0xffff : (1u << std::max<int64_t>(k, 0)) - 1); };
-        const __m512 lo = _mm512_maskz_loadu_ps(first(need), in + 2 * i);
-        const __m512 hi = _mm512_maskz_loadu_ps(first(need - 16), in + 2 * i + 16);
-        _mm512_mask_storeu_ps(o + i, first(n - i), _mm512_permutex2var_ps(lo, even, hi));
+        const __m512 lo = _mm512_maskz_loadu_ps(first_lanes(need), in + 2 * i);
+        const __m512 hi = _mm512_maskz_loadu_ps(first_lanes(need - 16), in + 2 * i + 16);
+        _mm512_mask_storeu_ps(o + i, first_lanes(n - i), _mm512_permutex2var_ps(lo, even, hi));
     }
 }
 #endif
@@ -292,11 +294,8 @@ struct avx512_runs {
         // may be empty: nothing is read or written).
         for (int64_t j = 0; j < n; j += 64) {
             const int64_t left = n - j;
-            const auto mask = [&](int64_t k) __attribute__((target("avx512f"))) {
-                const int64_t m = std::clamp<int64_t>(left - 16 * k, 0, 16);
-                return __mmask16(m == 16 ? 0xffff : (1u << m) - 1);
-            };
-            const __mmask16 m0 = mask(0), m1 = mask(1), m2 = mask(2), m3 = mask(3);
+            const __mmask16 m0 = first_lanes(left), m1 = first_lanes(left - 16), m2 = first_lanes(left - 32),
+                            m3 = first_lanes(left - 48);
             __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
             for (int64_t t = 0; t < taps; ++t) {
                 const __m512 wt = _mm512_set1_ps(w[t]);
@@ -482,9 +481,12 @@ inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const fl
     // (Strides are 1 or 2: masks and shifts, no divisions, which would cost as much as a 7x7
     // plane's sums.)
     const int64_t hs = sh - 1, ws = sw - 1;
+    const auto tap_at = [&](int64_t i, int64_t j) {  // tap (i, j)'s read for output row 0
+        return scratch + ((i & hs) * sw + (j & ws)) * f.phase_floats() + (i >> hs) * f.wp + (j >> ws);
+    };
     for (int64_t i = 0, t = 0; i < g.kh; ++i)
         for (int64_t j = 0; j < g.kw && t < max_chunks * chunk; ++j, ++t) {
-            first[t] = scratch + ((i & hs) * sw + (j & ws)) * f.phase_floats() + (i >> hs) * f.wp + (j >> ws);
+            first[t] = tap_at(i, j);
             tw[t] = w ? w[t] : 1.0f;
         }
     const auto run = [&](float* out, int64_t row, int64_t n) {
@@ -492,11 +494,8 @@ inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const fl
         for (int64_t c = 0; c < chunks; ++c) {
             const int64_t t0 = c * chunk, nt = std::min(chunk, taps - t0);
             if (c >= max_chunks) {  // past 64 taps: one axpy run per tap
-                for (int64_t t = t0; t < t0 + nt; ++t) {
-                    const int64_t i = t / g.kw, j = t % g.kw;
-                    R::axpy(out, scratch + ((i % sh) * sw + j % sw) * f.phase_floats() + (row + i / sh) * f.wp + j / sw,
-                            w ? w[t] : 1.0f, n);
-                }
+                for (int64_t t = t0; t < t0 + nt; ++t)
+                    R::axpy(out, tap_at(t / g.kw, t % g.kw) + row * f.wp, w ? w[t] : 1.0f, n);
                 continue;
             }
             for (int64_t t = 0; t < nt; ++t) src[t] = first[t0 + t] + row * f.wp;
