@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "bench/bench_report.h"
+#include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
@@ -134,6 +135,10 @@ int main(int argc, char** argv) {
     app.add_option("--gemm", gemm, "the library reefline's GEMM and convolution blocks call (onednn falls back to OpenBLAS in a build without it)")
         ->check(CLI::IsMember({"onednn", "openblas"}))
         ->capture_default_str();
+    std::string conv = "auto";
+    app.add_option("--conv", conv, "how reefline runs convolutions other than pointwise and depthwise: direct where measured faster (auto), direct wherever it can, or im2col and the GEMM")
+        ->check(CLI::IsMember({"auto", "direct", "im2col"}))
+        ->capture_default_str();
     app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
     CLI11_PARSE(app, argc, argv);
     const fs::path root = root_dir.empty() ? fs::canonical(fs::path(argv[0])).parent_path().parent_path().parent_path()
@@ -185,12 +190,13 @@ int main(int argc, char** argv) {
         o.compute_units = units;
         auto device = reefline::gpu::make_cpu_device(o);
         ml::kernels::use_openblas_only(gemm == "openblas");
+        ml::kernels::use_conv_method(ml::kernels::conv_method_named(conv));
         ml::runtime rt(*device);
         std::printf("%u compute unit(s) for reefline, %u intra-op thread(s) for ONNX Runtime, %d timed runs, medians\n",
                     units, units, repeat);
         // The GEMM library, and OpenBLAS's kernel set where it runs (Haswell's AVX2 on an AVX-512
         // core is worth ~1.6x on the convolution models), so the figures say what ran.
-        std::printf("GEMM: %s\n\n", ml::kernels::cpu_gemm_library().c_str());
+        std::printf("GEMM: %s; convolutions: %s\n\n", ml::kernels::cpu_gemm_library().c_str(), conv.c_str());
         std::printf("%-13s %5s %14s %14s %8s\n", "model", "batch", "reefline ms", "ORT ms", "ratio");
         std::vector<double> ratio_b1(chosen.size(), 0.0);
         for (size_t mi = 0; mi < chosen.size(); ++mi) {

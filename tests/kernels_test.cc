@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "libml/kernels/cpu_onednn.h"
+#include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/kernels.h"
 
 namespace k = reefline::ml::kernels;
@@ -51,6 +52,12 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 struct library_choice {
     explicit library_choice(bool openblas) { k::use_openblas_only(openblas); }
     ~library_choice() { k::use_openblas_only(false); }
+};
+
+// Chooses how convolutions run for a scope (cpu_direct_conv.h), back to the default after.
+struct conv_method_choice {
+    explicit conv_method_choice(k::conv_method m) { k::use_conv_method(m); }
+    ~conv_method_choice() { k::use_conv_method(k::conv_method::automatic); }
 };
 
 struct conv_case {
@@ -101,13 +108,19 @@ TEST_P(conv, matches_reference_with_relu) {
     const auto want = conv_reference(c, x, w, b, ho, wo);
     // Both GEMM libraries; odd tiles, then whole planes (depthwise: one run per tap), then
     // whole planes 1, 2 or 3 groups to a block (the last block of 3 may hold fewer).
-    for (bool openblas : {false, true})
-        for (int64_t tiling = 0; tiling < 4; ++tiling) {
+    // K chunks of 7 (direct convolution: one input channel per chunk) and of all of K; direct
+    // convolution (where the CPU and the shape allow) and im2col with either GEMM library.
+    for (int method = 0; method < 3; ++method)
+        for (int64_t tiling = 0; tiling < 5; ++tiling) {
+            const bool openblas = method == 2;
             const int64_t tile_pix = tiling == 0 ? 17 : ho * wo;
-            a.tile_groups = int32_t(tiling < 2 ? 0 : tiling);
-            SCOPED_TRACE(std::string(openblas ? "OpenBLAS" : "oneDNN") + ", tile " + std::to_string(tile_pix) +
-                         ", groups per block " + std::to_string(a.tile_groups));
+            a.tile_groups = int32_t(tiling < 2 || tiling == 4 ? 0 : tiling);
+            a.tile_k = tiling == 4 ? 4096 : 7;
+            SCOPED_TRACE(std::string(method == 0 ? "direct" : openblas ? "im2col, OpenBLAS" : "im2col, oneDNN") +
+                         ", tile " + std::to_string(tile_pix) + ", groups per block " + std::to_string(a.tile_groups) +
+                         ", K chunk " + std::to_string(a.tile_k));
             const library_choice choice(openblas);
+            const conv_method_choice conv_choice(method == 0 ? k::conv_method::direct : k::conv_method::im2col);
             a.tile_pix = int32_t(tile_pix);
             std::fill(y.begin(), y.end(), NAN);
             ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
@@ -124,7 +137,15 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{2, 24, 37, 35, 24, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 24},// depthwise, stride 2 (MobileNet)
     conv_case{1, 5, 20, 41, 5, 5, 5, 1, 1, 2, 2, 2, 2, 1, 1, 5},   // depthwise 5x5, rows past 16
     conv_case{1, 4, 17, 19, 4, 3, 3, 3, 3, 0, 1, 2, 1, 1, 1, 4},   // depthwise, stride 3, asymmetric
-    conv_case{2, 3, 15, 15, 10, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 1} // alexnet-like stem
+    conv_case{2, 3, 15, 15, 10, 11, 11, 4, 4, 2, 2, 2, 2, 1, 1, 1},// alexnet-like stem
+    // Direct convolution (AVX-512): input channels past one pass of 16; output channels in
+    // tiles of 8 and a tail of 3 (2 + 1); stride 2; 1x7 (Inception); a 7x7 stride-2 stem;
+    // grouped with strides (1, 2).
+    conv_case{1, 20, 14, 14, 19, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    conv_case{2, 18, 17, 23, 12, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    conv_case{1, 6, 9, 17, 8, 1, 7, 1, 1, 0, 3, 0, 3, 1, 1, 1},
+    conv_case{1, 3, 30, 30, 8, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, 1},
+    conv_case{1, 8, 8, 9, 12, 3, 3, 1, 2, 0, 1, 2, 0, 1, 1, 2}
 ));
 
 // A whole plane as one run per tap over the padded plane (its stride phases) gives

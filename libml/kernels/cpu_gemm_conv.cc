@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #endif
 
+#include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
@@ -218,12 +219,14 @@ bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group,
     float* y = c.y + (t.image * c.c_out + co_abs) * hw_out + t.p0;
     if (conv2d_is_depthwise(c)) {
         // Direct, without im2col and without a GEMM of one row.
-        const plane_window g{c.h, c.w_in, c.w_out, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w};
+        const plane_window g = conv2d_window(c);
         if (t.p0 == 0 && t.p1 == hw_out && window_sum_plane_fits(g) &&
             ctx.scratch_size >= window_sum_plane_scratch_bytes(g, c.h_out))
             window_sum_plane(g, c.h_out, x, w, y, static_cast<float*>(ctx.scratch));
         else
             window_sum(g, x, w, t.p0, t.p1, y, static_cast<float*>(ctx.scratch));
+    } else if (conv2d_direct_chosen(c) && ctx.scratch_size >= conv2d_direct_scratch_bytes(c)) {
+        if (!conv2d_direct(c, t, x, w, y, static_cast<float*>(ctx.scratch), ctx)) return false;
     } else {
         const float* cols;
         int64_t ldb;
@@ -277,11 +280,14 @@ size_t conv2d_scratch_bytes(const conv2d_args& c) {
     // Depthwise: one output row's strided input columns copied to unit stride, or the padded
     // plane of a whole-plane block at stride 1.
     if (conv2d_is_depthwise(c)) {
-        const plane_window g{c.h, c.w_in, c.w_out, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w};
+        const plane_window g = conv2d_window(c);
         if (window_sum_plane_fits(g) && c.tile_pix >= c.h_out * c.w_out) return window_sum_plane_scratch_bytes(g, c.h_out);
         return c.stride_w == 1 ? 0 : size_t(std::min<int64_t>(c.tile_pix, c.w_out)) * sizeof(float);
     }
-    return conv2d_is_pointwise(c) ? 0 : size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
+    if (conv2d_is_pointwise(c)) return 0;
+    const size_t im2col_bytes = size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
+    // Room for either way, so that the method can change after planning (reefrun --conv).
+    return conv2d_direct_possible(c) ? std::max(im2col_bytes, conv2d_direct_scratch_bytes(c)) : im2col_bytes;
 }
 
 const gpu::kernel_info gemm_kernel = {"gemm", gemm_block_cpu, nullptr, 256, 128, 32768, 0};

@@ -423,38 +423,21 @@ void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float*
 
 namespace {
 
-// The zero-padded plane for window_sum_plane, split by stride into phases: phase (a, b) holds
-// the padded plane's rows a, a + sh, .. and columns b, b + sw, .. (at stride 1 the one phase is
-// the padded plane). Output (oy, ox) takes tap (i, j) from phase (i % sh, j % sw) at row
-// oy + i / sh, column ox + j / sw: at every stride, one unit-stride run per tap over the whole
-// plane. A phase is hp x wp, with (kw - 1) / sw floats of slack after it (the last taps of the
-// last row's wrapped columns read them; those sums land in columns >= w_out, never kept).
-struct flat_plane {
-    int64_t hp, wp, slack, phases;
-    int64_t phase_floats() const { return hp * wp + slack; }
-};
-flat_plane flat_plane_of(const plane_window& g, int64_t h_out) {
-    return {h_out + (g.kh - 1) / g.stride_h, g.w_out + (g.kw - 1) / g.stride_w, (g.kw - 1) / g.stride_w,
-            g.stride_h * g.stride_w};
-}
-
 int64_t ceil_div_nonneg(int64_t a, int64_t b) { return a <= 0 ? 0 : (a + b - 1) / b; }
 
+// Phase rows [row0, row0 + f.hp) of one channel's zero-padded plane into dst (plane_phases).
 template <class R>
-inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y,
-                                  float* scratch) {
-    const flat_plane f = flat_plane_of(g, h_out);
+inline void fill_phases_body(const plane_window& g, const plane_phases& f, int64_t row0, const float* x, float* dst) {
     const int64_t sh = g.stride_h, sw = g.stride_w;
-    float* acc = scratch + f.phases * f.phase_floats();  // [h_out][wp]
     for (int64_t a = 0; a < sh; ++a)
         for (int64_t b = 0; b < sw; ++b) {
-            float* p = scratch + (a * sw + b) * f.phase_floats();
+            float* p = dst + (a * sw + b) * f.phase_floats();
             // Phase columns [k0, k1) are input columns (sw * k + b - pad_left); the rest padding.
             const int64_t k0 = std::min(f.wp, ceil_div_nonneg(g.pad_left - b, sw));
             const int64_t k1 = std::clamp(ceil_div_nonneg(g.pad_left + g.w - b, sw), k0, f.wp);
             for (int64_t r = 0; r < f.hp; ++r) {
                 float* pr = p + r * f.wp;
-                const int64_t iy = r * sh + a - g.pad_top;
+                const int64_t iy = (row0 + r) * sh + a - g.pad_top;
                 if (iy < 0 || iy >= g.h || k0 == k1) {
                     R::fill(pr, 0.0f, f.wp);
                     continue;
@@ -462,11 +445,26 @@ inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const fl
                 R::fill(pr, 0.0f, k0);
                 const float* src = x + iy * g.w + (k0 * sw + b - g.pad_left);
                 if (sw == 1) R::copy(pr + k0, src, k1 - k0);
-                else R::even(pr + k0, src, k1 - k0);  // window_sum_plane_fits: sw <= 2
+                else R::even(pr + k0, src, k1 - k0);  // plane_phases_fit: sw <= 2
                 R::fill(pr + k1, 0.0f, f.wp - k1);
             }
             R::fill(p + f.hp * f.wp, 0.0f, f.slack);
         }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"), flatten)) void fill_phases_avx512(const plane_window& g, const plane_phases& f,
+                                                                    int64_t row0, const float* x, float* dst) {
+    fill_phases_body<avx512_runs>(g, f, row0, x, dst);
+}
+#endif
+
+template <class R>
+inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y,
+                                  float* scratch) {
+    const plane_phases f = plane_phases_of(g, h_out);
+    float* acc = scratch + f.plane_floats();  // [h_out][wp]
+    fill_phases_body<R>(g, f, 0, x, scratch);
     // The taps in window_sum's order (a tap on padding adds w * 0), in chunks of up to 16 (a
     // 3x3 or 5x5 window in one or two), over a run of n outputs whose first reads phase row
     // `row`. Narrow planes run as one flat run over every row into acc (the columns past w_out
@@ -478,12 +476,7 @@ inline void window_sum_plane_body(const plane_window& g, int64_t h_out, const fl
     constexpr int64_t max_chunks = 4;  // windows up to 8x8 as register sums; larger ones by axpy
     const float* first[max_chunks * chunk];
     float tw[max_chunks * chunk];
-    // (Strides are 1 or 2: masks and shifts, no divisions, which would cost as much as a 7x7
-    // plane's sums.)
-    const int64_t hs = sh - 1, ws = sw - 1;
-    const auto tap_at = [&](int64_t i, int64_t j) {  // tap (i, j)'s read for output row 0
-        return scratch + ((i & hs) * sw + (j & ws)) * f.phase_floats() + (i >> hs) * f.wp + (j >> ws);
-    };
+    const auto tap_at = [&](int64_t i, int64_t j) { return scratch + f.tap_offset(i, j); };
     for (int64_t i = 0, t = 0; i < g.kh; ++i)
         for (int64_t j = 0; j < g.kw && t < max_chunks * chunk; ++j, ++t) {
             first[t] = tap_at(i, j);
@@ -524,14 +517,23 @@ __attribute__((target("avx512f"), flatten)) void window_sum_plane_avx512(const p
 
 }  // namespace
 
-bool window_sum_plane_fits(const plane_window& g) {
+bool plane_phases_fit(const plane_window& g) {
     return g.stride_h >= 1 && g.stride_h <= 2 && g.stride_w >= 1 && g.stride_w <= 2 && g.dil_h == 1 && g.dil_w == 1 &&
            g.kh >= 1 && g.kw >= 1;
 }
 
+bool window_sum_plane_fits(const plane_window& g) { return plane_phases_fit(g); }
+
+void fill_plane_phases(const plane_window& g, const plane_phases& f, int64_t row0, const float* x, float* dst) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) return fill_phases_avx512(g, f, row0, x, dst);
+#endif
+    fill_phases_body<plain_runs>(g, f, row0, x, dst);
+}
+
 size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out) {
-    const flat_plane f = flat_plane_of(g, h_out);
-    return size_t(f.phases * f.phase_floats() + h_out * f.wp) * sizeof(float);
+    const plane_phases f = plane_phases_of(g, h_out);
+    return size_t(f.plane_floats() + h_out * f.wp) * sizeof(float);
 }
 
 void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch) {

@@ -31,6 +31,10 @@ bool conv2d_is_pointwise(const conv2d_args& c);
 struct plane_window {
     int64_t h, w, w_out, kh, kw, stride_h, stride_w, pad_top, pad_left, dil_h, dil_w;
 };
+// A convolution's window over each input plane.
+inline plane_window conv2d_window(const conv2d_args& c) {
+    return {c.h, c.w_in, c.w_out, c.kh, c.kw, c.stride_h, c.stride_w, c.pad_top, c.pad_left, c.dil_h, c.dil_w};
+}
 // y[p - p0] = the sum over the window's taps inside the plane of w[tap] * x[tap] (w null: 1),
 // for output pixels [p0, p1) of one plane (row major, w_out wide). `strided` holds at least
 // min(p1 - p0, w_out) floats when stride_w != 1.
@@ -41,6 +45,32 @@ void window_sum(const plane_window& g, const float* x, const float* w, int64_t p
 // stride phases): the same sums in the same order, without a call per tap and row (14x14 and
 // 7x7 planes are most of MobileNet's depthwise work, its stride-2 layers the slowest per sum).
 // `scratch` holds window_sum_plane_scratch_bytes.
+// The zero-padded plane split by stride into phases: phase (a, b) holds the padded plane's rows
+// a, a + sh, .. and columns b, b + sw, .. (at stride 1 the one phase is the padded plane).
+// Output (oy, ox) takes tap (i, j) from phase (i % sh, j % sw) at row oy + i / sh, column
+// ox + j / sw: at every stride, one unit-stride run per tap over the whole plane, with output
+// rows wp apart (the columns past w_out are wasted). A phase is hp x wp, with (kw - 1) / sw
+// floats of slack after it (the last taps of the last row's wrapped columns read them; those
+// sums land in columns >= w_out, never kept). For strides 1 and 2 without dilation.
+struct plane_phases {
+    int64_t hp, wp, slack, sh, sw;
+    int64_t phase_floats() const { return hp * wp + slack; }
+    int64_t plane_floats() const { return sh * sw * phase_floats(); }
+    // Tap (i, j)'s read for output (0, 0), from the phases' start. (Strides are 1 or 2: masks
+    // and shifts, no divisions, which would cost as much as a 7x7 plane's sums.)
+    int64_t tap_offset(int64_t i, int64_t j) const {
+        const int64_t hs = sh - 1, ws = sw - 1;
+        return ((i & hs) * sw + (j & ws)) * phase_floats() + (i >> hs) * wp + (j >> ws);
+    }
+};
+// The phases for `rows` output rows.
+inline plane_phases plane_phases_of(const plane_window& g, int64_t rows) {
+    return {rows + (g.kh - 1) / g.stride_h, g.w_out + (g.kw - 1) / g.stride_w, (g.kw - 1) / g.stride_w, g.stride_h,
+            g.stride_w};
+}
+bool plane_phases_fit(const plane_window& g);
+// Phase rows [row0, row0 + f.hp) of one plane x (h x w) into dst (f.plane_floats()).
+void fill_plane_phases(const plane_window& g, const plane_phases& f, int64_t row0, const float* x, float* dst);
 bool window_sum_plane_fits(const plane_window& g);
 size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out);
 void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch);

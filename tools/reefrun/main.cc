@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/libml.h"
 
@@ -52,6 +53,12 @@ int main(int argc, char** argv) {
                    "OpenBLAS in a build without it)")
         ->check(CLI::IsMember({"onednn", "openblas"}))
         ->capture_default_str();
+    std::string conv = "auto";
+    app.add_option("--conv", conv,
+                   "how convolutions other than pointwise and depthwise run, for comparisons: direct where "
+                   "measured faster (auto), direct wherever it can (AVX-512), or im2col and the GEMM")
+        ->check(CLI::IsMember({"auto", "direct", "im2col"}))
+        ->capture_default_str();
     uint32_t units = 0;
     app.add_option("--compute-units", units, "the cpu device's compute units (default: cores - 1, at least 1)");
     CLI11_PARSE(app, argc, argv);
@@ -60,6 +67,7 @@ int main(int argc, char** argv) {
         device_options.compute_units = units;
         auto device = reefline::gpu::make_cpu_device(device_options);
         ml::kernels::use_openblas_only(gemm == "openblas");
+        ml::kernels::use_conv_method(ml::kernels::conv_method_named(conv));
         ml::runtime rt(*device);
         if (footprint) {
             // The sizes a lane plans (the powers of two below max_batch, and max_batch).

@@ -1,0 +1,40 @@
+// Direct convolution for the cpu blocks (cpu_direct_conv.cc), beside im2col and the GEMM.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+#include "libml/kernels/decomp.h"
+#include "preempt/device.h"
+
+namespace reefline::ml::kernels {
+
+// Windows up to 7x7 (49 taps) and 1x7 / 7x1 are summed directly.
+inline constexpr int64_t max_direct_taps = 64;
+
+// How the cpu blocks compute convolutions that are neither pointwise nor depthwise: direct
+// where it is measured faster (the default), or always where it can, or always by im2col and
+// the GEMM: for side-by-side measurements (reefrun --conv, libml_vs_ort --conv) and tests.
+enum class conv_method : uint8_t { automatic, direct, im2col };
+void use_conv_method(conv_method m);
+conv_method conv_method_in_use();
+// "auto", "direct", "im2col" (the tools' --conv): anything else reads as automatic.
+conv_method conv_method_named(std::string_view name);
+
+// Whether conv2d_direct can serve this layer: AVX-512, a window of 2..64 taps at strides 1 or
+// 2 without dilation, not depthwise.
+bool conv2d_direct_possible(const conv2d_args& c);
+// Whether the blocks run this layer by conv2d_direct, under the method in use.
+bool conv2d_direct_chosen(const conv2d_args& c);
+// Scratch one block needs: its input channels' padded planes for the rows it reads, and its
+// outputs at the planes' row width.
+size_t conv2d_direct_scratch_bytes(const conv2d_args& c);
+// The sums (no bias or activation) of one group's tile into y (the tile's first output, rows
+// of output channels h_out * w_out apart) from x (the group's first input channel) and w (the
+// tile's first output channel's weights). Each output is the sum over input channels, then
+// taps, in order, from 0, whatever the tile. False when preempted between channel chunks.
+bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, const float* w, float* y,
+                   float* scratch, const gpu::block_context& ctx);
+
+}  // namespace reefline::ml::kernels
