@@ -491,11 +491,18 @@ void planner::lower_conv(int ni) {
     // per block, about 4096 outputs' worth, keeping two blocks per unit where there are units.
     // With several units, 960 blocks of one 7x7 plane each spent more time claiming blocks
     // (one cache line the units pass back and forth) than summing.
+    // Planes small enough for the cpu device to take 16 channels at a time
+    // (depthwise16_max_pixels) get a multiple of 16 where the channels allow.
     if (co_g == 1 && k::conv2d_ci_per_group(a) == 1 && a.tile_pix >= npix) {
-        a.tile_groups = int32_t(std::clamp<int64_t>(4096 / std::max<int64_t>(1, npix), 1, a.groups));
+        const bool by_16 = npix <= k::depthwise16_max_pixels && a.groups >= 16;
+        const auto rounded = [&](int64_t g) {
+            return by_16 && g >= 16 ? std::min<int64_t>(a.groups, (g + 15) / 16 * 16) : g;
+        };
+        a.tile_groups = int32_t(rounded(std::clamp<int64_t>(4096 / std::max<int64_t>(1, npix), 1, a.groups)));
         if (_o.compute_units > 1)
             while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_groups > 1)
-                a.tile_groups = (a.tile_groups + 1) / 2;
+                a.tile_groups = int32_t(a.tile_groups > 16 && by_16 ? std::max<int64_t>(16, rounded(a.tile_groups / 2))
+                                                                     : (a.tile_groups + 1) / 2);
     }
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
     std::vector<int> reads{x, w};

@@ -13,6 +13,7 @@
 
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
 
 namespace k = reefline::ml::kernels;
@@ -176,6 +177,45 @@ TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
 // Softmax, log-softmax and layer norm rows (AVX-512 in float with a vector exp where the CPU
 // has it) against double-precision definitions, for lengths around the vector width and the
 // ones transformers use, with a masked (-inf) score and large values.
+// Depthwise layers of small planes, 16 channels at a time (channels interleaved in one padded
+// plane, bias and activation in the register), give the per-plane path's results bit for bit:
+// the same taps in the same order, then the same epilogue operations. Channel counts leave a
+// remainder that takes the per-plane path; biases include zeros (the epilogue skips adding
+// those when there is no activation); the input holds a NaN and values past Clip's bounds.
+TEST(depthwise16, equals_the_per_plane_path_bit_for_bit) {
+    struct dw_case { int64_t ch, h, w, k, pad, s; };
+    for (const dw_case dc : {dw_case{37, 7, 7, 3, 1, 1}, dw_case{33, 14, 13, 3, 1, 2}, dw_case{32, 9, 8, 5, 2, 1},
+                             dw_case{16, 10, 10, 3, 0, 1}, dw_case{16, 10, 10, 3, 0, 2}, dw_case{48, 16, 16, 3, 1, 1},
+                             dw_case{20, 3, 3, 3, 1, 1}})
+        for (const k::activation act : {k::activation::none, k::activation::relu, k::activation::clip}) {
+            const int64_t ho = (dc.h + 2 * dc.pad - dc.k) / dc.s + 1, wo = (dc.w + 2 * dc.pad - dc.k) / dc.s + 1;
+            auto x = random_vector(size_t(2 * dc.ch * dc.h * dc.w), 41);
+            for (size_t i = 0; i < x.size(); i += 7) x[i] *= 40.0f;
+            x[5] = NAN;
+            const auto w = random_vector(size_t(dc.ch * dc.k * dc.k), 42);
+            auto b = random_vector(size_t(dc.ch), 43);
+            for (size_t i = 0; i < b.size(); i += 3) b[i] = 0.0f;
+            k::conv2d_args a{};
+            a.x = x.data(); a.w = w.data(); a.bias = b.data();
+            a.n = 2; a.c_in = dc.ch; a.h = dc.h; a.w_in = dc.w; a.c_out = dc.ch; a.kh = dc.k; a.kw = dc.k;
+            a.stride_h = dc.s; a.stride_w = dc.s; a.pad_top = dc.pad; a.pad_left = dc.pad; a.dil_h = 1; a.dil_w = 1;
+            a.groups = dc.ch; a.h_out = ho; a.w_out = wo;
+            a.ep.act = act; a.ep.alpha = 0.0f; a.ep.beta = 6.0f;
+            a.tile_co = 1; a.tile_pix = int32_t(ho * wo); a.tile_k = int32_t(dc.k * dc.k);
+            ASSERT_TRUE(k::depthwise16_possible(a) || !k::cpu_has_avx512());
+            std::vector<float> per_plane(size_t(2 * dc.ch * ho * wo), -1.0f), by_16(per_plane.size(), -2.0f);
+            a.tile_groups = 1;
+            a.y = per_plane.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            a.tile_groups = int32_t(dc.ch);
+            a.y = by_16.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            ASSERT_EQ(0, std::memcmp(per_plane.data(), by_16.data(), per_plane.size() * sizeof(float)))
+                << dc.ch << " channels " << dc.h << "x" << dc.w << " k" << dc.k << " pad " << dc.pad << " stride " << dc.s
+                << " activation " << int(act);
+        }
+}
+
 TEST(rows, softmax_and_layer_norm_match_double_precision) {
     for (int64_t n : {1, 7, 15, 16, 17, 33, 128, 384, 512, 768}) {
         auto x = random_vector(size_t(n), uint32_t(40 + n));

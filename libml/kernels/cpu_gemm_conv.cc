@@ -205,7 +205,14 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     const auto& c = *static_cast<const conv2d_args*>(p);
     const conv2d_tile t = conv2d_block(c, ctx.block);
     if (ctx.preempted()) return false;
-    for (int64_t group = t.group; group < t.group1; ++group)
+    int64_t group = t.group;
+    if (t.p0 == 0 && t.p1 == c.h_out * c.w_out && t.group1 - t.group >= 16 && depthwise16_possible(c) &&
+        ctx.scratch_size >= depthwise16_scratch_bytes(c))
+        for (; group + 16 <= t.group1; group += 16) {
+            if (group > t.group && ctx.preempted()) return false;
+            depthwise16(c, t.image, group, static_cast<float*>(ctx.scratch));
+        }
+    for (; group < t.group1; ++group)
         if (!conv2d_group_cpu(c, t, group, ctx)) return false;
     return true;
 }
@@ -281,7 +288,9 @@ size_t conv2d_scratch_bytes(const conv2d_args& c) {
     // plane of a whole-plane block at stride 1.
     if (conv2d_is_depthwise(c)) {
         const plane_window g = conv2d_window(c);
-        if (window_sum_plane_fits(g) && c.tile_pix >= c.h_out * c.w_out) return window_sum_plane_scratch_bytes(g, c.h_out);
+        if (window_sum_plane_fits(g) && c.tile_pix >= c.h_out * c.w_out)
+            return std::max(window_sum_plane_scratch_bytes(g, c.h_out),
+                            depthwise16_possible(c) ? depthwise16_scratch_bytes(c) : size_t(0));
         return c.stride_w == 1 ? 0 : size_t(std::min<int64_t>(c.tile_pix, c.w_out)) * sizeof(float);
     }
     if (conv2d_is_pointwise(c)) return 0;

@@ -286,29 +286,49 @@ struct avx512_runs {
         axpy_row_avx512(acc, x, w, n);
     }
     // y[j] = sum over taps t in order of w[t] * src[t][j], from 0: the axpy runs' sums, with the
-    // running sum held in a register across the taps instead of stored after each.
+    // running sum held in a register across the taps instead of stored after each. NV vectors
+    // at a time: independent chains of fused multiply-adds, or each tap waits out the latency
+    // of the one before. Only a run's last vector may be partial, and only it is masked (a
+    // mask per vector cost a mask move per load in the inner loop).
+    template <int NV, bool last_partial>
+    __attribute__((target("avx512f"), always_inline)) static void taps_run(float* y, const float* const* src,
+                                                                           const float* w, int64_t taps, int64_t j,
+                                                                           __mmask16 last) {
+        __m512 v[NV];
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; ++i) v[i] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < taps; ++t) {
+            const __m512 wt = _mm512_set1_ps(w[t]);
+            const float* s = src[t] + j;
+#pragma GCC unroll 4
+            for (int i = 0; i < NV; ++i) {
+                const __m512 xv = last_partial && i == NV - 1 ? _mm512_maskz_loadu_ps(last, s + 16 * i)
+                                                              : _mm512_loadu_ps(s + 16 * i);
+                v[i] = _mm512_fmadd_ps(wt, xv, v[i]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < NV; ++i) {
+            if (last_partial && i == NV - 1) _mm512_mask_storeu_ps(y + j + 16 * i, last, v[i]);
+            else _mm512_storeu_ps(y + j + 16 * i, v[i]);
+        }
+    }
     __attribute__((target("avx512f"))) static void taps(float* y, const float* const* src, const float* w, int64_t taps,
                                                         int64_t n) {
-        // Four vectors at a time: four independent chains of fused multiply-adds, or each tap
-        // waits out the latency of the one before. The last group's vectors are masked (a mask
-        // may be empty: nothing is read or written).
-        for (int64_t j = 0; j < n; j += 64) {
-            const int64_t left = n - j;
-            const __mmask16 m0 = first_lanes(left), m1 = first_lanes(left - 16), m2 = first_lanes(left - 32),
-                            m3 = first_lanes(left - 48);
-            __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
-            for (int64_t t = 0; t < taps; ++t) {
-                const __m512 wt = _mm512_set1_ps(w[t]);
-                const float* s = src[t] + j;
-                v0 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m0, s), v0);
-                v1 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m1, s + 16), v1);
-                v2 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m2, s + 32), v2);
-                v3 = _mm512_fmadd_ps(wt, _mm512_maskz_loadu_ps(m3, s + 48), v3);
-            }
-            _mm512_mask_storeu_ps(y + j, m0, v0);
-            _mm512_mask_storeu_ps(y + j + 16, m1, v1);
-            _mm512_mask_storeu_ps(y + j + 32, m2, v2);
-            _mm512_mask_storeu_ps(y + j + 48, m3, v3);
+        int64_t j = 0;
+        for (; j + 64 <= n; j += 64) taps_run<4, false>(y, src, w, taps, j, 0);
+        const int64_t left = n - j;
+        if (left <= 0) return;
+        const int64_t nv = (left + 15) / 16;
+        const __mmask16 last = first_lanes(left - 16 * (nv - 1));
+        switch (nv * 2 + (left % 16 != 0)) {
+        case 2: return taps_run<1, false>(y, src, w, taps, j, last);
+        case 3: return taps_run<1, true>(y, src, w, taps, j, last);
+        case 4: return taps_run<2, false>(y, src, w, taps, j, last);
+        case 5: return taps_run<2, true>(y, src, w, taps, j, last);
+        case 6: return taps_run<3, false>(y, src, w, taps, j, last);
+        case 7: return taps_run<3, true>(y, src, w, taps, j, last);
+        default: return taps_run<4, true>(y, src, w, taps, j, last);  // 49..63 left
         }
     }
 };
