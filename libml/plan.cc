@@ -702,6 +702,9 @@ void planner::lower_pool(const node& n, bool global, int x, int y) {
     a.column_major = n.i("storage_order", 0) != 0;
     a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block /
                                                   std::max<int64_t>(1, a.d_out * a.h_out * a.w_out * a.kd * a.kh * a.kw / 4));
+    // Planes the cpu device max-pools 16 at a time (pool16_max_pixels): a multiple of 16 per block.
+    if (a.op == k::pool_op::max && a.d_out <= 1 && a.h_out * a.w_out <= k::pool16_max_pixels && a.n * a.c >= 16)
+        a.planes_per_block = std::min(a.n * a.c, (a.planes_per_block + 15) / 16 * 16);
     if (idx >= 0)
         return emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}, {&a.indices, idx}}, {x}, {y, idx});
     emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y},

@@ -13,6 +13,7 @@
 
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
 
@@ -285,6 +286,44 @@ TEST(batchnorm, matches_reference_with_each_fused_activation) {
 // The separable path (flat runs at stride 1, even/odd columns at stride 2, a plain loop at
 // other strides; ceil-mode windows past the padding) against the per-output definition: max
 // exactly, averages within rounding.
+// Max pools of small planes, 16 at a time (planes interleaved in one padded plane), give the
+// separable path's results bit for bit: the same comparisons in the same order. Plane counts
+// leave a remainder for the per-plane path; ceil-mode windows reach past the padded input; the
+// input holds NaNs and equal values of either sign of zero.
+TEST(pool16, max_equals_the_separable_path_bit_for_bit) {
+    struct pool_case { int64_t planes, h, w, k, s, pad, pad_end, extra; };
+    for (const pool_case pc : {pool_case{37, 17, 17, 3, 2, 0, 0, 0}, pool_case{40, 35, 35, 3, 1, 1, 1, 0},
+                               pool_case{16, 8, 8, 3, 1, 1, 1, 0}, pool_case{33, 17, 23, 3, 2, 1, 0, 1},
+                               pool_case{20, 7, 7, 7, 1, 0, 0, 0}, pool_case{18, 9, 30, 3, 2, 1, 1, 1},
+                               pool_case{32, 14, 14, 2, 2, 0, 0, 0}})
+        for (bool include_pad : {false, true}) {
+                const k::pool_op op = k::pool_op::max;
+                k::pool2d_args a{};
+                a.n = 1; a.c = pc.planes; a.h = pc.h; a.w = pc.w; a.kh = a.kw = pc.k;
+                a.stride_h = a.stride_w = pc.s; a.pad_top = a.pad_left = pc.pad;
+                a.pad_bottom = a.pad_right = pc.pad_end;
+                a.dil_h = a.dil_w = 1; a.op = op; a.count_include_pad = include_pad;
+                a.h_out = (pc.h + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
+                a.w_out = (pc.w + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
+                auto x = random_vector(size_t(a.c * a.h * a.w), 9);
+                for (size_t i = 0; i < x.size(); i += 11) x[i] = (i / 11) % 2 ? 0.0f : -0.0f;
+                x[3] = NAN;
+                x[x.size() / 2] = NAN;
+                ASSERT_TRUE(k::pool16_possible(a) || !k::cpu_has_avx512());
+                std::vector<float> by_plane(size_t(a.c * a.h_out * a.w_out), -1.0f), by_16(by_plane.size(), -2.0f);
+                a.x = x.data();
+                a.planes_per_block = 1;
+                a.y = by_plane.data();
+                ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a), 0, -1, nullptr, k::pool2d_scratch_bytes(a)));
+                a.planes_per_block = a.c;
+                a.y = by_16.data();
+                ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a), 0, -1, nullptr, k::pool2d_scratch_bytes(a)));
+                ASSERT_EQ(0, std::memcmp(by_plane.data(), by_16.data(), by_plane.size() * sizeof(float)))
+                    << pc.planes << " planes " << pc.h << "x" << pc.w << " k" << pc.k << " s" << pc.s << " pad " << pc.pad
+                    << "/" << pc.pad_end << (include_pad ? " counting padding" : "");
+            }
+}
+
 TEST(pool2d, separable_matches_the_per_output_definition) {
     struct pool_case { int64_t h, w, k, s, pad, pad_end, extra; };
     for (const pool_case pc : {pool_case{35, 35, 3, 1, 1, 1, 0}, pool_case{56, 56, 2, 2, 0, 0, 0},

@@ -6,7 +6,6 @@
 #include <string_view>
 
 #include "libml/kernels/decomp.h"
-#include "libml/kernels/kernels.h"
 #include "preempt/device.h"
 
 namespace reefline::ml::kernels {
@@ -37,12 +36,5 @@ size_t conv2d_direct_scratch_bytes(const conv2d_args& c);
 // taps, in order, from 0, whatever the tile. False when preempted between channel chunks.
 bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, const float* w, float* y,
                    float* scratch, const gpu::block_context& ctx);
-
-// Depthwise convolutions of planes up to depthwise16_max_pixels outputs (kernels.h), 16
-// channels at a time (whole planes, with bias and none, ReLU or Clip; no residual): AVX-512.
-bool depthwise16_possible(const conv2d_args& c);
-size_t depthwise16_scratch_bytes(const conv2d_args& c);
-// Channels [g0, g0 + 16) of one image, bias and activation included.
-void depthwise16(const conv2d_args& c, int64_t image, int64_t g0, float* scratch);
 
 }  // namespace reefline::ml::kernels

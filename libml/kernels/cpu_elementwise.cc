@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "libml/kernels/elem_access.h"
+#include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -411,7 +412,13 @@ bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const
         for (int64_t ox = 0; ox < a.w_out; ++ox)
             columns[ox] = float(counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
     auto* scratch = static_cast<float*>(ctx.scratch);
-    for (int64_t plane = p0; plane < p1; ++plane) {
+    int64_t plane = p0;
+    if (p1 - p0 >= 16 && pool16_possible(a) && ctx.scratch_size >= pool16_scratch_bytes(a))
+        for (; plane + 16 <= p1; plane += 16) {
+            if (ctx.preempted()) return false;
+            pool16(a, plane, scratch);
+        }
+    for (; plane < p1; ++plane) {
         if (ctx.preempted()) return false;
         float* y = a.y + plane * out_plane;
         pool_plane_separable(a, a.x + plane * in_plane, y, scratch);

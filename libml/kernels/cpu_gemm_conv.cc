@@ -17,6 +17,7 @@
 
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
+#include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
 

@@ -13,6 +13,7 @@
 #include <immintrin.h>
 #endif
 
+#include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -232,18 +233,26 @@ pool_extent pool_extent_of(const pool2d_args& a) {
 }
 }  // namespace
 
-bool pool2d_is_separable(const pool2d_args& a) {
-    return !a.indices && a.d <= 1 && a.d_out <= 1 && a.kd <= 1 && a.dil_h == 1 && a.dil_w == 1 && a.kh >= 1 &&
-           a.kw >= 1 && a.stride_h >= 1 && a.stride_w >= 1 && a.h_out >= 1 && a.w_out >= 1 &&
-           a.w_out <= pool_max_columns &&
-           int64_t(pool2d_scratch_bytes(a)) <= (int64_t(16) << 20);
-}
-
-size_t pool2d_scratch_bytes(const pool2d_args& a) {
+namespace {
+// pool_plane_separable's scratch.
+size_t separable_scratch_bytes(const pool2d_args& a) {
     if (a.h_out < 1 || a.w_out < 1) return 0;
     const pool_extent e = pool_extent_of(a);
     const int64_t by_rows = e.wn + 2 * e.phase + e.hn * a.w_out, flat = 2 * e.hn * e.wn;
     return size_t(a.stride_w == 1 && a.stride_h == 1 ? std::max(by_rows, flat) : by_rows) * sizeof(float);
+}
+}  // namespace
+
+bool pool2d_is_separable(const pool2d_args& a) {
+    return !a.indices && a.d <= 1 && a.d_out <= 1 && a.kd <= 1 && a.dil_h == 1 && a.dil_w == 1 && a.kh >= 1 &&
+           a.kw >= 1 && a.stride_h >= 1 && a.stride_w >= 1 && a.h_out >= 1 && a.w_out >= 1 &&
+           a.w_out <= pool_max_columns &&
+           int64_t(separable_scratch_bytes(a)) <= (int64_t(16) << 20);
+}
+
+size_t pool2d_scratch_bytes(const pool2d_args& a) {
+    const size_t separable = separable_scratch_bytes(a);
+    return pool16_possible(a) ? std::max(separable, pool16_scratch_bytes(a)) : separable;
 }
 
 namespace {

@@ -72,9 +72,10 @@ bool plane_phases_fit(const plane_window& g);
 // Phase rows [row0, row0 + f.hp) of one plane x (h x w) into dst (f.plane_floats()).
 void fill_plane_phases(const plane_window& g, const plane_phases& f, int64_t row0, const float* x, float* dst);
 bool window_sum_plane_fits(const plane_window& g);
-// Depthwise planes of up to this many outputs run 16 channels at a time on AVX-512 CPUs
-// (cpu_direct_conv.h): the planner gives their blocks a multiple of 16 channels.
+// Depthwise convolutions and max pools of planes of up to this many outputs run 16 channels
+// at a time on AVX-512 CPUs (cpu_planes16.h): the planner gives their blocks a multiple of 16.
 inline constexpr int64_t depthwise16_max_pixels = 256;
+inline constexpr int64_t pool16_max_pixels = 1600;
 size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out);
 void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch);
 // 2-D pooling of whole planes, separably: each padded input row reduced across the window's
