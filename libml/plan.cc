@@ -14,6 +14,20 @@ namespace k = kernels;
 
 namespace {
 
+// Several units: `count` tiles of `extent` (a launch's grid is `others` times the count)
+// become equal tiles, as many as makes the grid a multiple of the units where that takes at
+// most half again as many. With tiles of 910, 910, 910 and 406 pixels, the unit that drew the
+// short one waited out most of a block at the launch's end; with 4 of 784 both end together.
+int64_t balanced_tile(int64_t extent, int64_t tile, int64_t others, int64_t units, int64_t min_tile) {
+    if (units <= 1 || extent <= 0 || tile <= 0) return tile;
+    const int64_t count = (extent + tile - 1) / tile;
+    for (int64_t c = count; c <= count + count / 2 + 1; ++c) {
+        const int64_t t = (extent + c - 1) / c, real = (extent + t - 1) / t;
+        if ((others * real) % units == 0 && (t >= min_tile || c == count)) return t;
+    }
+    return (extent + count - 1) / count;  // at least equal
+}
+
 constexpr int64_t alignment = 64;
 int64_t align_up(int64_t v) { return (v + alignment - 1) / alignment * alignment; }
 
@@ -502,6 +516,8 @@ void planner::lower_conv(int ni) {
             a.tile_pix = int32_t(std::max<int64_t>(64, (a.tile_pix + 1) / 2));
         while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_co > 16)
             a.tile_co = int32_t(std::max<int64_t>(16, (a.tile_co + 1) / 2));
+        a.tile_pix = int32_t(balanced_tile(npix, a.tile_pix, k::conv2d_grid(a) / k::conv2d_tiles_pix(a),
+                                           _o.compute_units, 16));
     }
     a.tile_k = int32_t(std::min<int64_t>(K, 1024));
     // Depthwise planes of a few thousand outputs or fewer (MobileNet's 14x14 and 7x7): several
@@ -659,9 +675,11 @@ void planner::lower_matmul(int ni) {
     g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(K, 256)));
     // Several units: BERT's 768-wide linears at batch 1 are three blocks, which two units run
     // as two rounds; narrower column tiles (not below 64) until every unit has two blocks.
-    if (_o.compute_units > 1)
+    if (_o.compute_units > 1) {
         while (k::gemm_grid(g) < 2 * int64_t(_o.compute_units) && g.tile_n > 64)
             g.tile_n = int32_t(std::max<int64_t>(64, (g.tile_n + 1) / 2));
+        g.tile_n = int32_t(balanced_tile(N, g.tile_n, g.batch * k::gemm_tiles_m(g), _o.compute_units, 16));
+    }
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
     if (bias >= 0)
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, bias}, {&g.c, y}}, {A, B, bias}, {y});

@@ -147,7 +147,10 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{2, 18, 17, 23, 12, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     conv_case{1, 6, 9, 17, 8, 1, 7, 1, 1, 0, 3, 0, 3, 1, 1, 1},
     conv_case{1, 3, 30, 30, 8, 7, 7, 2, 2, 3, 3, 3, 3, 1, 1, 1},
-    conv_case{1, 8, 8, 9, 12, 3, 3, 1, 2, 0, 1, 2, 0, 1, 1, 2}
+    conv_case{1, 8, 8, 9, 12, 3, 3, 1, 2, 0, 1, 2, 0, 1, 1, 2},
+    // Planes wide enough for direct convolution to take a whole-plane tile in bands of rows.
+    conv_case{1, 64, 30, 96, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    conv_case{1, 48, 31, 130, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1}
 ));
 
 // A whole plane as one run per tap over the padded plane (its stride phases) gives
