@@ -156,7 +156,8 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
 // A whole plane as one run per tap over the padded plane (its stride phases) gives
 // window_sum's sums exactly (same taps, same order), for the depthwise shapes MobileNets have
 // (stride 1 and 2) and odd ones: even and odd sizes, asymmetric strides, padding wider than
-// the plane, rows narrow (one flat run) and wide (row by row), windows past 64 taps.
+// the plane, rows narrow (one flat run) and wide (row by row), windows past 64 taps; 3x3
+// windows (shifted in registers) whose rows end in a partial vector.
 TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
     struct plane_case { int64_t h, w, k, pad, sh = 1, sw = 1; };
     for (const plane_case pc : {plane_case{14, 14, 3, 1}, plane_case{7, 7, 3, 1}, plane_case{112, 112, 3, 1},
@@ -164,7 +165,9 @@ TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
                                 plane_case{1, 30, 3, 1}, plane_case{112, 112, 3, 1, 2, 2}, plane_case{14, 14, 3, 1, 2, 2},
                                 plane_case{15, 15, 3, 1, 2, 2}, plane_case{33, 35, 5, 2, 2, 2}, plane_case{9, 11, 3, 0, 2, 2},
                                 plane_case{10, 13, 3, 1, 1, 2}, plane_case{13, 10, 3, 1, 2, 1}, plane_case{4, 4, 7, 3, 2, 2},
-                                plane_case{1, 40, 3, 1, 2, 2}, plane_case{12, 12, 9, 4}, plane_case{40, 70, 9, 4, 2, 1}}) {
+                                plane_case{1, 40, 3, 1, 2, 2}, plane_case{12, 12, 9, 4}, plane_case{40, 70, 9, 4, 2, 1},
+                                plane_case{56, 56, 3, 1}, plane_case{28, 28, 3, 1}, plane_case{9, 50, 3, 0},
+                                plane_case{9, 101, 3, 1, 2, 2}, plane_case{56, 56, 3, 1, 2, 2}}) {
         const int64_t h_out = (pc.h + 2 * pc.pad - pc.k) / pc.sh + 1, w_out = (pc.w + 2 * pc.pad - pc.k) / pc.sw + 1;
         const k::plane_window g{pc.h, pc.w, w_out, pc.k, pc.k, pc.sh, pc.sw, pc.pad, pc.pad, 1, 1};
         ASSERT_TRUE(k::window_sum_plane_fits(g));
