@@ -28,6 +28,10 @@ int64_t balanced_tile(int64_t extent, int64_t tile, int64_t others, int64_t unit
     return (extent + count - 1) / count;  // at least equal
 }
 
+// v rounded up to a multiple of 16, at most `limit`: the blocks of layers the cpu device
+// takes 16 channels or planes at a time.
+int64_t by_16_within(int64_t v, int64_t limit) { return std::min(limit, (v + 15) / 16 * 16); }
+
 constexpr int64_t alignment = 64;
 int64_t align_up(int64_t v) { return (v + alignment - 1) / alignment * alignment; }
 
@@ -417,7 +421,6 @@ void planner::lower_copy_view(const node& n, int x, int y, const shape_t& shape,
     args.y_offset = y_offset;
     args.element_bytes = int32_t(dtype_size(val(x).type));
     args.per_block = _o.elements_per_block;
-    if (k::nd_count(args.shape) == 0) return;
     emit(k::copy_kernel, args, k::copy_grid(args), n, {{&args.x, x}, {&args.y, y}}, {x}, {y});
 }
 
@@ -529,7 +532,7 @@ void planner::lower_conv(int ni) {
     if (co_g == 1 && k::conv2d_ci_per_group(a) == 1 && a.tile_pix >= npix) {
         const bool by_16 = npix <= k::depthwise16_max_pixels && a.groups >= 16;
         const auto rounded = [&](int64_t g) {
-            return by_16 && g >= 16 ? std::min<int64_t>(a.groups, (g + 15) / 16 * 16) : g;
+            return by_16 && g >= 16 ? by_16_within(g, a.groups) : g;
         };
         a.tile_groups = int32_t(rounded(std::clamp<int64_t>(4096 / std::max<int64_t>(1, npix), 1, a.groups)));
         if (_o.compute_units > 1)
@@ -739,7 +742,7 @@ void planner::lower_pool(const node& n, bool global, int x, int y) {
                                                   std::max<int64_t>(1, a.d_out * a.h_out * a.w_out * a.kd * a.kh * a.kw / 4));
     // Planes the cpu device max-pools 16 at a time (pool16_max_pixels): a multiple of 16 per block.
     if (a.op == k::pool_op::max && a.d_out <= 1 && a.h_out * a.w_out <= k::pool16_max_pixels && a.n * a.c >= 16)
-        a.planes_per_block = std::min(a.n * a.c, (a.planes_per_block + 15) / 16 * 16);
+        a.planes_per_block = by_16_within(a.planes_per_block, a.n * a.c);
     if (idx >= 0)
         return emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}, {&a.indices, idx}}, {x}, {y, idx});
     emit(k::pool2d_kernel, a, k::pool2d_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y},

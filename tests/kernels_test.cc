@@ -170,7 +170,7 @@ TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
                                 plane_case{9, 101, 3, 1, 2, 2}, plane_case{56, 56, 3, 1, 2, 2}}) {
         const int64_t h_out = (pc.h + 2 * pc.pad - pc.k) / pc.sh + 1, w_out = (pc.w + 2 * pc.pad - pc.k) / pc.sw + 1;
         const k::plane_window g{pc.h, pc.w, w_out, pc.k, pc.k, pc.sh, pc.sw, pc.pad, pc.pad, 1, 1};
-        ASSERT_TRUE(k::window_sum_plane_fits(g));
+        ASSERT_TRUE(k::plane_phases_fit(g));
         const auto x = random_vector(size_t(pc.h * pc.w), 31), w = random_vector(size_t(pc.k * pc.k), 32);
         std::vector<float> rows(size_t(h_out * w_out), NAN), plane(rows.size(), NAN), strided(static_cast<size_t>(w_out));
         std::vector<float> scratch(k::window_sum_plane_scratch_bytes(g, h_out) / sizeof(float), NAN);

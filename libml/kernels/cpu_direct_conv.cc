@@ -47,10 +47,7 @@ __attribute__((target("avx512f"), always_inline)) inline void direct_tile(const 
                                                                          float* out, int64_t ldo, int64_t n_left,
                                                                          bool accumulate) {
     __mmask16 mask[NV];
-    for (int v = 0; v < NV; ++v) {
-        const int64_t k = n_left - 16 * v;
-        mask[v] = __mmask16(k >= 16 ? 0xffff : (1u << std::max<int64_t>(k, 0)) - 1);
-    }
+    for (int v = 0; v < NV; ++v) mask[v] = first_lanes(n_left - 16 * v);
     __m512 acc[MR][NV];
 #pragma GCC unroll 8
     for (int m = 0; m < MR; ++m)

@@ -229,7 +229,7 @@ bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group,
     if (conv2d_is_depthwise(c)) {
         // Direct, without im2col and without a GEMM of one row.
         const plane_window g = conv2d_window(c);
-        if (t.p0 == 0 && t.p1 == hw_out && window_sum_plane_fits(g) &&
+        if (t.p0 == 0 && t.p1 == hw_out && plane_phases_fit(g) &&
             ctx.scratch_size >= window_sum_plane_scratch_bytes(g, c.h_out))
             window_sum_plane(g, c.h_out, x, w, y, static_cast<float*>(ctx.scratch));
         else
@@ -290,7 +290,7 @@ size_t conv2d_scratch_bytes(const conv2d_args& c) {
     // plane of a whole-plane block at stride 1.
     if (conv2d_is_depthwise(c)) {
         const plane_window g = conv2d_window(c);
-        if (window_sum_plane_fits(g) && c.tile_pix >= c.h_out * c.w_out)
+        if (plane_phases_fit(g) && c.tile_pix >= c.h_out * c.w_out)
             return std::max(window_sum_plane_scratch_bytes(g, c.h_out),
                             depthwise16_possible(c) ? depthwise16_scratch_bytes(c) : size_t(0));
         return c.stride_w == 1 ? 0 : size_t(std::min<int64_t>(c.tile_pix, c.w_out)) * sizeof(float);

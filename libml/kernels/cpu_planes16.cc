@@ -91,10 +91,6 @@ __attribute__((target("avx512f"), always_inline)) inline void transpose16(__m512
     }
 }
 
-__attribute__((target("avx512f"), always_inline)) inline __mmask16 lanes(int64_t n) {
-    return n >= 16 ? __mmask16(0xffff) : __mmask16((1u << n) - 1);
-}
-
 // Planes x + ch * hw (h x w, ch < 16) into the padded plane P: input (iy, ix) at pixel
 // (iy + pad_top, ix + pad_left), `fill` everywhere else. Input rows or columns past the
 // plane's extent are read by no output and skipped.
@@ -113,7 +109,7 @@ __attribute__((target("avx512f"))) void interleave16(const float* x, int64_t h, 
     for (int64_t p = 0, iy = 0, ix = 0; p < hw; p += 16) {
         const int64_t n = std::min<int64_t>(16, hw - p);
         __m512 v[16];
-        for (int ch = 0; ch < 16; ++ch) v[ch] = _mm512_maskz_loadu_ps(lanes(n), x + ch * hw + p);
+        for (int ch = 0; ch < 16; ++ch) v[ch] = _mm512_maskz_loadu_ps(first_lanes(n), x + ch * hw + p);
         transpose16(v);
         for (int64_t q = 0; q < n; ++q) {
             const int64_t py = iy + pad_top, px = ix + pad_left;
@@ -130,7 +126,7 @@ __attribute__((target("avx512f"))) void deinterleave16(const float* O, int64_t n
         __m512 v[16];
         for (int64_t q = 0; q < 16; ++q) v[q] = q < m ? _mm512_loadu_ps(O + (p + q) * 16) : _mm512_setzero_ps();
         transpose16(v);
-        for (int ch = 0; ch < 16; ++ch) _mm512_mask_storeu_ps(y + ch * n + p, lanes(m), v[ch]);
+        for (int ch = 0; ch < 16; ++ch) _mm512_mask_storeu_ps(y + ch * n + p, first_lanes(m), v[ch]);
     }
 }
 
@@ -200,7 +196,7 @@ __attribute__((target("avx512f"))) void depthwise16(const conv2d_args& c, int64_
     for (int64_t t0 = 0; t0 < taps; t0 += 16) {
         const int64_t n = std::min<int64_t>(16, taps - t0);
         __m512 v[16];
-        for (int ch = 0; ch < 16; ++ch) v[ch] = _mm512_maskz_loadu_ps(lanes(n), c.w + (g0 + ch) * taps + t0);
+        for (int ch = 0; ch < 16; ++ch) v[ch] = _mm512_maskz_loadu_ps(first_lanes(n), c.w + (g0 + ch) * taps + t0);
         transpose16(v);
         for (int64_t t = 0; t < n; ++t) _mm512_storeu_ps(W + (t0 + t) * 16, v[t]);
     }

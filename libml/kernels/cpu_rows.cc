@@ -47,9 +47,6 @@ inline float act(float x, const epilogue& ep) {
 }  // namespace
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// The first k of a vector's 16 lanes (none below 0, all from 16): the mask of a partial vector.
-inline __mmask16 first_lanes(int64_t k) { return __mmask16(k >= 16 ? 0xffff : (1u << std::max<int64_t>(k, 0)) - 1); }
-
 // o[i] = in[2 * i]: two loads and one permute per 16 outputs. The second load is masked to the
 // 15 elements that are used, so it never reads past in[2 * (n - 1)].
 __attribute__((target("avx512f"))) static void copy_stride2_avx512(float* o, const float* in, int64_t n) {
@@ -550,8 +547,6 @@ bool plane_phases_fit(const plane_window& g) {
     return g.stride_h >= 1 && g.stride_h <= 2 && g.stride_w >= 1 && g.stride_w <= 2 && g.dil_h == 1 && g.dil_w == 1 &&
            g.kh >= 1 && g.kw >= 1;
 }
-
-bool window_sum_plane_fits(const plane_window& g) { return plane_phases_fit(g); }
 
 void fill_plane_phases(const plane_window& g, const plane_phases& f, int64_t row0, const float* x, float* dst) {
 #if defined(__x86_64__) && defined(__GNUC__)

@@ -40,11 +40,6 @@ inline plane_window conv2d_window(const conv2d_args& c) {
 // min(p1 - p0, w_out) floats when stride_w != 1.
 void window_sum(const plane_window& g, const float* x, const float* w, int64_t p0, int64_t p1, float* y,
                 float* strided);
-// window_sum over a whole plane of h_out output rows at strides 1 and 2 without dilation (where
-// window_sum_plane_fits), as one run per tap over the zero-padded plane (split into its
-// stride phases): the same sums in the same order, without a call per tap and row (14x14 and
-// 7x7 planes are most of MobileNet's depthwise work, its stride-2 layers the slowest per sum).
-// `scratch` holds window_sum_plane_scratch_bytes.
 // The zero-padded plane split by stride into phases: phase (a, b) holds the padded plane's rows
 // a, a + sh, .. and columns b, b + sw, .. (at stride 1 the one phase is the padded plane).
 // Output (oy, ox) takes tap (i, j) from phase (i % sh, j % sw) at row oy + i / sh, column
@@ -71,13 +66,17 @@ inline plane_phases plane_phases_of(const plane_window& g, int64_t rows) {
 bool plane_phases_fit(const plane_window& g);
 // Phase rows [row0, row0 + f.hp) of one plane x (h x w) into dst (f.plane_floats()).
 void fill_plane_phases(const plane_window& g, const plane_phases& f, int64_t row0, const float* x, float* dst);
-bool window_sum_plane_fits(const plane_window& g);
+// window_sum over a whole plane of h_out output rows at strides 1 and 2 without dilation (where
+// plane_phases_fit), as one run per tap over the zero-padded plane (split into its
+// stride phases): the same sums in the same order, without a call per tap and row (14x14 and
+// 7x7 planes are most of MobileNet's depthwise work, its stride-2 layers the slowest per sum).
+// `scratch` holds window_sum_plane_scratch_bytes.
+size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out);
+void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch);
 // Depthwise convolutions and max pools of planes of up to this many outputs run 16 channels
 // at a time on AVX-512 CPUs (cpu_planes16.h): the planner gives their blocks a multiple of 16.
 inline constexpr int64_t depthwise16_max_pixels = 256;
 inline constexpr int64_t pool16_max_pixels = 1600;
-size_t window_sum_plane_scratch_bytes(const plane_window& g, int64_t h_out);
-void window_sum_plane(const plane_window& g, int64_t h_out, const float* x, const float* w, float* y, float* scratch);
 // 2-D pooling of whole planes, separably: each padded input row reduced across the window's
 // columns (strides 1 and 2 as unit-stride vector runs), then those rows across the window's
 // rows (stride 1: the whole plane as one run per tap). Max keeps the first of equal values as
