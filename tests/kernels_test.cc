@@ -13,6 +13,7 @@
 
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_depthwise3x3.h"
 #include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
@@ -181,19 +182,17 @@ TEST(window_sum, whole_plane_runs_equal_the_row_passes) {
     }
 }
 
-// Softmax, log-softmax and layer norm rows (AVX-512 in float with a vector exp where the CPU
-// has it) against double-precision definitions, for lengths around the vector width and the
-// ones transformers use, with a masked (-inf) score and large values.
 // Depthwise layers of small planes, 16 channels at a time (channels interleaved in one padded
 // plane, bias and activation in the register), give the per-plane path's results bit for bit:
 // the same taps in the same order, then the same epilogue operations. Channel counts leave a
 // remainder that takes the per-plane path; biases include zeros (the epilogue skips adding
 // those when there is no activation); the input holds a NaN and values past Clip's bounds.
+// (3x3 windows go to depthwise3x3 instead, tested below.)
 TEST(depthwise16, equals_the_per_plane_path_bit_for_bit) {
     struct dw_case { int64_t ch, h, w, k, pad, s; };
-    for (const dw_case dc : {dw_case{37, 7, 7, 3, 1, 1}, dw_case{33, 14, 13, 3, 1, 2}, dw_case{32, 9, 8, 5, 2, 1},
-                             dw_case{16, 10, 10, 3, 0, 1}, dw_case{16, 10, 10, 3, 0, 2}, dw_case{48, 16, 16, 3, 1, 1},
-                             dw_case{20, 3, 3, 3, 1, 1}})
+    for (const dw_case dc : {dw_case{37, 7, 7, 5, 2, 1}, dw_case{33, 14, 13, 5, 2, 2}, dw_case{32, 9, 8, 5, 2, 1},
+                             dw_case{16, 10, 10, 5, 0, 1}, dw_case{16, 10, 10, 7, 3, 2}, dw_case{48, 16, 16, 7, 3, 1},
+                             dw_case{20, 3, 3, 5, 2, 1}})
         for (const k::activation act : {k::activation::none, k::activation::relu, k::activation::clip}) {
             const int64_t ho = (dc.h + 2 * dc.pad - dc.k) / dc.s + 1, wo = (dc.w + 2 * dc.pad - dc.k) / dc.s + 1;
             auto x = random_vector(size_t(2 * dc.ch * dc.h * dc.w), 41);
@@ -223,6 +222,52 @@ TEST(depthwise16, equals_the_per_plane_path_bit_for_bit) {
         }
 }
 
+// 3x3 depthwise planes read straight from the input (masked loads for the padding, several
+// output rows at once, bias and activation in the register) give the row passes' results bit
+// for bit (a tile of one output row each goes through window_sum and the epilogue passes):
+// strides 1 and 2 in both directions, padding 0 to 2 (rows wholly padding), planes of 1 to 7
+// rows (the bands' remainders), rows ending in partial vectors, rows wider than 16 vectors,
+// zero biases, a NaN, and values past Clip's bounds.
+TEST(depthwise3x3, equals_the_row_passes_bit_for_bit) {
+    struct dw_case { int64_t ch, h, w, pad, sh, sw; };
+    for (const dw_case dc : {dw_case{3, 112, 112, 1, 1, 1}, dw_case{3, 112, 112, 1, 2, 2}, dw_case{2, 56, 56, 1, 2, 2},
+                             dw_case{2, 7, 7, 1, 1, 1}, dw_case{2, 14, 14, 1, 2, 2}, dw_case{2, 15, 33, 1, 2, 2},
+                             dw_case{2, 9, 35, 0, 1, 1}, dw_case{2, 10, 17, 2, 1, 1}, dw_case{2, 13, 40, 2, 2, 2},
+                             dw_case{2, 1, 20, 1, 1, 1}, dw_case{2, 3, 5, 0, 1, 1}, dw_case{2, 3, 3, 1, 1, 1},
+                             dw_case{2, 6, 64, 1, 1, 2}, dw_case{2, 11, 9, 1, 2, 1}, dw_case{2, 5, 600, 1, 1, 1},
+                             dw_case{2, 4, 700, 1, 2, 2}, dw_case{2, 8, 33, 0, 2, 2}, dw_case{2, 9, 34, 1, 2, 2}})
+        for (const k::activation act : {k::activation::none, k::activation::relu, k::activation::clip}) {
+            const int64_t ho = (dc.h + 2 * dc.pad - 3) / dc.sh + 1, wo = (dc.w + 2 * dc.pad - 3) / dc.sw + 1;
+            auto x = random_vector(size_t(2 * dc.ch * dc.h * dc.w), 51);
+            for (size_t i = 0; i < x.size(); i += 7) x[i] *= 40.0f;
+            x[x.size() / 3] = NAN;
+            const auto w = random_vector(size_t(dc.ch * 9), 52);
+            auto b = random_vector(size_t(dc.ch), 53);
+            b[0] = 0.0f;
+            k::conv2d_args a{};
+            a.x = x.data(); a.w = w.data(); a.bias = b.data();
+            a.n = 2; a.c_in = dc.ch; a.h = dc.h; a.w_in = dc.w; a.c_out = dc.ch; a.kh = 3; a.kw = 3;
+            a.stride_h = dc.sh; a.stride_w = dc.sw; a.pad_top = dc.pad; a.pad_left = dc.pad; a.dil_h = 1; a.dil_w = 1;
+            a.groups = dc.ch; a.h_out = ho; a.w_out = wo;
+            a.ep.act = act; a.ep.alpha = 0.0f; a.ep.beta = 6.0f;
+            a.tile_co = 1; a.tile_k = 9; a.tile_groups = 1;
+            ASSERT_TRUE(k::depthwise3x3_possible(a) || !k::cpu_has_avx512());
+            std::vector<float> by_rows(size_t(2 * dc.ch * ho * wo), -1.0f), by_planes(by_rows.size(), -2.0f);
+            a.tile_pix = int32_t(wo);
+            a.y = by_rows.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            a.tile_pix = int32_t(ho * wo);
+            a.y = by_planes.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            ASSERT_EQ(0, std::memcmp(by_rows.data(), by_planes.data(), by_rows.size() * sizeof(float)))
+                << dc.h << "x" << dc.w << " pad " << dc.pad << " stride " << dc.sh << "x" << dc.sw << " activation "
+                << int(act);
+        }
+}
+
+// Softmax, log-softmax and layer norm rows (AVX-512 in float with a vector exp where the CPU
+// has it) against double-precision definitions, for lengths around the vector width and the
+// ones transformers use, with a masked (-inf) score and large values.
 TEST(rows, softmax_and_layer_norm_match_double_precision) {
     for (int64_t n : {1, 7, 15, 16, 17, 33, 128, 384, 512, 768}) {
         auto x = random_vector(size_t(n), uint32_t(40 + n));

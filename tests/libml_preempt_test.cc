@@ -65,7 +65,12 @@ TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
     std::mt19937 rng(3);
     uint32_t preempted_runs = 0;
     uint64_t reexecuted = 0;
-    for (int trial = 0; trial < 12; ++trial) {
+    // Twelve runs, and up to 48 in approximate mode until a kernel was re-executed: the RT
+    // arrivals fall at random moments, and a run of twelve without one landing inside a
+    // restore window happens (about one run of the test in ten, under load).
+    const bool want_reexecution = GetParam() == gpu::restore_mode::approximate;
+    int trials = 0;
+    for (; trials < 12 || (want_reexecution && reexecuted == 0 && trials < 48); ++trials) {
         rt.write_inputs(*be, std::vector<ml::tensor>{xb});
         rt.write_inputs(*rtin, std::vector<ml::tensor>{xr});
         gpu::task bt;
@@ -98,8 +103,10 @@ TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
                                               << " preemptions, " << br.reexecuted_kernels << " re-executed kernels";
     }
     EXPECT_GT(preempted_runs, 0u) << "no BE run was ever preempted: the test proves nothing";
-    if (GetParam() == gpu::restore_mode::approximate) EXPECT_GT(reexecuted, 0u);
-    std::printf("%u of 12 BE runs preempted, %llu kernels re-executed\n", preempted_runs,
+    if (want_reexecution) {
+        EXPECT_GT(reexecuted, 0u);
+    }
+    std::printf("%u of %d BE runs preempted, %llu kernels re-executed\n", preempted_runs, trials,
                 static_cast<unsigned long long>(reexecuted));
 }
 

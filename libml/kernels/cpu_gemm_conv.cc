@@ -15,6 +15,7 @@
 #include <immintrin.h>
 #endif
 
+#include "libml/kernels/cpu_depthwise3x3.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_planes16.h"
@@ -201,14 +202,23 @@ void epilogue_row(float* y, const float* r, float b, int64_t n, row_epi op) {
 
 bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx);
 
-// A block's groups (several only for depthwise tiles of small planes): 16 at a time where
-// depthwise16 takes them (cpu_planes16.h), the rest one after the other.
+// A block's groups (several only for depthwise tiles): 3x3 depthwise planes by depthwise3x3
+// (cpu_depthwise3x3.h), other small depthwise planes 16 at a time where depthwise16 takes
+// them (cpu_planes16.h), the rest one after the other.
 bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     const auto& c = *static_cast<const conv2d_args*>(p);
     const conv2d_tile t = conv2d_block(c, ctx.block);
     if (ctx.preempted()) return false;
     int64_t group = t.group;
-    if (t.p0 == 0 && t.p1 == c.h_out * c.w_out && t.group1 - t.group >= 16 && depthwise16_possible(c) &&
+    const bool whole_planes = t.p0 == 0 && t.p1 == c.h_out * c.w_out;
+    if (whole_planes && depthwise3x3_possible(c)) {
+        for (; group < t.group1; ++group) {
+            if (group > t.group && ctx.preempted()) return false;
+            depthwise3x3(c, t.image, group);
+        }
+        return true;
+    }
+    if (whole_planes && t.group1 - t.group >= 16 && depthwise16_possible(c) &&
         ctx.scratch_size >= depthwise16_scratch_bytes(c))
         for (; group + 16 <= t.group1; group += 16) {
             if (group > t.group && ctx.preempted()) return false;
@@ -290,6 +300,7 @@ size_t conv2d_scratch_bytes(const conv2d_args& c) {
     // plane of a whole-plane block at stride 1.
     if (conv2d_is_depthwise(c)) {
         const plane_window g = conv2d_window(c);
+        if (c.tile_pix >= c.h_out * c.w_out && depthwise3x3_possible(c)) return 0;
         if (plane_phases_fit(g) && c.tile_pix >= c.h_out * c.w_out)
             return std::max(window_sum_plane_scratch_bytes(g, c.h_out),
                             depthwise16_possible(c) ? depthwise16_scratch_bytes(c) : size_t(0));

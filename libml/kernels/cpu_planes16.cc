@@ -204,8 +204,7 @@ __attribute__((target("avx512f"))) void depthwise16(const conv2d_args& c, int64_
     const __m512 vb = c.bias ? _mm512_loadu_ps(c.bias + g0) : zero;
     const __mmask16 has_bias = _mm512_cmp_ps_mask(vb, zero, _CMP_NEQ_UQ);
     const __m512 lo = _mm512_set1_ps(c.ep.alpha), hi = _mm512_set1_ps(c.ep.beta);
-    if (c.kh == 3 && c.kw == 3) depthwise16_all<3, 3>(c, P, f.wp, W, vb, has_bias, lo, hi, O);
-    else depthwise16_all<0, 0>(c, P, f.wp, W, vb, has_bias, lo, hi, O);
+    depthwise16_all<0, 0>(c, P, f.wp, W, vb, has_bias, lo, hi, O);  // 3x3 windows go to depthwise3x3
     deinterleave16(O, hw_out, c.y + (image * c.c_out + g0) * hw_out);
 }
 

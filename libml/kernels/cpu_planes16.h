@@ -11,7 +11,8 @@
 namespace reefline::ml::kernels {
 
 // Depthwise convolutions of planes up to depthwise16_max_pixels outputs (kernels.h), whole
-// planes, with bias and none, ReLU or Clip, no residual.
+// planes, with bias and none, ReLU or Clip, no residual. The blocks give 3x3 windows at strides
+// 1 and 2 to depthwise3x3 instead (cpu_depthwise3x3.h), which reads no copy of the planes.
 bool depthwise16_possible(const conv2d_args& c);
 size_t depthwise16_scratch_bytes(const conv2d_args& c);
 // Channels [g0, g0 + 16) of one image, bias and activation included: the same operations in
