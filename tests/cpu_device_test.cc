@@ -795,6 +795,50 @@ TEST(CpuDevice, EventsAndSynchronize) {
     ops.event_destroy(d.get(), e2);
 }
 
+// Sleeping waiters on one stream, each for its own launch (events), registered in no
+// particular order, plus a synchronize on everything: as the launches finish one by one, each
+// waiter returns once its launch is done and not before, however the others come and go.
+TEST(CpuDevice, SleepingWaitersWakeAtTheirOwnLaunch) {
+    constexpr uint32_t n = 6;
+    auto d = make(1);
+    const auto& ops = d->ops();
+    stream* s = d->create_stream(0);
+    std::atomic<uint32_t> gate{0}, entered{0}, ran{0};
+    std::vector<gate_args> args(n);
+    std::vector<event*> ev(n);
+    for (uint32_t i = 0; i < n; ++i) {
+        args[i] = gate_args{&gate, i, &entered, &ran};
+        d->launch(s, make_launch(k_gate, args[i], 1));
+        ev[i] = ops.event_create(d.get());
+        ops.event_record(d.get(), ev[i], s);
+    }
+    std::vector<std::atomic<uint32_t>> back(n + 1);
+    std::vector<std::thread> waiters;
+    for (const uint32_t i : {3u, 5u, 0u, 4u, 1u, 2u})
+        waiters.emplace_back([&, i] {
+            ops.event_synchronize(d.get(), ev[i]);
+            back[i].store(ran.load() > i ? 1 : 2);  // 2: returned before its launch ran
+        });
+    waiters.emplace_back([&] {
+        d->synchronize(s);
+        back[n].store(ran.load() == n ? 1 : 2);
+    });
+    std::this_thread::sleep_for(20ms);  // past the waiters' spin: they sleep
+    for (uint32_t i = 0; i < n; ++i) {
+        gate.store(i + 1);  // launch i finishes
+        ASSERT_TRUE(eventually([&] { return back[i].load() != 0; })) << "the waiter for launch " << i << " never woke";
+        EXPECT_EQ(back[i].load(), 1u) << "launch " << i;
+        std::this_thread::sleep_for(5ms);
+        for (uint32_t j = i + 1; j < n; ++j) EXPECT_EQ(back[j].load(), 0u) << "waiter " << j << " after launch " << i;
+        if (i + 1 < n) {
+            EXPECT_EQ(back[n].load(), 0u) << "synchronize returned after launch " << i;
+        }
+    }
+    for (auto& t : waiters) t.join();
+    EXPECT_EQ(back[n].load(), 1u);
+    for (event* e : ev) ops.event_destroy(d.get(), e);
+}
+
 TEST(CpuDevice, StreamsAreDestroyedAndReused) {
     auto d = make(2);
     const auto& ops = d->ops();
