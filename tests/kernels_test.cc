@@ -13,7 +13,7 @@
 
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_direct_conv.h"
-#include "libml/kernels/cpu_depthwise3x3.h"
+#include "libml/kernels/cpu_window3x3.h"
 #include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
@@ -332,6 +332,19 @@ TEST(batchnorm, matches_reference_with_each_fused_activation) {
     }
 }
 
+// A 2-D pool over n x c planes of h x w, padding pad before and pad_end after (both axes),
+// with `extra` windows past the last whole one (ceil mode).
+k::pool2d_args pool_args(int64_t n, int64_t c, int64_t h, int64_t w, int64_t kernel, int64_t sh, int64_t sw,
+                         int64_t pad, int64_t pad_end, int64_t extra, k::pool_op op, bool include_pad) {
+    k::pool2d_args a{};
+    a.n = n; a.c = c; a.h = h; a.w = w; a.kh = a.kw = kernel;
+    a.stride_h = sh; a.stride_w = sw; a.pad_top = a.pad_left = pad; a.pad_bottom = a.pad_right = pad_end;
+    a.dil_h = a.dil_w = 1; a.op = op; a.count_include_pad = include_pad;
+    a.h_out = (h + pad + pad_end - kernel) / sh + 1 + extra;
+    a.w_out = (w + pad + pad_end - kernel) / sw + 1 + extra;
+    return a;
+}
+
 // Average pooling's row-pass path against the per-output definition (pool_output, the one the
 // GPU kernel runs): pads, strides 1-3, windows past the padded input (ceil mode), both counts.
 // The separable path (flat runs at stride 1, even/odd columns at stride 2, a plain loop at
@@ -343,19 +356,14 @@ TEST(batchnorm, matches_reference_with_each_fused_activation) {
 // input holds NaNs and equal values of either sign of zero.
 TEST(pool16, max_equals_the_separable_path_bit_for_bit) {
     struct pool_case { int64_t planes, h, w, k, s, pad, pad_end, extra; };
-    for (const pool_case pc : {pool_case{37, 17, 17, 3, 2, 0, 0, 0}, pool_case{40, 35, 35, 3, 1, 1, 1, 0},
-                               pool_case{16, 8, 8, 3, 1, 1, 1, 0}, pool_case{33, 17, 23, 3, 2, 1, 0, 1},
-                               pool_case{20, 7, 7, 7, 1, 0, 0, 0}, pool_case{18, 9, 30, 3, 2, 1, 1, 1},
+    // (3x3 windows at strides 1 and 2 go to pool3x3 instead, tested below.)
+    for (const pool_case pc : {pool_case{37, 17, 17, 3, 3, 0, 0, 0}, pool_case{40, 35, 35, 5, 1, 2, 2, 0},
+                               pool_case{16, 8, 8, 4, 1, 1, 2, 0}, pool_case{33, 17, 23, 5, 2, 1, 0, 1},
+                               pool_case{20, 7, 7, 7, 1, 0, 0, 0}, pool_case{18, 9, 30, 4, 2, 1, 1, 1},
                                pool_case{32, 14, 14, 2, 2, 0, 0, 0}})
         for (bool include_pad : {false, true}) {
-                const k::pool_op op = k::pool_op::max;
-                k::pool2d_args a{};
-                a.n = 1; a.c = pc.planes; a.h = pc.h; a.w = pc.w; a.kh = a.kw = pc.k;
-                a.stride_h = a.stride_w = pc.s; a.pad_top = a.pad_left = pc.pad;
-                a.pad_bottom = a.pad_right = pc.pad_end;
-                a.dil_h = a.dil_w = 1; a.op = op; a.count_include_pad = include_pad;
-                a.h_out = (pc.h + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
-                a.w_out = (pc.w + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
+                k::pool2d_args a = pool_args(1, pc.planes, pc.h, pc.w, pc.k, pc.s, pc.s, pc.pad, pc.pad_end, pc.extra,
+                                             k::pool_op::max, include_pad);
                 auto x = random_vector(size_t(a.c * a.h * a.w), 9);
                 for (size_t i = 0; i < x.size(); i += 11) x[i] = (i / 11) % 2 ? 0.0f : -0.0f;
                 x[3] = NAN;
@@ -375,6 +383,55 @@ TEST(pool16, max_equals_the_separable_path_bit_for_bit) {
             }
 }
 
+// 3x3 max and average pools read straight from the planes (masked loads for the padding, bands
+// of output rows, the division in the register) give pool_plane_separable's and divide_row's
+// results bit for bit: strides 1 and 2 each way, padding 0 to 2, ceil mode's extra windows,
+// counting the padding or not, NaNs and signed zeros (which max keeps depends on the order).
+TEST(pool3x3, equals_the_separable_path_bit_for_bit) {
+    struct pool_case { int64_t h, w, sh, sw, pad, pad_end, extra; };
+    for (const pool_case pc : {pool_case{112, 112, 2, 2, 1, 1, 0}, pool_case{147, 147, 2, 2, 0, 0, 0},
+                               pool_case{35, 35, 1, 1, 1, 1, 0}, pool_case{17, 17, 2, 2, 0, 0, 0},
+                               pool_case{8, 8, 1, 1, 1, 1, 0}, pool_case{9, 30, 2, 2, 1, 1, 1},
+                               pool_case{17, 23, 2, 1, 1, 0, 1}, pool_case{11, 40, 1, 2, 2, 2, 0},
+                               pool_case{3, 3, 1, 1, 0, 0, 0}, pool_case{1, 300, 1, 1, 1, 1, 0},
+                               pool_case{6, 530, 2, 2, 1, 1, 1}, pool_case{13, 13, 2, 2, 0, 1, 1}})
+        for (auto op : {k::pool_op::average, k::pool_op::max})
+            for (bool include_pad : {false, true}) {
+                k::pool2d_args a =
+                    pool_args(1, 3, pc.h, pc.w, 3, pc.sh, pc.sw, pc.pad, pc.pad_end, pc.extra, op, include_pad);
+                auto x = random_vector(size_t(a.c * a.h * a.w), 19);
+                for (size_t i = 0; i < x.size(); i += 11) x[i] = (i / 11) % 2 ? 0.0f : -0.0f;
+                x[3] = NAN;
+                x[x.size() / 2] = NAN;
+                a.x = x.data();
+                if (!k::pool3x3_possible(a)) {
+                    ASSERT_FALSE(k::cpu_has_avx512()) << pc.h << "x" << pc.w;
+                    continue;
+                }
+                const int64_t in = a.h * a.w, out = a.h_out * a.w_out;
+                std::vector<float> columns(size_t(a.w_out));
+                for (int64_t ox = 0; ox < a.w_out; ++ox)
+                    columns[size_t(ox)] = float(k::pool_window_count(a, ox, a.stride_w, a.pad_left, a.pad_right, 3, a.w));
+                std::vector<float> separable(size_t(a.c * out), -1.0f), direct(separable.size(), -2.0f);
+                std::vector<float> scratch(k::pool2d_scratch_bytes(a) / sizeof(float) + 1);
+                for (int64_t p = 0; p < a.c; ++p) {
+                    float* y = separable.data() + p * out;
+                    k::pool_plane_separable(a, x.data() + p * in, y, scratch.data());
+                    if (op == k::pool_op::average)
+                        for (int64_t oy = 0; oy < a.h_out; ++oy)
+                            k::divide_row(y + oy * a.w_out,
+                                          float(k::pool_window_count(a, oy, a.stride_h, a.pad_top, a.pad_bottom, 3, a.h)),
+                                          columns.data(), a.w_out);
+                }
+                a.y = direct.data();
+                for (int64_t p = 0; p < a.c; ++p) k::pool3x3(a, p, columns.data());
+                ASSERT_EQ(0, std::memcmp(separable.data(), direct.data(), separable.size() * sizeof(float)))
+                    << (op == k::pool_op::max ? "max " : "average ") << pc.h << "x" << pc.w << " stride " << pc.sh
+                    << "x" << pc.sw << " pad " << pc.pad << "/" << pc.pad_end << " extra " << pc.extra
+                    << (include_pad ? " counting padding" : "");
+            }
+}
+
 TEST(pool2d, separable_matches_the_per_output_definition) {
     struct pool_case { int64_t h, w, k, s, pad, pad_end, extra; };
     for (const pool_case pc : {pool_case{35, 35, 3, 1, 1, 1, 0}, pool_case{56, 56, 2, 2, 0, 0, 0},
@@ -383,17 +440,13 @@ TEST(pool2d, separable_matches_the_per_output_definition) {
                                pool_case{17, 17, 3, 1, 1, 1, 0}, pool_case{9, 30, 3, 2, 1, 1, 1}})
         for (auto op : {k::pool_op::average, k::pool_op::max})
         for (bool include_pad : {false, true}) {
-            k::pool2d_args a{};
-            a.n = 2; a.c = 3; a.h = pc.h; a.w = pc.w; a.kh = a.kw = pc.k;
-            a.stride_h = a.stride_w = pc.s; a.pad_top = a.pad_left = pc.pad; a.pad_bottom = a.pad_right = pc.pad_end;
-            a.dil_h = a.dil_w = 1; a.op = op; a.count_include_pad = include_pad;
-            a.h_out = (pc.h + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;  // + 1: a ceil-mode window
-            a.w_out = (pc.w + pc.pad + pc.pad_end - pc.k) / pc.s + 1 + pc.extra;
+            k::pool2d_args a = pool_args(2, 3, pc.h, pc.w, pc.k, pc.s, pc.s, pc.pad, pc.pad_end, pc.extra, op, include_pad);
             a.planes_per_block = 4;
             auto x = random_vector(size_t(a.n * a.c * a.h * a.w), 8);
             std::vector<float> y(size_t(a.n * a.c * a.h_out * a.w_out), NAN), want(y.size());
             a.x = x.data(); a.y = y.data();
-            ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a)));
+            // With the planned scratch: the blocks' own choice of path (pool3x3, pool16, per plane).
+            ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a), 0, -1, nullptr, k::pool2d_scratch_bytes(a)));
             k::pool2d_args r = a;
             r.y = want.data();
             for (int64_t plane = 0; plane < a.n * a.c; ++plane)

@@ -8,6 +8,7 @@
 
 #include "libml/kernels/elem_access.h"
 #include "libml/kernels/cpu_planes16.h"
+#include "libml/kernels/cpu_window3x3.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -399,20 +400,21 @@ bool max_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::
 // it, as ceil_mode's last windows reach).
 bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const gpu::block_context& ctx) {
     const int64_t in_plane = a.h * a.w, out_plane = a.h_out * a.w_out;
-    // The window's extent along one axis at output o: inside [0, n), or inside [0, n + pad_end).
-    const auto counted = [&](int64_t o, int64_t stride, int64_t pad, int64_t pad_end, int64_t k, int64_t n) {
-        const int64_t lo = o * stride - pad, hi = lo + k;
-        const int64_t end = a.count_include_pad ? n + pad_end : n, begin = a.count_include_pad ? -pad : 0;
-        return std::max<int64_t>(0, std::min(hi, end) - std::max(lo, begin));
-    };
     // The columns each output counts are the same in every row and plane: once per block.
     float columns[pool_max_columns];
     const bool average = a.op == pool_op::average;
     if (average)
         for (int64_t ox = 0; ox < a.w_out; ++ox)
-            columns[ox] = float(counted(ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
+            columns[ox] = float(pool_window_count(a, ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
     auto* scratch = static_cast<float*>(ctx.scratch);
     int64_t plane = p0;
+    if (pool3x3_possible(a)) {
+        for (; plane < p1; ++plane) {
+            if (ctx.preempted()) return false;
+            pool3x3(a, plane, columns);
+        }
+        return true;
+    }
     if (p1 - p0 >= 16 && pool16_possible(a) && ctx.scratch_size >= pool16_scratch_bytes(a))
         for (; plane + 16 <= p1; plane += 16) {
             if (ctx.preempted()) return false;
@@ -424,7 +426,8 @@ bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const
         pool_plane_separable(a, a.x + plane * in_plane, y, scratch);
         if (!average) continue;
         for (int64_t oy = 0; oy < a.h_out; ++oy)
-            divide_row(y + oy * a.w_out, float(counted(oy, a.stride_h, a.pad_top, a.pad_bottom, a.kh, a.h)), columns,
+            divide_row(y + oy * a.w_out,
+                       float(pool_window_count(a, oy, a.stride_h, a.pad_top, a.pad_bottom, a.kh, a.h)), columns,
                        a.w_out);
     }
     return true;

@@ -15,7 +15,7 @@
 #include <immintrin.h>
 #endif
 
-#include "libml/kernels/cpu_depthwise3x3.h"
+#include "libml/kernels/cpu_window3x3.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_planes16.h"
@@ -203,7 +203,7 @@ void epilogue_row(float* y, const float* r, float b, int64_t n, row_epi op) {
 bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx);
 
 // A block's groups (several only for depthwise tiles): 3x3 depthwise planes by depthwise3x3
-// (cpu_depthwise3x3.h), other small depthwise planes 16 at a time where depthwise16 takes
+// (cpu_window3x3.h), other small depthwise planes 16 at a time where depthwise16 takes
 // them (cpu_planes16.h), the rest one after the other.
 bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     const auto& c = *static_cast<const conv2d_args*>(p);

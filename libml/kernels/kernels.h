@@ -86,6 +86,16 @@ inline constexpr int64_t pool16_max_pixels = 1600;
 // whose scratch stays within 16 MB.
 inline constexpr int64_t pool_max_columns = 4096;
 bool pool2d_is_separable(const pool2d_args& a);
+// How many of an average pool's window positions along one axis output o counts: those inside
+// [0, n), or inside the padded [-pad, n + pad_end) with count_include_pad (never beyond it, as
+// ceil_mode's last windows reach). Rows counted times columns counted divide the sum.
+inline int64_t pool_window_count(const pool2d_args& a, int64_t o, int64_t stride, int64_t pad, int64_t pad_end,
+                                 int64_t k, int64_t n) {
+    const int64_t lo = o * stride - pad, hi = lo + k;
+    const int64_t end = a.count_include_pad ? n + pad_end : n, begin = a.count_include_pad ? -pad : 0;
+    const int64_t in = (hi < end ? hi : end) - (lo > begin ? lo : begin);
+    return in > 0 ? in : 0;
+}
 size_t pool2d_scratch_bytes(const pool2d_args& a);  // cpu: per block, for pool_plane_separable
 void pool_plane_separable(const pool2d_args& a, const float* x, float* y, float* scratch);
 // Softmax (log: log-softmax) of one line of n elements `stride` apart, and layer norm of one

@@ -1,0 +1,310 @@
+// 3x3 windows straight from the NCHW planes: depthwise convolutions, max and average pools.
+//
+// MobileNet-v2's depthwise layers over 112x112 to 28x28 planes ran at a third of ONNX Runtime's
+// speed through window_sum_plane: every plane was first copied into a zero-padded plane (split
+// into its column phases at stride 2), and each output row's taps were one chain of nine
+// fused multiply-adds per vector, most of the time waiting out the chain's latency; the pools
+// of ResNet-50, DenseNet and Inception-v3 likewise copied each padded plane and reduced it in
+// passes through memory. Here the padding is never written: a tap's vector is a masked load
+// from the input row itself (lanes on padding read as the padding value without touching
+// memory, so the results are the padded plane's), a row above or below the plane is a load
+// with no lanes, and a band of output rows (six at stride 1, three at stride 2) is computed
+// at once, sharing its input rows' loads and giving as many independent chains. At stride 2
+// the even and odd columns of two loads are picked out by permutes in the register, and loads
+// wholly inside the plane are plain ones (masked loads that miss the cache ran 1.6x slower at
+// batch 8, the planes coming from memory; at stride 1 plain loads measured no faster).
+//
+// Each output is computed by the same operations in the same order as the per-plane paths
+// (window_sum_plane and the blocks' epilogue passes; pool_plane_separable and divide_row), so
+// the results are the same bit for bit.
+#include "libml/kernels/cpu_window3x3.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <limits>
+#include <utility>
+
+#include "libml/kernels/cpu_rows.h"
+#include "libml/kernels/kernels.h"
+
+namespace reefline::ml::kernels {
+
+namespace {
+bool window3x3_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                    int64_t h_out, int64_t w_out) {
+    return cpu_has_avx512() && kh == 3 && kw == 3 && dh == 1 && dw == 1 && sh >= 1 && sh <= 2 && sw >= 1 && sw <= 2 &&
+           pt >= 0 && pl >= 0 && h_out >= 1 && w_out >= 1;
+}
+}  // namespace
+
+bool depthwise3x3_possible(const conv2d_args& c) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    const bool act = c.ep.act == activation::none || c.ep.act == activation::relu || c.ep.act == activation::clip;
+    return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1 && !c.residual && act &&
+           window3x3_fits(c.kh, c.kw, c.stride_h, c.stride_w, c.dil_h, c.dil_w, c.pad_top, c.pad_left, c.h_out,
+                          c.w_out);
+#else
+    (void)c;
+    return false;
+#endif
+}
+
+bool pool3x3_possible(const pool2d_args& a) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    return pool2d_is_separable(a) && window3x3_fits(a.kh, a.kw, a.stride_h, a.stride_w, a.dil_h, a.dil_w, a.pad_top,
+                                                    a.pad_left, a.h_out, a.w_out);
+#else
+    (void)a;
+    return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+// Everything below runs only where the *_possible checks found AVX-512 (the lambdas that
+// unroll the rows need the target too, which attributes do not give them).
+#pragma GCC push_options
+#pragma GCC target("avx512f")
+namespace {
+
+// The lanes l of a load from column `first` + l that fall inside [0, w).
+inline __mmask16 inside_lanes(int64_t first, int64_t w) {
+    return __mmask16(first_lanes(w - first) & ~first_lanes(-first));
+}
+
+// One vector column's loads: their masks (for a row inside the plane) and first column.
+struct column_loads {
+    int64_t first;      // the column of lane 0 of the first load
+    __mmask16 mask[4];  // stride 1: taps 0..2; stride 2: columns first + {0, 16, 2, 18}
+    __mmask16 store;    // the output lanes inside w_out
+    bool full;          // every load's every lane inside the row
+};
+
+struct plane_args {
+    const float* x;  // the input plane, h x w
+    float* y;        // the output plane, h_out x w_out
+    int64_t h, w, w_out, pad_top;
+};
+
+// A row's three tap vectors for one vector column (`pad` on lanes outside the plane).
+template <int SW, bool FULL>
+__attribute__((always_inline)) inline void row_taps(const column_loads& cl, const float* row, __mmask16 valid,
+                                                    __m512 pad, __m512& t0, __m512& t1, __m512& t2) {
+    const float* p = row + cl.first;
+    const auto load = [&](int q, const float* at) {
+        if constexpr (FULL) return _mm512_loadu_ps(at);
+        else return _mm512_mask_loadu_ps(pad, cl.mask[q] & valid, at);
+    };
+    if constexpr (SW == 1) {
+        t0 = load(0, p);
+        t1 = load(1, p + 1);
+        t2 = load(2, p + 2);
+    } else {
+        const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        const __m512 lo = load(0, p), hi = load(1, p + 16), lo2 = load(2, p + 2), hi2 = load(3, p + 18);
+        t0 = _mm512_permutex2var_ps(lo, even, hi);
+        t1 = _mm512_permutex2var_ps(lo, odd, hi);
+        t2 = _mm512_permutex2var_ps(lo2, even, hi2);
+    }
+}
+
+// Calls f(std::integral_constant<int, i>) for i in [0, N), unrolled at compile time (GCC at
+// -O2 left the row loop rolled, with the taps and weights in memory).
+template <int N, class F>
+__attribute__((always_inline)) inline void unrolled(F&& f) {
+    [&]<int... i>(std::integer_sequence<int, i...>) { (f(std::integral_constant<int, i>{}), ...); }(
+        std::make_integer_sequence<int, N>{});
+}
+
+// ---- what a window computes: the reductions ----------------------------------------------
+// pad: the padding's value. row(t0, t1, t2): what an input row contributes (computed once,
+// shared by the band's outputs). add<i>(acc, row): the row as the window's row i, in order
+// (acc starts from start()). finish(acc, oy, ox0, lanes): the output vector (its lanes inside
+// w_out).
+
+// Depthwise: taps in window order (row i, then column j), fused multiply-adds from 0, then
+// the epilogue as the blocks' passes apply it (epilogue_16, clip_16).
+struct depthwise_sum {
+    __m512 wt[9];
+    __m512 bias, lo, hi;
+    __mmask16 has_bias;
+    activation act;
+    struct taps {
+        __m512 t[3];
+    };
+    __attribute__((always_inline)) __m512 pad() const { return _mm512_setzero_ps(); }
+    __attribute__((always_inline)) __m512 start() const { return _mm512_setzero_ps(); }
+    __attribute__((always_inline)) taps row(__m512 t0, __m512 t1, __m512 t2) const { return {{t0, t1, t2}}; }
+    template <int i>
+    __attribute__((always_inline)) void add(__m512& acc, const taps& r) const {
+        acc = _mm512_fmadd_ps(wt[i * 3 + 0], r.t[0], acc);
+        acc = _mm512_fmadd_ps(wt[i * 3 + 1], r.t[1], acc);
+        acc = _mm512_fmadd_ps(wt[i * 3 + 2], r.t[2], acc);
+    }
+    __attribute__((always_inline)) __m512 finish(__m512 v, int64_t, int64_t, __mmask16) const {
+        const __mmask16 all = 0xffff;
+        switch (act) {
+        case activation::relu: return _mm512_maskz_max_ps(all, _mm512_add_ps(v, bias), _mm512_setzero_ps());
+        case activation::clip: return _mm512_maskz_min_ps(all, hi, _mm512_maskz_max_ps(all, lo, _mm512_add_ps(v, bias)));
+        default: return _mm512_mask_add_ps(v, has_bias, v, bias);  // the epilogue adds only a bias that is not 0
+        }
+    }
+};
+
+// Max pool, as pool_plane_separable reduces: across a row's window columns from the first,
+// then across the window's rows from the first; of equal values (and a NaN already held) the
+// first is kept. Padding is -inf.
+struct max_pool {
+    static __attribute__((always_inline)) __m512 max_first(__m512 m, __m512 v) {
+        return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
+    }
+    __attribute__((always_inline)) __m512 pad() const {
+        return _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+    }
+    __attribute__((always_inline)) __m512 start() const { return _mm512_setzero_ps(); }  // row 0 replaces it
+    __attribute__((always_inline)) __m512 row(__m512 t0, __m512 t1, __m512 t2) const {
+        return max_first(max_first(t0, t1), t2);
+    }
+    template <int i>
+    __attribute__((always_inline)) void add(__m512& acc, __m512 r) const {
+        acc = i == 0 ? r : max_first(acc, r);
+    }
+    __attribute__((always_inline)) __m512 finish(__m512 v, int64_t, int64_t, __mmask16) const { return v; }
+};
+
+// Average pool: sums across the columns, then the rows, in order, divided as divide_row does
+// (by the rows counted times the columns counted; 0 where a window counts nothing).
+struct average_pool {
+    const pool2d_args* a;
+    const float* columns;  // each output column's count
+    __attribute__((always_inline)) __m512 pad() const { return _mm512_setzero_ps(); }
+    __attribute__((always_inline)) __m512 start() const { return _mm512_setzero_ps(); }
+    __attribute__((always_inline)) __m512 row(__m512 t0, __m512 t1, __m512 t2) const {
+        return _mm512_add_ps(_mm512_add_ps(t0, t1), t2);
+    }
+    template <int i>
+    __attribute__((always_inline)) void add(__m512& acc, __m512 r) const {
+        acc = i == 0 ? r : _mm512_add_ps(acc, r);
+    }
+    __attribute__((always_inline)) __m512 finish(__m512 v, int64_t oy, int64_t ox0, __mmask16 lanes) const {
+        const __m512 rows = _mm512_set1_ps(float(pool_window_count(*a, oy, a->stride_h, a->pad_top, a->pad_bottom,
+                                                                   a->kh, a->h)));
+        const __m512 d = _mm512_mul_ps(rows, _mm512_maskz_loadu_ps(lanes, columns + ox0));
+        return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), v, d);
+    }
+};
+
+// R output rows from oy0, one vector column: input rows oy0 * SH - pad_top + r for r in
+// [0, (R - 1) * SH + 3), each loaded once and added into every output row whose window holds
+// it, as the window's row r - k * SH of output row oy0 + k.
+template <int SH, int SW, int R, bool FULL, class W>
+__attribute__((always_inline)) inline void rows_column(const plane_args& a, const W& op, const column_loads& cl,
+                                                       int64_t oy0, int64_t ox0) {
+    __m512 acc[R];
+    unrolled<R>([&](auto k) { acc[k] = op.start(); });
+    const __m512 pad = op.pad();
+    unrolled<(R - 1) * SH + 3>([&](auto r) {
+        const int64_t iy = oy0 * SH - a.pad_top + r;
+        const bool inside = iy >= 0 && iy < a.h;
+        __m512 t0, t1, t2;
+        row_taps<SW, FULL>(cl, a.x + (inside ? iy : 0) * a.w, inside ? __mmask16(0xffff) : __mmask16(0), pad, t0, t1,
+                           t2);
+        const auto row = op.row(t0, t1, t2);
+        unrolled<R>([&](auto k) {
+            constexpr int i = int(r) - int(k) * SH;
+            if constexpr (i >= 0 && i <= 2) op.template add<i>(acc[k], row);
+        });
+    });
+    unrolled<R>([&](auto k) {
+        float* out = a.y + (oy0 + k) * a.w_out + ox0;
+        const __m512 v = op.finish(acc[k], oy0 + k, ox0, cl.store);
+        if (cl.store == 0xffff) _mm512_storeu_ps(out, v);
+        else _mm512_mask_storeu_ps(out, cl.store, v);
+    });
+}
+
+template <int SH, int SW, class W>
+__attribute__((noinline)) void plane_3x3(const plane_args& a, const W& op_in, int64_t h_out, int64_t pad_left) {
+    const W op = op_in;  // a local copy the compiler keeps in registers (stores to y may alias op_in)
+    // Rows outermost, so that the input is read in order, each row once per band (a vector
+    // column at a time down the plane ran 2.2x slower at batch 8, the planes coming from memory).
+    constexpr int64_t max_columns = 16;  // rows up to 256 outputs wide at a time
+    column_loads cols[max_columns];
+    const int64_t ncols = (a.w_out + 15) / 16;
+    for (int64_t v0 = 0; v0 < ncols; v0 += max_columns) {
+        const int64_t nv = ncols - v0 < max_columns ? ncols - v0 : max_columns;
+        for (int64_t v = 0; v < nv; ++v) {
+            const int64_t ox0 = (v0 + v) * 16;
+            column_loads& cl = cols[v];
+            cl.first = ox0 * SW - pad_left;
+            if constexpr (SW == 1) {
+                for (int j = 0; j < 3; ++j) cl.mask[j] = inside_lanes(cl.first + j, a.w);
+            } else {
+                const int64_t off[4] = {0, 16, 2, 18};
+                for (int q = 0; q < 4; ++q) cl.mask[q] = inside_lanes(cl.first + off[q], a.w);
+            }
+            cl.store = first_lanes(a.w_out - ox0);
+            cl.full = (cl.mask[0] & cl.mask[1] & cl.mask[2] & cl.mask[SW == 1 ? 2 : 3]) == 0xffff;
+        }
+        // Six output rows at a time at stride 1 (eight rows of loads), three at stride 2
+        // (seven): measured against 2, 4 and 8 on MobileNet-v2's layers, 112x112 to 7x7.
+        constexpr int band = SH == 1 ? 6 : 3;
+        int64_t oy = 0;
+        for (; oy + band <= h_out; oy += band) {
+            const bool inside = oy * SH - a.pad_top >= 0 && (oy + band - 1) * SH - a.pad_top + 2 < a.h;
+            for (int64_t v = 0; v < nv; ++v) {
+                const int64_t ox0 = (v0 + v) * 16;
+                if (SW == 2 && inside && cols[v].full) rows_column<SH, SW, band, true>(a, op, cols[v], oy, ox0);
+                else rows_column<SH, SW, band, false>(a, op, cols[v], oy, ox0);
+            }
+        }
+        for (; oy + 2 <= h_out; oy += 2)
+            for (int64_t v = 0; v < nv; ++v) rows_column<SH, SW, 2, false>(a, op, cols[v], oy, (v0 + v) * 16);
+        if (oy < h_out)
+            for (int64_t v = 0; v < nv; ++v) rows_column<SH, SW, 1, false>(a, op, cols[v], oy, (v0 + v) * 16);
+    }
+}
+
+template <class W>
+void plane_3x3_strided(const plane_args& a, const W& op, int64_t h_out, int64_t stride_h, int64_t stride_w,
+                       int64_t pad_left) {
+    switch (stride_h * 2 + stride_w) {
+    case 3: return plane_3x3<1, 1>(a, op, h_out, pad_left);
+    case 4: return plane_3x3<1, 2>(a, op, h_out, pad_left);
+    case 5: return plane_3x3<2, 1>(a, op, h_out, pad_left);
+    default: return plane_3x3<2, 2>(a, op, h_out, pad_left);
+    }
+}
+
+}  // namespace
+
+void depthwise3x3(const conv2d_args& c, int64_t image, int64_t group) {
+    const plane_args a{c.x + (image * c.c_in + group) * c.h * c.w_in, c.y + (image * c.c_out + group) * c.h_out * c.w_out,
+                       c.h, c.w_in, c.w_out, c.pad_top};
+    depthwise_sum op;
+    const float* w = c.w + group * 9;
+    for (int t = 0; t < 9; ++t) op.wt[t] = _mm512_set1_ps(w[t]);
+    const float b = c.bias ? c.bias[group] : 0.0f;
+    op.bias = _mm512_set1_ps(b);
+    op.has_bias = b != 0.0f ? __mmask16(0xffff) : __mmask16(0);
+    op.lo = _mm512_set1_ps(c.ep.alpha);
+    op.hi = _mm512_set1_ps(c.ep.beta);
+    op.act = c.ep.act;
+    plane_3x3_strided(a, op, c.h_out, c.stride_h, c.stride_w, c.pad_left);
+}
+
+void pool3x3(const pool2d_args& p, int64_t plane, const float* columns) {
+    const plane_args a{p.x + plane * p.h * p.w, p.y + plane * p.h_out * p.w_out, p.h, p.w, p.w_out, p.pad_top};
+    if (p.op == pool_op::max) return plane_3x3_strided(a, max_pool{}, p.h_out, p.stride_h, p.stride_w, p.pad_left);
+    plane_3x3_strided(a, average_pool{&p, columns}, p.h_out, p.stride_h, p.stride_w, p.pad_left);
+}
+#pragma GCC pop_options
+#else
+// Never called: the *_possible checks are false.
+void depthwise3x3(const conv2d_args&, int64_t, int64_t) {}
+void pool3x3(const pool2d_args&, int64_t, const float*) {}
+#endif
+
+}  // namespace reefline::ml::kernels
