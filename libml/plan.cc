@@ -6,6 +6,7 @@
 #include <numeric>
 #include <optional>
 
+#include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml {
@@ -509,16 +510,24 @@ void planner::lower_conv(int ni) {
     const int64_t K = k::conv2d_k(a);
     a.tile_pix = int32_t(std::clamp<int64_t>((int64_t(1) << 20) / std::max<int64_t>(1, K), 64, std::max<int64_t>(64, npix)));
     a.tile_pix = int32_t(std::min<int64_t>(a.tile_pix, npix));
-    // Several units: at least two blocks per unit where the pixels allow (halving the pixel
-    // tile, not below 64), or a batch-1 layer of one or two blocks leaves units idle. With one
-    // unit the larger tiles are faster (fewer, longer OpenBLAS calls), so they stay.
-    // Planes too small to split (MobileNet's 7x7 layers: one pixel tile) split their output
-    // channels instead, down to 16 per tile.
+    // Several units: at least two blocks per unit, or a batch-1 layer of one or two blocks
+    // leaves units idle. With one unit the larger tiles are faster (fewer, longer GEMM calls),
+    // so they stay. The cheapest splits first: for GEMMs over 1x1 to 3x3 windows, pixel tiles
+    // down to 256, then output channels down to 32 (a GEMM 49 or 98 pixels wide ran 10-30%
+    // slower than one 196 wide; a block of half the channels redoes the im2col of its pixels,
+    // which cost 3% on ResNet-50's 14x14 layers); for direct convolution and longer windows,
+    // pixels first (a block of half the channels copies its input rows again: Inception-v3's
+    // 1x7 and 7x1 layers on 17x17 ran 40% slower). Then pixels down to 64, channels down to 16.
     if (_o.compute_units > 1) {
-        while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_pix > 64)
+        const int64_t want = 2 * int64_t(_o.compute_units);
+        if (!k::conv2d_direct_chosen(a) && a.kh <= 3 && a.kw <= 3) {
+            while (k::conv2d_grid(a) < want && (a.tile_pix + 1) / 2 >= 256) a.tile_pix = int32_t((a.tile_pix + 1) / 2);
+            while (k::conv2d_grid(a) < want && a.tile_co > 32)
+                a.tile_co = int32_t(std::max<int64_t>(32, (a.tile_co + 1) / 2));
+        }
+        while (k::conv2d_grid(a) < want && a.tile_pix > 64)
             a.tile_pix = int32_t(std::max<int64_t>(64, (a.tile_pix + 1) / 2));
-        while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_co > 16)
-            a.tile_co = int32_t(std::max<int64_t>(16, (a.tile_co + 1) / 2));
+        while (k::conv2d_grid(a) < want && a.tile_co > 16) a.tile_co = int32_t(std::max<int64_t>(16, (a.tile_co + 1) / 2));
         a.tile_pix = int32_t(balanced_tile(npix, a.tile_pix, k::conv2d_grid(a) / k::conv2d_tiles_pix(a),
                                            _o.compute_units, 16));
     }
