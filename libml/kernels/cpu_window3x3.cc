@@ -10,9 +10,10 @@
 // memory, so the results are the padded plane's), a row above or below the plane is a load
 // with no lanes, and a band of output rows (six at stride 1, three at stride 2) is computed
 // at once, sharing its input rows' loads and giving as many independent chains. At stride 2
-// the even and odd columns of two loads are picked out by permutes in the register, and loads
-// wholly inside the plane are plain ones (masked loads that miss the cache ran 1.6x slower at
-// batch 8, the planes coming from memory; at stride 1 plain loads measured no faster).
+// the even and odd columns of two loads are picked out by permutes in the register. Loads
+// wholly inside the plane are plain ones: masked loads that miss the cache ran 1.6x slower
+// (MobileNet-v2's stride-2 layer at batch 8) and 1.25x (Inception-v3's 35x35 average pools at
+// batch 8), the planes coming from memory.
 //
 // Each output is computed by the same operations in the same order as the per-plane paths
 // (window_sum_plane and the blocks' epilogue passes; pool_plane_separable and divide_row), so
@@ -256,7 +257,7 @@ __attribute__((noinline)) void plane_3x3(const plane_args& a, const W& op_in, in
             const bool inside = oy * SH - a.pad_top >= 0 && (oy + band - 1) * SH - a.pad_top + 2 < a.h;
             for (int64_t v = 0; v < nv; ++v) {
                 const int64_t ox0 = (v0 + v) * 16;
-                if (SW == 2 && inside && cols[v].full) rows_column<SH, SW, band, true>(a, op, cols[v], oy, ox0);
+                if (inside && cols[v].full) rows_column<SH, SW, band, true>(a, op, cols[v], oy, ox0);
                 else rows_column<SH, SW, band, false>(a, op, cols[v], oy, ox0);
             }
         }
