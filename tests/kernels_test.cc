@@ -227,7 +227,8 @@ TEST(depthwise16, equals_the_per_plane_path_bit_for_bit) {
 // for bit (a tile of one output row each goes through window_sum and the epilogue passes):
 // strides 1 and 2 in both directions, padding 0 to 2 (rows wholly padding), planes of 1 to 7
 // rows (the bands' remainders), rows ending in partial vectors, rows wider than 16 vectors,
-// zero biases, a NaN, and values past Clip's bounds.
+// narrow planes run flat across rows (up to 4096 outputs, and one past it), zero biases, a
+// NaN, and values past Clip's bounds.
 TEST(depthwise3x3, equals_the_row_passes_bit_for_bit) {
     struct dw_case { int64_t ch, h, w, pad, sh, sw; };
     for (const dw_case dc : {dw_case{3, 112, 112, 1, 1, 1}, dw_case{3, 112, 112, 1, 2, 2}, dw_case{2, 56, 56, 1, 2, 2},
@@ -235,7 +236,9 @@ TEST(depthwise3x3, equals_the_row_passes_bit_for_bit) {
                              dw_case{2, 9, 35, 0, 1, 1}, dw_case{2, 10, 17, 2, 1, 1}, dw_case{2, 13, 40, 2, 2, 2},
                              dw_case{2, 1, 20, 1, 1, 1}, dw_case{2, 3, 5, 0, 1, 1}, dw_case{2, 3, 3, 1, 1, 1},
                              dw_case{2, 6, 64, 1, 1, 2}, dw_case{2, 11, 9, 1, 2, 1}, dw_case{2, 5, 600, 1, 1, 1},
-                             dw_case{2, 4, 700, 1, 2, 2}, dw_case{2, 8, 33, 0, 2, 2}, dw_case{2, 9, 34, 1, 2, 2}})
+                             dw_case{2, 4, 700, 1, 2, 2}, dw_case{2, 8, 33, 0, 2, 2}, dw_case{2, 9, 34, 1, 2, 2},
+                             dw_case{3, 14, 14, 1, 1, 1}, dw_case{2, 17, 17, 1, 1, 1}, dw_case{2, 400, 9, 1, 1, 1},
+                             dw_case{2, 500, 9, 1, 1, 1}, dw_case{2, 2, 1, 1, 1, 1}})
         for (const k::activation act : {k::activation::none, k::activation::relu, k::activation::clip}) {
             const int64_t ho = (dc.h + 2 * dc.pad - 3) / dc.sh + 1, wo = (dc.w + 2 * dc.pad - 3) / dc.sw + 1;
             auto x = random_vector(size_t(2 * dc.ch * dc.h * dc.w), 51);
@@ -386,7 +389,8 @@ TEST(pool16, max_equals_the_separable_path_bit_for_bit) {
 // 3x3 max and average pools read straight from the planes (masked loads for the padding, bands
 // of output rows, the division in the register) give pool_plane_separable's and divide_row's
 // results bit for bit: strides 1 and 2 each way, padding 0 to 2, ceil mode's extra windows,
-// counting the padding or not, NaNs and signed zeros (which max keeps depends on the order).
+// narrow planes run flat across rows, counting the padding or not, NaNs and signed zeros
+// (which max keeps depends on the order).
 TEST(pool3x3, equals_the_separable_path_bit_for_bit) {
     struct pool_case { int64_t h, w, sh, sw, pad, pad_end, extra; };
     for (const pool_case pc : {pool_case{112, 112, 2, 2, 1, 1, 0}, pool_case{147, 147, 2, 2, 0, 0, 0},
@@ -394,7 +398,9 @@ TEST(pool3x3, equals_the_separable_path_bit_for_bit) {
                                pool_case{8, 8, 1, 1, 1, 1, 0}, pool_case{9, 30, 2, 2, 1, 1, 1},
                                pool_case{17, 23, 2, 1, 1, 0, 1}, pool_case{11, 40, 1, 2, 2, 2, 0},
                                pool_case{3, 3, 1, 1, 0, 0, 0}, pool_case{1, 300, 1, 1, 1, 1, 0},
-                               pool_case{6, 530, 2, 2, 1, 1, 1}, pool_case{13, 13, 2, 2, 0, 1, 1}})
+                               pool_case{6, 530, 2, 2, 1, 1, 1}, pool_case{13, 13, 2, 2, 0, 1, 1},
+                               pool_case{17, 17, 1, 1, 1, 1, 0}, pool_case{400, 9, 1, 1, 1, 1, 0},
+                               pool_case{12, 12, 1, 1, 1, 0, 1}, pool_case{7, 5, 1, 1, 1, 1, 0}})
         for (auto op : {k::pool_op::average, k::pool_op::max})
             for (bool include_pad : {false, true}) {
                 k::pool2d_args a =
@@ -424,7 +430,8 @@ TEST(pool3x3, equals_the_separable_path_bit_for_bit) {
                                           columns.data(), a.w_out);
                 }
                 a.y = direct.data();
-                for (int64_t p = 0; p < a.c; ++p) k::pool3x3(a, p, columns.data());
+                const gpu::block_context ctx{0, 1, 0, nullptr, nullptr, 0};
+                ASSERT_TRUE(k::pool3x3(a, 0, a.c, columns.data(), ctx));
                 ASSERT_EQ(0, std::memcmp(separable.data(), direct.data(), separable.size() * sizeof(float)))
                     << (op == k::pool_op::max ? "max " : "average ") << pc.h << "x" << pc.w << " stride " << pc.sh
                     << "x" << pc.sw << " pad " << pc.pad << "/" << pc.pad_end << " extra " << pc.extra

@@ -211,13 +211,7 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     if (ctx.preempted()) return false;
     int64_t group = t.group;
     const bool whole_planes = t.p0 == 0 && t.p1 == c.h_out * c.w_out;
-    if (whole_planes && depthwise3x3_possible(c)) {
-        for (; group < t.group1; ++group) {
-            if (group > t.group && ctx.preempted()) return false;
-            depthwise3x3(c, t.image, group);
-        }
-        return true;
-    }
+    if (whole_planes && depthwise3x3_possible(c)) return depthwise3x3(c, t.image, t.group, t.group1, ctx);
     if (whole_planes && t.group1 - t.group >= 16 && depthwise16_possible(c) &&
         ctx.scratch_size >= depthwise16_scratch_bytes(c))
         for (; group + 16 <= t.group1; group += 16) {
