@@ -64,9 +64,13 @@ bool pool3x3_possible(const pool2d_args& a) {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 // Everything below runs only where the *_possible checks found AVX-512 (the lambdas that
-// unroll the rows need the target too, which attributes do not give them).
+// unroll the rows need the target too, which GCC's function attributes do not give them).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx512f")
+#endif
 namespace {
 
 // The lanes l of a load from column `first` + l that fall inside [0, w).
@@ -398,7 +402,11 @@ bool pool3x3(const pool2d_args& p, int64_t p0, int64_t p1, const float* columns,
     }
     return true;
 }
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 #else
 // Never called: the *_possible checks are false.
 bool depthwise3x3(const conv2d_args&, int64_t, int64_t, int64_t, const gpu::block_context&) { return false; }
