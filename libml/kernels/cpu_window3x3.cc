@@ -32,6 +32,7 @@
 
 namespace reefline::ml::kernels {
 
+#if defined(__x86_64__) && defined(__GNUC__)
 namespace {
 bool window3x3_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
                     int64_t h_out, int64_t w_out) {
@@ -39,6 +40,7 @@ bool window3x3_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, 
            pt >= 0 && pl >= 0 && h_out >= 1 && w_out >= 1;
 }
 }  // namespace
+#endif
 
 bool depthwise3x3_possible(const conv2d_args& c) {
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -302,21 +304,26 @@ bool flat_fits(int64_t h, int64_t w, int64_t h_out, int64_t w_out, int64_t sh, i
            h * w <= flat_geometry::max_vectors * 16;
 }
 
+// Once per block: each lane's row and column followed as p advances (no division per lane
+// and tap), the taps' masks as row mask AND column mask.
 void flat_geometry_of(int64_t h, int64_t w, flat_geometry& g) {
     g.h = h;
     g.w = w;
     g.vectors = (h * w + 15) / 16;
     g.tail = first_lanes(h * w - (g.vectors - 1) * 16);
-    for (int64_t v = 0; v < g.vectors; ++v)
-        for (int i = 0; i < 3; ++i)
-            for (int j = 0; j < 3; ++j) {
-                uint32_t m = 0;
-                for (int l = 0; l < 16; ++l) {
-                    const int64_t p = v * 16 + l, oy = p / w, ox = p % w, iy = oy + i - 1, ix = ox + j - 1;
-                    if (p < h * w && iy >= 0 && iy < h && ix >= 0 && ix < w) m |= 1u << l;
-                }
-                g.tap[v][i * 3 + j] = __mmask16(m);
+    int64_t oy = 0, ox = 0;  // of output p
+    for (int64_t v = 0; v < g.vectors; ++v) {
+        uint32_t row[3] = {0, 0, 0}, col[3] = {0, 0, 0};  // lanes whose tap row i / column j is inside
+        for (int l = 0; l < 16 && oy < h; ++l) {
+            for (int k = 0; k < 3; ++k) {
+                if (oy + k - 1 >= 0 && oy + k - 1 < h) row[k] |= 1u << l;
+                if (ox + k - 1 >= 0 && ox + k - 1 < w) col[k] |= 1u << l;
             }
+            if (++ox == w) ox = 0, ++oy;
+        }
+        for (int i = 0; i < 3; ++i)
+            for (int j = 0; j < 3; ++j) g.tap[v][i * 3 + j] = __mmask16(row[i] & col[j]);
+    }
 }
 
 // Rows, then columns within a row: the same taps in the same order as the bands.
@@ -380,8 +387,8 @@ bool pool3x3(const pool2d_args& p, int64_t p0, int64_t p1, const float* columns,
     const bool flat = flat_fits(p.h, p.w, p.h_out, p.w_out, p.stride_h, p.stride_w, p.pad_top, p.pad_left);
     flat_geometry fg;
     float divisors[flat_geometry::max_vectors * 16];
-    if (flat) {
-        flat_geometry_of(p.h, p.w, fg);
+    if (flat) flat_geometry_of(p.h, p.w, fg);
+    if (flat && p.op == pool_op::average) {
         for (int64_t oy = 0, q = 0; oy < p.h_out; ++oy) {
             const float rows = float(pool_window_count(p, oy, p.stride_h, p.pad_top, p.pad_bottom, p.kh, p.h));
             for (int64_t ox = 0; ox < p.w_out; ++ox, ++q) divisors[q] = rows * columns[ox];
