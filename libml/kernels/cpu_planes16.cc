@@ -150,17 +150,10 @@ __attribute__((target("avx512f"), always_inline)) inline void depthwise16_pixels
                 acc[p] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(row + (p * c.stride_w + j) * 16), acc[p]);
         }
     }
-    const __mmask16 all = 0xffff;
+    const bool relu = c.ep.act == activation::relu, clip = c.ep.act == activation::clip;
 #pragma GCC unroll 4
-    for (int p = 0; p < NP; ++p) {
-        __m512 v = acc[p];
-        switch (c.ep.act) {
-        case activation::relu: v = _mm512_maskz_max_ps(all, _mm512_add_ps(v, vb), _mm512_setzero_ps()); break;
-        case activation::clip: v = _mm512_maskz_min_ps(all, hi, _mm512_maskz_max_ps(all, lo, _mm512_add_ps(v, vb))); break;
-        default: v = _mm512_mask_add_ps(v, has_bias, v, vb); break;  // the epilogue adds only a bias that is not 0
-        }
-        _mm512_storeu_ps(O + (oy * c.w_out + ox + p) * 16, v);
-    }
+    for (int p = 0; p < NP; ++p)
+        _mm512_storeu_ps(O + (oy * c.w_out + ox + p) * 16, bias_activation(acc[p], vb, has_bias, lo, hi, relu, clip));
 }
 
 template <int KH, int KW>
@@ -174,13 +167,6 @@ __attribute__((target("avx512f"), always_inline)) inline void depthwise16_all(co
             depthwise16_pixels<4, KH, KW>(c, P, wp, W, oy, ox, vb, has_bias, lo, hi, O);
         for (; ox < c.w_out; ++ox) depthwise16_pixels<1, KH, KW>(c, P, wp, W, oy, ox, vb, has_bias, lo, hi, O);
     }
-}
-
-// max(m, v) as pool_plane_separable's vector runs take it: the first of equal values (and a
-// NaN it already holds) is kept. A pooled pixel reduces across each window row's columns from
-// its first, then across the rows from the first, in the separable path's order.
-__attribute__((target("avx512f"), always_inline)) inline __m512 max_first(__m512 m, __m512 v) {
-    return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
 }
 
 }  // namespace

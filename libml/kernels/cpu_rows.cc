@@ -113,11 +113,9 @@ void axpy_row(float* __restrict acc, const float* __restrict x, float w, int64_t
 // divides by and the quotient is the same.
 #if defined(__x86_64__) && defined(__GNUC__)
 __attribute__((target("avx512f"))) static void divide_row_avx512(float* y, float rows, const float* columns, int64_t n) {
-    const __m512 vr = _mm512_set1_ps(rows), zero = _mm512_setzero_ps();
-    const auto one = [&](__m512 v, __m512 c) __attribute__((target("avx512f"))) {
-        const __m512 d = _mm512_mul_ps(vr, c);
-        return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, zero, _CMP_NEQ_OQ), v, d);
-    };
+    const __m512 vr = _mm512_set1_ps(rows);
+    const auto one = [&](__m512 v, __m512 c)
+                         __attribute__((target("avx512f"))) { return divide_by_count(v, _mm512_mul_ps(vr, c)); };
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(y + j), _mm512_loadu_ps(columns + j)));
     if (j < n) {
@@ -272,19 +270,16 @@ struct avx512_runs {
         for (; j + 16 <= n; j += 16) _mm512_storeu_ps(d + j, vv);
         if (j < n) _mm512_mask_storeu_ps(d + j, tail(n - j), vv);
     }
-    __attribute__((target("avx512f"))) static __m512 max1(__m512 m, __m512 v) {
-        return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
-    }
     __attribute__((target("avx512f"))) static void reduce(bool is_max, float* m, const float* v, int64_t n) {
         int64_t j = 0;
         for (; j + 16 <= n; j += 16) {
             const __m512 mv = _mm512_loadu_ps(m + j), vv = _mm512_loadu_ps(v + j);
-            _mm512_storeu_ps(m + j, is_max ? max1(mv, vv) : _mm512_add_ps(mv, vv));
+            _mm512_storeu_ps(m + j, is_max ? max_first(mv, vv) : _mm512_add_ps(mv, vv));
         }
         if (j < n) {
             const __mmask16 t = tail(n - j);
             const __m512 mv = _mm512_maskz_loadu_ps(t, m + j), vv = _mm512_maskz_loadu_ps(t, v + j);
-            _mm512_mask_storeu_ps(m + j, t, is_max ? max1(mv, vv) : _mm512_add_ps(mv, vv));
+            _mm512_mask_storeu_ps(m + j, t, is_max ? max_first(mv, vv) : _mm512_add_ps(mv, vv));
         }
     }
     __attribute__((target("avx512f"))) static void even(float* d, const float* s, int64_t n) { copy_stride2_avx512(d, s, n); }

@@ -14,6 +14,25 @@ bool cpu_has_avx512();
 #if defined(__x86_64__) && defined(__GNUC__)
 // The first k of a vector's 16 lanes (none below 0, all from 16): the mask of a partial vector.
 inline __mmask16 first_lanes(int64_t k) { return __mmask16(k >= 16 ? 0xffff : (1u << (k > 0 ? k : 0)) - 1); }
+// max(m, v) as the pools' vector paths take it: the first of equal values (and a NaN m already
+// holds) is kept, so every path that reduces in the same order gives the same bits.
+__attribute__((target("avx512f"), always_inline)) inline __m512 max_first(__m512 m, __m512 v) {
+    return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
+}
+// v / d, 0 where d is 0: an average pool's division by its count (divide_row).
+__attribute__((target("avx512f"), always_inline)) inline __m512 divide_by_count(__m512 v, __m512 d) {
+    return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), v, d);
+}
+// A depthwise output's epilogue as the blocks' passes apply it (epilogue_row, clip_row): bias
+// then ReLU, bias then Clip [lo, hi], or else the bias only where it is not 0 (has_bias).
+__attribute__((target("avx512f"), always_inline)) inline __m512 bias_activation(__m512 v, __m512 bias,
+                                                                                __mmask16 has_bias, __m512 lo,
+                                                                                __m512 hi, bool relu, bool clip) {
+    const __mmask16 all = 0xffff;
+    if (relu) return _mm512_maskz_max_ps(all, _mm512_add_ps(v, bias), _mm512_setzero_ps());
+    if (clip) return _mm512_maskz_min_ps(all, hi, _mm512_maskz_max_ps(all, lo, _mm512_add_ps(v, bias)));
+    return _mm512_mask_add_ps(v, has_bias, v, bias);
+}
 #endif
 // o[i] = in[2 * i] for i < n.
 void copy_stride2(float* o, const float* in, int64_t n);

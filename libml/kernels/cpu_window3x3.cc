@@ -137,7 +137,7 @@ struct depthwise_sum {
     __m512 wt[9];
     __m512 bias, lo, hi;
     __mmask16 has_bias;
-    activation act;
+    bool relu, clip;
     struct taps {
         __m512 t[3];
     };
@@ -152,12 +152,7 @@ struct depthwise_sum {
     }
     __attribute__((always_inline)) __m512 finish_flat(__m512 v, int64_t) const { return finish(v, 0, 0, 0); }
     __attribute__((always_inline)) __m512 finish(__m512 v, int64_t, int64_t, __mmask16) const {
-        const __mmask16 all = 0xffff;
-        switch (act) {
-        case activation::relu: return _mm512_maskz_max_ps(all, _mm512_add_ps(v, bias), _mm512_setzero_ps());
-        case activation::clip: return _mm512_maskz_min_ps(all, hi, _mm512_maskz_max_ps(all, lo, _mm512_add_ps(v, bias)));
-        default: return _mm512_mask_add_ps(v, has_bias, v, bias);  // the epilogue adds only a bias that is not 0
-        }
+        return bias_activation(v, bias, has_bias, lo, hi, relu, clip);
     }
 };
 
@@ -165,9 +160,6 @@ struct depthwise_sum {
 // then across the window's rows from the first; of equal values (and a NaN already held) the
 // first is kept. Padding is -inf.
 struct max_pool {
-    static __attribute__((always_inline)) __m512 max_first(__m512 m, __m512 v) {
-        return _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ), v);
-    }
     __attribute__((always_inline)) __m512 pad() const {
         return _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     }
@@ -201,12 +193,10 @@ struct average_pool {
     __attribute__((always_inline)) __m512 finish(__m512 v, int64_t oy, int64_t ox0, __mmask16 lanes) const {
         const __m512 rows = _mm512_set1_ps(float(pool_window_count(*a, oy, a->stride_h, a->pad_top, a->pad_bottom,
                                                                    a->kh, a->h)));
-        const __m512 d = _mm512_mul_ps(rows, _mm512_maskz_loadu_ps(lanes, columns + ox0));
-        return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), v, d);
+        return divide_by_count(v, _mm512_mul_ps(rows, _mm512_maskz_loadu_ps(lanes, columns + ox0)));
     }
     __attribute__((always_inline)) __m512 finish_flat(__m512 v, int64_t p0) const {
-        const __m512 d = _mm512_loadu_ps(divisors + p0);
-        return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), v, d);
+        return divide_by_count(v, _mm512_loadu_ps(divisors + p0));
     }
 };
 
@@ -290,7 +280,7 @@ __attribute__((noinline)) void plane_3x3(const plane_args& a, const W& op_in, in
 // edges, worked out once per block of planes.
 struct flat_geometry {
     static constexpr int64_t max_vectors = 256;  // planes up to 4096 outputs
-    int64_t h, w, vectors;
+    int64_t w, vectors;
     __mmask16 tap[max_vectors][9];  // lanes whose tap (i, j) lies inside the plane
     __mmask16 tail;                  // the last vector's lanes inside the plane
 };
@@ -307,7 +297,6 @@ bool flat_fits(int64_t h, int64_t w, int64_t h_out, int64_t w_out, int64_t sh, i
 // Once per block: each lane's row and column followed as p advances (no division per lane
 // and tap), the taps' masks as row mask AND column mask.
 void flat_geometry_of(int64_t h, int64_t w, flat_geometry& g) {
-    g.h = h;
     g.w = w;
     g.vectors = (h * w + 15) / 16;
     g.tail = first_lanes(h * w - (g.vectors - 1) * 16);
@@ -376,7 +365,8 @@ bool depthwise3x3(const conv2d_args& c, int64_t image, int64_t g0, int64_t g1, c
         op.has_bias = b != 0.0f ? __mmask16(0xffff) : __mmask16(0);
         op.lo = _mm512_set1_ps(c.ep.alpha);
         op.hi = _mm512_set1_ps(c.ep.beta);
-        op.act = c.ep.act;
+        op.relu = c.ep.act == activation::relu;
+        op.clip = c.ep.act == activation::clip;
         if (flat) flat_plane_3x3(a.x, a.y, fg, op);
         else plane_3x3_strided(a, op, c.h_out, c.stride_h, c.stride_w, c.pad_left);
     }
