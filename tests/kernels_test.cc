@@ -309,6 +309,60 @@ TEST(rows, softmax_and_layer_norm_match_double_precision) {
     }
 }
 
+// Equal bits, or both NaN (a NaN's payload is not part of the contract).
+bool same_value(float a, float b) {
+    return (std::isnan(a) && std::isnan(b)) || std::memcmp(&a, &b, sizeof a) == 0;
+}
+
+// The fused epilogues' vector path (bias + activation in one pass) against the scalar loops,
+// bit for bit: every activation, a row of biases, one bias value and none, tails of every
+// length, and the values where vector min/max differ from the scalar ternaries (NaN, signed
+// zeros, infinities, the activations' bounds). The batch-norm affine map the same way.
+TEST(epilogue, vector_path_equals_the_scalar_loops_bit_for_bit) {
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    const std::vector<float> special{0.0f, -0.0f, nan, inf, -inf, 1.0f, -1.0f, 4.0f, -4.0f, 6.0f, -3.0f, 3.0f,
+                                     1e-30f, -1e-30f, 5.5f, -5.5f, 0.25f, 0.75f, 2.0f, -2.0f};
+    auto x = random_vector(200, 91);
+    for (auto& v : x) v *= 7.0f;
+    for (size_t i = 0; i < special.size(); ++i) x[3 * i] = special[i];
+    auto bias = random_vector(200, 92);
+    for (size_t i = 0; i < 8; ++i) bias[20 * i + 1] = i % 2 ? -0.0f : 0.0f;
+    const std::vector<k::epilogue> eps{
+        {k::activation::none, 0, 0},          {k::activation::relu, 0, 0},
+        {k::activation::leaky_relu, 0.1f, 0}, {k::activation::sigmoid, 0, 0},
+        {k::activation::tanh, 0, 0},          {k::activation::clip, 0.0f, 6.0f},
+        {k::activation::clip, -1.5f, 0.5f},   {k::activation::hard_sigmoid, 0.2f, 0.5f},
+        {k::activation::hard_swish, 0, 0},    {k::activation::gelu_erf, 0, 0},
+        {k::activation::gelu_tanh, 0, 0}};
+    for (const auto& ep : eps) {
+        for (int64_t n : {1, 15, 16, 17, 33, 64, 200}) {
+            for (int bias_form = 0; bias_form < 3; ++bias_form) {  // none, one value, a row
+                for (float beta : {1.0f, 0.5f}) {
+                    const float* b = bias_form == 0 ? nullptr : bias_form == 1 ? &bias[7] : bias.data();
+                    const int64_t stride = bias_form == 2 ? 1 : 0;
+                    std::vector<float> got(x.begin(), x.begin() + n), want = got;
+                    k::bias_epilogue_row(got.data(), n, b, stride, beta, ep);
+                    if (b)
+                        for (int64_t j = 0; j < n; ++j) want[size_t(j)] += beta * b[j * stride];
+                    k::apply_epilogue_scalar(want.data(), n, ep);
+                    for (int64_t j = 0; j < n; ++j)
+                        ASSERT_TRUE(same_value(got[size_t(j)], want[size_t(j)]))
+                            << "activation " << int(ep.act) << " n=" << n << " bias form " << bias_form << " beta "
+                            << beta << " at " << j << " (x = " << x[size_t(j)] << "): " << got[size_t(j)]
+                            << " vs " << want[size_t(j)];
+                }
+            }
+            std::vector<float> got(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+            k::affine_row(got.data(), x.data(), -1.25f, 0.375f, n, ep);
+            for (int64_t j = 0; j < n; ++j) want[size_t(j)] = x[size_t(j)] * -1.25f + 0.375f;
+            k::apply_epilogue_scalar(want.data(), n, ep);
+            for (int64_t j = 0; j < n; ++j)
+                ASSERT_TRUE(same_value(got[size_t(j)], want[size_t(j)]))
+                    << "affine, activation " << int(ep.act) << " n=" << n << " at " << j;
+        }
+    }
+}
+
 // The per-channel affine map with each activation it fuses, over planes whose length is not a
 // multiple of the vector width.
 TEST(batchnorm, matches_reference_with_each_fused_activation) {

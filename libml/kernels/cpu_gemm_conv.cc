@@ -48,25 +48,20 @@ bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
     if (g.k == 0)
         for (int64_t i = 0; i < mt; ++i) std::memset(c + i * g.ldc, 0, size_t(nt) * sizeof(float));
     const float* bias = g.bias ? g.bias + t.batch * g.stride_bias : nullptr;
+    if (g.bias_mode == bias_kind::none && g.ep.act == activation::none) return true;
     for (int64_t i = 0; i < mt; ++i) {
-        float* row = c + i * g.ldc;
         const int64_t m = t.m0 + i;
+        // The bias row this output row adds, and whether it is one value (stride 0) or a row.
+        const float* b_row = nullptr;
+        int64_t b_stride = 0;
         switch (g.bias_mode) {
         case bias_kind::none: break;
-        case bias_kind::scalar:
-            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[0];
-            break;
-        case bias_kind::per_col:
-            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[t.n0 + j];
-            break;
-        case bias_kind::per_row:
-            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[m];
-            break;
-        case bias_kind::full:
-            for (int64_t j = 0; j < nt; ++j) row[j] += g.beta * bias[m * g.ldbias + t.n0 + j];
-            break;
+        case bias_kind::scalar: b_row = bias; break;
+        case bias_kind::per_col: b_row = bias + t.n0; b_stride = 1; break;
+        case bias_kind::per_row: b_row = bias + m; break;
+        case bias_kind::full: b_row = bias + m * g.ldbias + t.n0; b_stride = 1; break;
         }
-        if (g.ep.act != activation::none) apply_epilogue(row, nt, g.ep);
+        bias_epilogue_row(c + i * g.ldc, nt, b_row, b_stride, g.beta, g.ep);
     }
     return true;
 }

@@ -126,7 +126,111 @@ __attribute__((target("avx512f"))) static void divide_row_avx512(float* y, float
 #endif
 
 
-void apply_epilogue(float* v, int64_t n, const epilogue& ep) {
+#if defined(__x86_64__) && defined(__GNUC__)
+// a * b and a + b on 16 lanes as separate roundings. GCC contracts _mm512_mul_ps followed by
+// _mm512_add_ps into one FMA (they are plain vector operators, and C++ contracts by default),
+// which the scalar loops, built for baseline x86-64, never do. The masked builtins are left
+// alone; all lanes are selected, and maskz_ keeps GCC 12's "may be used uninitialized" quiet.
+__attribute__((target("avx512f"), always_inline)) inline __m512 mul_exact(__m512 a, __m512 b) {
+    return _mm512_maskz_mul_round_ps(0xffff, a, b, _MM_FROUND_CUR_DIRECTION);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 add_exact(__m512 a, __m512 b) {
+    return _mm512_maskz_add_round_ps(0xffff, a, b, _MM_FROUND_CUR_DIRECTION);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 max_ps(__m512 a, __m512 b) {
+    return _mm512_maskz_max_ps(0xffff, a, b);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 min_ps(__m512 a, __m512 b) {
+    return _mm512_maskz_min_ps(0xffff, a, b);
+}
+
+// The activations whose vector form below gives act()'s bits: the same operations in the same
+// order, separately rounded, and the same NaN and signed-zero results (vmaxps/vminps return
+// their second operand when either is NaN or both are zeros, so the input goes second).
+bool has_vector_activation(activation a) {
+    switch (a) {
+    case activation::none: case activation::relu: case activation::leaky_relu: case activation::clip:
+    case activation::hard_sigmoid: case activation::hard_swish: case activation::gelu_erf: return true;
+    default: return false;
+    }
+}
+
+
+// erf_fast on 16 lanes.
+__attribute__((target("avx512f"), always_inline)) inline __m512 erf_fast_avx512(__m512 x) {
+    x = min_ps(_mm512_set1_ps(4.0f), max_ps(_mm512_set1_ps(-4.0f), x));
+    const __m512 x2 = mul_exact(x, x);
+    __m512 p = add_exact(mul_exact(x2, _mm512_set1_ps(-2.72614225801306e-10f)), _mm512_set1_ps(2.77068142495902e-08f));
+    p = add_exact(mul_exact(x2, p), _mm512_set1_ps(-2.10102402082508e-06f));
+    p = add_exact(mul_exact(x2, p), _mm512_set1_ps(-5.69250639462346e-05f));
+    p = add_exact(mul_exact(x2, p), _mm512_set1_ps(-7.34990630326855e-04f));
+    p = add_exact(mul_exact(x2, p), _mm512_set1_ps(-2.95459980854025e-03f));
+    p = add_exact(mul_exact(x2, p), _mm512_set1_ps(-1.60960333262415e-02f));
+    p = mul_exact(p, x);
+    __m512 q = add_exact(mul_exact(x2, _mm512_set1_ps(-1.45660718464996e-05f)), _mm512_set1_ps(-2.13374055278905e-04f));
+    q = add_exact(mul_exact(x2, q), _mm512_set1_ps(-1.68282697438203e-03f));
+    q = add_exact(mul_exact(x2, q), _mm512_set1_ps(-7.37332916720468e-03f));
+    q = add_exact(mul_exact(x2, q), _mm512_set1_ps(-1.42647390514189e-02f));
+    return _mm512_div_ps(p, q);
+}
+
+// act() on 16 lanes, for the activations has_vector_activation names.
+__attribute__((target("avx512f"), always_inline)) inline __m512 activation_avx512(__m512 x, const epilogue& ep) {
+    const __m512 zero = _mm512_setzero_ps(), one = _mm512_set1_ps(1.0f);
+    switch (ep.act) {
+    case activation::relu: return max_ps(x, zero);
+    case activation::leaky_relu:
+        return _mm512_mask_mov_ps(mul_exact(_mm512_set1_ps(ep.alpha), x), _mm512_cmp_ps_mask(x, zero, _CMP_GE_OQ), x);
+    case activation::clip: return min_ps(_mm512_set1_ps(ep.beta), max_ps(_mm512_set1_ps(ep.alpha), x));
+    case activation::hard_sigmoid:
+        return min_ps(one, max_ps(zero, add_exact(mul_exact(_mm512_set1_ps(ep.alpha), x), _mm512_set1_ps(ep.beta))));
+    case activation::hard_swish: {
+        const __m512 v = add_exact(_mm512_div_ps(x, _mm512_set1_ps(6.0f)), _mm512_set1_ps(0.5f));
+        return mul_exact(x, min_ps(one, max_ps(zero, v)));
+    }
+    case activation::gelu_erf:
+        return mul_exact(mul_exact(_mm512_set1_ps(0.5f), x),
+                      add_exact(one, erf_fast_avx512(mul_exact(x, _mm512_set1_ps(0.70710678118654752f)))));
+    default: return x;
+    }
+}
+
+__attribute__((target("avx512f"))) static void bias_epilogue_row_avx512(float* y, int64_t n, const float* bias,
+                                                                        int64_t bias_stride, float beta,
+                                                                        const epilogue& ep) {
+    const __m512 vbeta = _mm512_set1_ps(beta);
+    const auto one = [&](__m512 v, __m512 b) __attribute__((target("avx512f"), always_inline)) {
+        if (bias) v = add_exact(v, mul_exact(vbeta, b));
+        return activation_avx512(v, ep);
+    };
+    const __m512 same = _mm512_set1_ps(bias && bias_stride == 0 ? bias[0] : 0.0f);
+    int64_t j = 0;
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(y + j), bias && bias_stride ? _mm512_loadu_ps(bias + j) : same));
+    if (j < n) {
+        const __mmask16 m = first_lanes(n - j);
+        _mm512_mask_storeu_ps(y + j, m,
+                              one(_mm512_maskz_loadu_ps(m, y + j), bias && bias_stride ? _mm512_maskz_loadu_ps(m, bias + j) : same));
+    }
+}
+#endif
+
+void bias_epilogue_row(float* y, int64_t n, const float* bias, int64_t bias_stride, float beta, const epilogue& ep) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (cpu_has_avx512()) {
+        if (has_vector_activation(ep.act)) return bias_epilogue_row_avx512(y, n, bias, bias_stride, beta, ep);
+        if (bias) bias_epilogue_row_avx512(y, n, bias, bias_stride, beta, epilogue{});
+        return apply_epilogue_scalar(y, n, ep);
+    }
+#endif
+    if (bias)
+        for (int64_t j = 0; j < n; ++j) y[j] += beta * bias[j * bias_stride];
+    if (ep.act != activation::none) apply_epilogue_scalar(y, n, ep);
+}
+
+void apply_epilogue(float* v, int64_t n, const epilogue& ep) { bias_epilogue_row(v, n, nullptr, 0, 0.0f, ep); }
+
+void apply_epilogue_scalar(float* v, int64_t n, const epilogue& ep) {
     // The common cases, kept vectorisable.
     if (ep.act == activation::relu) {
         for (int64_t i = 0; i < n; ++i) v[i] = v[i] > 0 ? v[i] : 0;
@@ -147,7 +251,7 @@ __attribute__((target("avx512f"))) static void affine_row_avx512(float* y, const
     const __mmask16 all = 0xffff;
     // Multiply then add, as the scalar loop does (no FMA), so both paths give the same bits.
     const auto one = [&](__m512 v) __attribute__((target("avx512f"))) {
-        v = _mm512_add_ps(_mm512_mul_ps(v, vs), vb);
+        v = add_exact(mul_exact(v, vs), vb);
         if (ep.act == activation::relu) return _mm512_maskz_max_ps(all, v, zero);
         if (ep.act == activation::clip) return _mm512_maskz_min_ps(all, vhi, _mm512_maskz_max_ps(all, vlo, v));
         return v;

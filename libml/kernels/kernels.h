@@ -132,8 +132,13 @@ inline float erf_fast(float x) {
     return p / q;
 }
 
-// Applies the fused epilogue to n values in place.
+// Applies the fused epilogue to n values in place (AVX-512 where the activation has a vector
+// form with the same bits, apply_epilogue_scalar's loops otherwise).
 void apply_epilogue(float* v, int64_t n, const epilogue& ep);
+void apply_epilogue_scalar(float* v, int64_t n, const epilogue& ep);
+// y[j] = ep(y[j] + beta * bias[j * bias_stride]) for j < n, in one pass: bias_stride 1 adds a
+// row of biases, 0 one value; no bias (null) adds nothing, so a -0 stays -0.
+void bias_epilogue_row(float* y, int64_t n, const float* bias, int64_t bias_stride, float beta, const epilogue& ep);
 // y[i] = ep(x[i] * s + b): a per-channel affine map (inference batch norm) with its activation.
 void affine_row(float* y, const float* x, float s, float b, int64_t n, const epilogue& ep);
 
