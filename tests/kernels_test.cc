@@ -613,6 +613,29 @@ TEST(gemm, onednn_agrees_with_openblas_and_stays_on_its_thread) {
         run_blocks(k::gemm_kernel, &g, k::gemm_grid(g));
     }
     expect_close(c_dnnl, c_blas, 1e-4f);
+    // Column counts of 16j + 1 (oneDNN's path splits off the last column), each transpose of
+    // B, accumulating over K chunks (beta 1 after the first).
+    for (int64_t n : {17, 49, 289}) {
+        for (bool trans_b : {false, true}) {
+            const int64_t m = 40, kk = 300, chunk = 128;
+            auto aa = random_vector(size_t(m * kk), 23), bb = random_vector(size_t(kk * n), 24);
+            std::vector<float> got(size_t(m * n)), want(size_t(m * n));
+            for (int64_t k0 = 0; k0 < kk; k0 += chunk) {
+                const int64_t kc = std::min(chunk, kk - k0);
+                const float* bp = trans_b ? bb.data() + k0 : bb.data() + k0 * n;
+                const int64_t ldb = trans_b ? kk : n;
+                k::sgemm(false, trans_b, m, n, kc, 1.0f, aa.data() + k0, kk, bp, ldb, k0 ? 1.0f : 0.0f, got.data(), n);
+            }
+            for (int64_t i = 0; i < m; ++i)
+                for (int64_t j = 0; j < n; ++j) {
+                    double acc = 0;
+                    for (int64_t q = 0; q < kk; ++q)
+                        acc += double(aa[size_t(i * kk + q)]) * bb[size_t(trans_b ? j * kk + q : q * n + j)];
+                    want[size_t(i * n + j)] = float(acc);
+                }
+            expect_close(got, want, 1e-4f);
+        }
+    }
 }
 
 TEST(kernels, stop_at_check_points_and_restart_identically) {

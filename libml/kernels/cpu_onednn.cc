@@ -37,9 +37,23 @@ void sgemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float al
         // oneDNN runs on OpenMP, whose default team is every core. The setting is per thread.
         thread_local const bool one_thread = (omp_set_num_threads(1), true);
         (void)one_thread;
-        if (dnnl_sgemm(trans_a ? 'T' : 'N', trans_b ? 'T' : 'N', m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) ==
-            dnnl_success)
+        const char ta = trans_a ? 'T' : 'N', tb = trans_b ? 'T' : 'N';
+        // oneDNN takes a last single column of C (n = 16j + 1) at a fraction of its speed:
+        // 512 x 49 x 4608 (a 7x7 plane) ran at 87 GMAC/s whole and 108 as 48 columns then one,
+        // 192 x 289 x 768 (17x17) at 115 and 121. No other remainder showed such a step (n =
+        // 50..63 within 2% either way). The split is the same on every call, so a block's
+        // results do not change between runs or after a preemption.
+        if (n > 16 && n % 16 == 1) {
+            const int64_t n0 = n - 1;
+            if (dnnl_sgemm(ta, tb, m, n0, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success) {
+                const float* b_last = trans_b ? b + n0 * ldb : b + n0;
+                if (dnnl_sgemm(ta, tb, m, 1, k, alpha, a, lda, b_last, ldb, beta, c + n0, ldc) != dnnl_success)
+                    openblas_sgemm(trans_a, trans_b, m, 1, k, alpha, a, lda, b_last, ldb, beta, c + n0, ldc);
+                return;
+            }
+        } else if (dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc) == dnnl_success) {
             return;
+        }
     }
 #endif
     openblas_sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
