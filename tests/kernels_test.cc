@@ -9,6 +9,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "libml/kernels/cpu_onednn.h"
@@ -526,8 +527,11 @@ TEST(gemm, transposes_bias_kinds_and_batches) {
     for (bool ta : {false, true})
         for (bool tb : {false, true})
             for (auto bk : {k::bias_kind::none, k::bias_kind::scalar, k::bias_kind::per_col,
-                            k::bias_kind::per_row, k::bias_kind::full}) {
-                const int64_t B = 2, M = 13, N = 21, K = 19;
+                            k::bias_kind::per_row, k::bias_kind::full})
+            // Tiles of 4 rows leave a block of one row (the dot-product path with B transposed);
+            // K = 53 in chunks of 40 gives whole vectors and tails.
+            for (const auto& [K, tile_m, tile_k] : {std::tuple<int64_t, int32_t, int32_t>{19, 5, 6}, {53, 4, 40}}) {
+                const int64_t B = 2, M = 13, N = 21;
                 auto a = random_vector(size_t(B * M * K), 4), b = random_vector(size_t(B * K * N), 5);
                 auto bias = random_vector(size_t(B * M * N), 6);
                 std::vector<float> c(size_t(B * M * N), NAN);
@@ -538,8 +542,9 @@ TEST(gemm, transposes_bias_kinds_and_batches) {
                 g.stride_a = M * K; g.stride_b = K * N; g.stride_c = M * N;
                 g.stride_bias = bk == k::bias_kind::full ? M * N : 0;
                 g.trans_a = ta; g.trans_b = tb; g.bias_mode = bk; g.alpha = 0.5f; g.beta = 2.0f;
-                g.tile_m = 5; g.tile_n = 8; g.tile_k = 6;
+                g.tile_m = tile_m; g.tile_n = 8; g.tile_k = tile_k;
                 SCOPED_TRACE(openblas ? "OpenBLAS" : "oneDNN");
+                SCOPED_TRACE("K " + std::to_string(K) + (ta ? " A^T" : "") + (tb ? " B^T" : ""));
                 const library_choice choice(openblas);
                 ASSERT_TRUE(run_blocks(k::gemm_kernel, &g, k::gemm_grid(g)));
                 std::vector<float> want(c.size());

@@ -43,6 +43,7 @@ bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
         const int64_t kc = k0 + g.tile_k < g.k ? g.tile_k : g.k - k0;
         const float* ap = g.trans_a ? a + k0 * g.lda + t.m0 : a + t.m0 * g.lda + k0;
         const float* bp = g.trans_b ? b + t.n0 * g.ldb + k0 : b + k0 * g.ldb + t.n0;
+        if (mt == 1 && !g.trans_a && g.trans_b && dot_rows(nt, kc, g.alpha, ap, bp, g.ldb, k0 != 0, c)) continue;
         sgemm(g.trans_a, g.trans_b, mt, nt, kc, g.alpha, ap, g.lda, bp, g.ldb, k0 == 0 ? 0.0f : 1.0f, c, g.ldc);
     }
     if (g.k == 0)

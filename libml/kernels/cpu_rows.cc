@@ -101,6 +101,56 @@ __attribute__((target("avx512f"))) static void axpy_row_avx512(float* acc, const
 }
 #endif
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// R rows of B at a time, each streamed once with plain loads (masked loads that miss the
+// cache are slower on this core) into 16-lane accumulators, summed pairwise in a fixed order
+// at the end (GCC 12's _mm512_reduce_add_ps warns). Eight rows kept more loads in flight:
+// VGG-19's 25088 -> 4096 layer in blocks of 256 x 2048 took 11.5 ms against 14.2 with four
+// and 12.0 with sixteen.
+template <int R>
+__attribute__((target("avx512f"))) static void dot_rows_avx512(int64_t k, float alpha, const float* a, const float* b,
+                                                               int64_t ldb, bool accumulate, float* c) {
+    __m512 acc[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) acc[r] = _mm512_setzero_ps();
+    const int64_t whole = k / 16 * 16;
+    for (int64_t q = 0; q < whole; q += 16) {
+        const __m512 x = _mm512_loadu_ps(a + q);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(b + r * ldb + q), x, acc[r]);
+    }
+    if (const __mmask16 tail = first_lanes(k - whole)) {
+        const __m512 x = _mm512_maskz_loadu_ps(tail, a + whole);
+#pragma GCC unroll 16
+        for (int r = 0; r < R; ++r)
+            acc[r] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, b + r * ldb + whole), x, acc[r]);
+    }
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) {
+        alignas(64) float t[16];
+        _mm512_store_ps(t, acc[r]);
+        for (int w = 8; w >= 1; w /= 2)
+            for (int l = 0; l < w; ++l) t[l] += t[l + w];
+        const float v = alpha * t[0];
+        c[r] = accumulate ? c[r] + v : v;
+    }
+}
+#endif
+
+bool dot_rows(int64_t n, int64_t k, float alpha, const float* a, const float* b, int64_t ldb, bool accumulate,
+              float* c) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (!cpu_has_avx512()) return false;
+    int64_t j = 0;
+    for (; j + 8 <= n; j += 8) dot_rows_avx512<8>(k, alpha, a, b + j * ldb, ldb, accumulate, c + j);
+    for (; j < n; ++j) dot_rows_avx512<1>(k, alpha, a, b + j * ldb, ldb, accumulate, c + j);
+    return true;
+#else
+    (void)n, (void)k, (void)alpha, (void)a, (void)b, (void)ldb, (void)accumulate, (void)c;
+    return false;
+#endif
+}
+
 void axpy_row(float* __restrict acc, const float* __restrict x, float w, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (cpu_has_avx512()) return axpy_row_avx512(acc, x, w, n);
