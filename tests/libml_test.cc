@@ -77,6 +77,32 @@ TEST_F(libml_api, batch_n_equals_n_single_runs) {
     }
 }
 
+// A batch run image by image through runs of kernels (plan_options::image_run) gives the
+// bits of the same batch run kernel by kernel, and its plan keeps the idempotence invariant
+// with several images' launches interleaved.
+TEST_F(libml_api, image_by_image_runs_give_the_kernel_by_kernel_bits) {
+    ml::plan_options by_image, by_kernel;
+    by_image.compute_units = by_kernel.compute_units = 1;
+    by_image.image_run_min_bytes = 0;  // every per-image kernel, however small
+    by_kernel.image_run = 0;
+    ml::runtime rt_image(*_device, by_image), rt_kernel(*_device, by_kernel);
+    const ml::tensor x0 = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
+    const ml::tensor x = stack({x0, random_like(x0, 5), random_like(x0, 6)});
+    std::vector<std::vector<ml::tensor>> ys;
+    std::vector<size_t> launches;
+    for (ml::runtime* rt : {&rt_image, &rt_kernel}) {
+        auto in = rt->link_model(rt->load_model(_path / "model.onnx"));
+        rt->configure_batch(*in, 3);
+        EXPECT_EQ(in->current_plan().check_idempotence(), "");
+        launches.push_back(in->current_plan().launches().size());
+        ys.emplace_back();
+        rt->infer_batch(*in, std::vector<ml::tensor>{x}, ys.back());
+    }
+    EXPECT_GT(launches[0], launches[1] + 10) << "the plan did not run images one by one";
+    ASSERT_EQ(ys[0].size(), ys[1].size());
+    for (size_t o = 0; o < ys[0].size(); ++o) EXPECT_TRUE(ys[0][o] == ys[1][o]) << "output " << o;
+}
+
 // Counts the bytes a device allocates: the same backend behind a copy of its function table.
 struct counting_device {
     static inline std::atomic<int64_t> bytes{0};
