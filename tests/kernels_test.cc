@@ -152,7 +152,9 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{1, 8, 8, 9, 12, 3, 3, 1, 2, 0, 1, 2, 0, 1, 1, 2},
     // Planes wide enough for direct convolution to take a whole-plane tile in bands of rows.
     conv_case{1, 64, 30, 96, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
-    conv_case{1, 48, 31, 130, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1}
+    conv_case{1, 48, 31, 130, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
+    // A 7x7 plane with few output channels runs direct despite its padding (DenseNet-121).
+    conv_case{2, 40, 7, 7, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1}
 ));
 
 // A whole plane as one run per tap over the padded plane (its stride phases) gives
