@@ -627,15 +627,17 @@ void planner::lower_conv(int ni) {
     }
     // Several units: at least two blocks per unit, or a batch-1 layer of one or two blocks
     // leaves units idle. With one unit the larger tiles are faster (fewer, longer GEMM calls),
-    // so they stay. The cheapest splits first: for GEMMs over 1x1 to 3x3 windows, pixel tiles
-    // down to 256, then output channels down to 32 (a GEMM 49 or 98 pixels wide ran 10-30%
-    // slower than one 196 wide; a block of half the channels redoes the im2col of its pixels,
-    // which cost 3% on ResNet-50's 14x14 layers); for direct convolution and longer windows,
-    // pixels first (a block of half the channels copies its input rows again: Inception-v3's
-    // 1x7 and 7x1 layers on 17x17 ran 40% slower). Then pixels down to 64, channels down to 16.
+    // so they stay. The cheapest splits first: for windows up to 3x3, pixel tiles down to
+    // 256, then output channels down to 32 (a GEMM 49 or 98 pixels wide ran 10-30% slower
+    // than one 196 wide; a block of half the channels redoes the im2col of its pixels, which
+    // cost 3% on ResNet-50's 14x14 layers; the direct 3x3 on 14x14 x 256 ran at 105 GMAC/s in
+    // four blocks of 64 channels and 84 in four of 49 pixels, two units 23.8 -> 22.8 ms on
+    // ResNet-50); for longer windows, pixels first (a block of half the channels copies its
+    // input rows again: Inception-v3's 1x7 and 7x1 layers on 17x17 ran 40% slower). Then
+    // pixels down to 64, channels down to 16.
     if (_o.compute_units > 1) {
         const int64_t want = 2 * int64_t(_o.compute_units);
-        if (!k::conv2d_direct_chosen(a) && a.kh <= 3 && a.kw <= 3) {
+        if (a.kh <= 3 && a.kw <= 3) {
             while (k::conv2d_grid(a) < want && (a.tile_pix + 1) / 2 >= 256) a.tile_pix = int32_t((a.tile_pix + 1) / 2);
             while (k::conv2d_grid(a) < want && a.tile_co > 32)
                 a.tile_co = int32_t(std::max<int64_t>(32, (a.tile_co + 1) / 2));
