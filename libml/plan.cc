@@ -625,8 +625,8 @@ void planner::lower_conv(int ni) {
         const int64_t fits = ((int64_t(64) << 20) / chunk) / 32 * 32;  // whole 32-row panels
         a.tile_co = int32_t(std::max<int64_t>(a.tile_co, std::min<int64_t>({co_g, 512, fits})));
     }
-    // Several units: at least two blocks per unit, or a batch-1 layer of one or two blocks
-    // leaves units idle. With one unit the larger tiles are faster (fewer, longer GEMM calls),
+    // Several units: at least two blocks per unit (one on small planes, below), or a batch-1
+    // layer of one or two blocks leaves units idle. With one unit the larger tiles are faster (fewer, longer GEMM calls),
     // so they stay. The cheapest splits first: for windows up to 3x3, pixel tiles down to
     // 256, then output channels down to 32 (a GEMM 49 or 98 pixels wide ran 10-30% slower
     // than one 196 wide; a block of half the channels redoes the im2col of its pixels, which
@@ -636,7 +636,13 @@ void planner::lower_conv(int ni) {
     // input rows again: Inception-v3's 1x7 and 7x1 layers on 17x17 ran 40% slower). Then
     // pixels down to 64, channels down to 16.
     if (_o.compute_units > 1) {
-        const int64_t want = 2 * int64_t(_o.compute_units);
+        // One block per unit on planes of 17x17 or smaller outside pointwise layers: their
+        // blocks are few pixels already, and halving the channels again cost more than the
+        // balance it bought (Inception-v3's 8x8 3x3 448 -> 384 layers: 1.10 ms on one unit,
+        // 0.83 on two in four blocks; two units, five alternated runs: Inception-v3 36.6-37.6
+        // -> 35.1-35.9 ms; ResNet-50 and MobileNet-v2 within noise).
+        const int64_t per_unit = npix <= 17 * 17 && !k::conv2d_is_pointwise(a) ? 1 : 2;
+        const int64_t want = per_unit * int64_t(_o.compute_units);
         if (a.kh <= 3 && a.kw <= 3) {
             while (k::conv2d_grid(a) < want && (a.tile_pix + 1) / 2 >= 256) a.tile_pix = int32_t((a.tile_pix + 1) / 2);
             while (k::conv2d_grid(a) < want && a.tile_co > 32)
