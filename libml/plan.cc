@@ -281,45 +281,52 @@ private:
         _pending.push_back(std::move(p));
     }
 
-    // Launch p for image `image` of its batch alone: the batch set to 1, the grid of one image,
-    // the activations' pointers moved to that image (constants stay). False where the kernel's
-    // blocks do not split by image, or a pointer's value is not [batch, ...].
-    bool for_image(const pending& p, int64_t image, pending& out, int64_t* batch = nullptr) const {
-        out = p;
+    // The bytes of one image of value v when v is a runtime [images, ...] tensor; 0 otherwise
+    // (a constant, or a value of another leading dimension).
+    int64_t image_bytes(int v, int64_t images) const {
+        const value& x = val(v);
+        if (images < 1 || x.is_constant() || x.shape.empty() || x.shape[0] != images) return 0;
+        return int64_t(dtype_size(x.type)) * element_count(x.shape) / images;
+    }
+
+    // Launch p as one launch per image of its batch: the batch set to 1, the grid of one image,
+    // the activations' pointers moved to that image (constants stay). False (images untouched)
+    // where the kernel's blocks do not split by image, a pointer's value is not [batch, ...],
+    // or the launch writes less than image_run_min_bytes.
+    bool split_by_image(const pending& p, std::vector<pending>& images) const {
+        pending one = p;
         int64_t n = 0, grid = 0;
         const auto edit = [&](auto a, auto grid_of) {
             std::memcpy(&a, p.args.data(), sizeof a);
             n = a.n;
             a.n = 1;
             grid = grid_of(a);
-            std::memcpy(out.args.data(), &a, sizeof a);
+            std::memcpy(one.args.data(), &a, sizeof a);
+            return a;
         };
         if (p.kernel == &k::conv2d_kernel) {
             edit(k::conv2d_args{}, [](const k::conv2d_args& a) { return k::conv2d_grid(a); });
         } else if (p.kernel == &k::batchnorm_kernel) {
             edit(k::batchnorm_args{}, [](const k::batchnorm_args& a) { return k::batchnorm_grid(a); });
         } else if (p.kernel == &k::pool2d_kernel) {
-            k::pool2d_args a;
-            std::memcpy(&a, p.args.data(), sizeof a);
-            if (a.indices) return false;  // flat indices over the whole batch
-            edit(k::pool2d_args{}, [](const k::pool2d_args& b) { return k::pool2d_grid(b); });
+            if (edit(k::pool2d_args{}, [](const k::pool2d_args& a) { return k::pool2d_grid(a); }).indices)
+                return false;  // flat indices over the whole batch
         } else {
             return false;
         }
-        if (n < 2 || image >= n) return false;
+        if (n < 2) return false;
         int64_t written = 0;
-        for (int w : p.writes) written += int64_t(dtype_size(val(w).type)) * element_count(val(w).shape);
+        for (int w : p.writes) written += image_bytes(w, n) * n;
         if (written < _o.image_run_min_bytes) return false;
-        for (pointer_ref& r : out.pointers) {
-            const value& v = val(r.value);
-            if (v.is_constant()) continue;
-            if (v.shape.empty() || v.shape[0] != n) return false;
-            r.byte_offset += image * (int64_t(dtype_size(v.type)) * element_count(v.shape) / n);
+        for (const pointer_ref& r : p.pointers)
+            if (!val(r.value).is_constant() && image_bytes(r.value, n) == 0) return false;
+        one.grid = uint32_t(grid);
+        one.images = n;
+        images.assign(size_t(n), one);
+        for (int64_t b = 0; b < n; ++b) {
+            images[size_t(b)].image = b;
+            for (pointer_ref& r : images[size_t(b)].pointers) r.byte_offset += b * image_bytes(r.value, n);
         }
-        out.grid = uint32_t(grid);
-        out.image = image;
-        out.images = n;
-        if (batch) *batch = n;
         return true;
     }
 
@@ -340,27 +347,18 @@ private:
         while (i < _pending.size()) {
             // The longest run from i whose launches all split into the same batch of images.
             std::vector<std::vector<pending>> run;
-            int64_t n = 0;
+            std::vector<pending> images;
             for (size_t j = i; j < _pending.size() && run.size() < size_t(_o.image_run); ++j) {
-                pending first;
-                int64_t batch = 0;
-                if (!for_image(_pending[j], 0, first, &batch)) break;
-                if (n == 0) n = batch;
-                if (batch != n) break;
-                std::vector<pending> images{std::move(first)};
-                for (int64_t b = 1; b < n; ++b) {
-                    images.emplace_back();
-                    if (!for_image(_pending[j], b, images.back())) break;
-                }
-                if (int64_t(images.size()) != n) break;
+                if (!split_by_image(_pending[j], images)) break;
+                if (!run.empty() && images.size() != run[0].size()) break;
                 run.push_back(std::move(images));
             }
             if (run.size() < 2) {
                 out.push_back(std::move(_pending[i++]));
                 continue;
             }
-            for (int64_t b = 0; b < n; ++b)
-                for (auto& images : run) out.push_back(std::move(images[size_t(b)]));
+            for (size_t b = 0; b < run[0].size(); ++b)
+                for (auto& launch_images : run) out.push_back(std::move(launch_images[b]));
             i += run.size();
         }
         _pending = std::move(out);
@@ -626,8 +624,8 @@ void planner::lower_conv(int ni) {
         a.tile_co = int32_t(std::max<int64_t>(a.tile_co, std::min<int64_t>({co_g, 512, fits})));
     }
     // Several units: at least two blocks per unit (one on small planes, below), or a batch-1
-    // layer of one or two blocks leaves units idle. With one unit the larger tiles are faster (fewer, longer GEMM calls),
-    // so they stay. The cheapest splits first: for windows up to 3x3, pixel tiles down to
+    // layer of one or two blocks leaves units idle. With one unit the larger tiles are faster
+    // (fewer, longer GEMM calls), so they stay. The cheapest splits first: for windows up to 3x3, pixel tiles down to
     // 256, then output channels down to 32 (a GEMM 49 or 98 pixels wide ran 10-30% slower
     // than one 196 wide; a block of half the channels redoes the im2col of its pixels, which
     // cost 3% on ResNet-50's 14x14 layers; the direct 3x3 on 14x14 x 256 ran at 105 GMAC/s in
@@ -1236,10 +1234,8 @@ plan planner::run() {
         auto range = [&](int v) {
             const value& x = val(v);
             const tensor_location t = location(v);
-            const int64_t bytes = int64_t(dtype_size(x.type)) * std::max<int64_t>(1, element_count(x.shape));
-            if (q.images > 0 && !x.is_constant() && !x.shape.empty() && x.shape[0] == q.images)
-                return byte_range{t.where, t.offset + q.image * (bytes / q.images), bytes / q.images};
-            return byte_range{t.where, t.offset, bytes};
+            if (const int64_t one = image_bytes(v, q.images)) return byte_range{t.where, t.offset + q.image * one, one};
+            return byte_range{t.where, t.offset, int64_t(dtype_size(x.type)) * std::max<int64_t>(1, element_count(x.shape))};
         };
         for (int v : q.reads) l.reads.push_back(range(v));
         for (int v : q.writes) l.writes.push_back(range(v));

@@ -197,14 +197,13 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 min_ps(__m512 a,
 // The activations whose vector form below gives act()'s bits: the same operations in the same
 // order, separately rounded, and the same NaN and signed-zero results (vmaxps/vminps return
 // their second operand when either is NaN or both are zeros, so the input goes second).
-bool has_vector_activation(activation a) {
+static bool has_vector_activation(activation a) {
     switch (a) {
     case activation::none: case activation::relu: case activation::leaky_relu: case activation::clip:
     case activation::hard_sigmoid: case activation::hard_swish: case activation::gelu_erf: return true;
     default: return false;
     }
 }
-
 
 // erf_fast on 16 lanes.
 __attribute__((target("avx512f"), always_inline)) inline __m512 erf_fast_avx512(__m512 x) {
@@ -240,7 +239,7 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 activation_avx51
     }
     case activation::gelu_erf:
         return mul_exact(mul_exact(_mm512_set1_ps(0.5f), x),
-                      add_exact(one, erf_fast_avx512(mul_exact(x, _mm512_set1_ps(0.70710678118654752f)))));
+                         add_exact(one, erf_fast_avx512(mul_exact(x, _mm512_set1_ps(0.70710678118654752f)))));
     default: return x;
     }
 }
@@ -294,22 +293,17 @@ void apply_epilogue_scalar(float* v, int64_t n, const epilogue& ep) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+// Multiply then add, as the scalar loop does (no FMA), so both paths give the same bits.
 __attribute__((target("avx512f"))) static void affine_row_avx512(float* y, const float* x, float s, float b, int64_t n,
                                                                  const epilogue& ep) {
-    const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b), vlo = _mm512_set1_ps(ep.alpha),
-                 vhi = _mm512_set1_ps(ep.beta), zero = _mm512_setzero_ps();
-    const __mmask16 all = 0xffff;
-    // Multiply then add, as the scalar loop does (no FMA), so both paths give the same bits.
-    const auto one = [&](__m512 v) __attribute__((target("avx512f"))) {
-        v = add_exact(mul_exact(v, vs), vb);
-        if (ep.act == activation::relu) return _mm512_maskz_max_ps(all, v, zero);
-        if (ep.act == activation::clip) return _mm512_maskz_min_ps(all, vhi, _mm512_maskz_max_ps(all, vlo, v));
-        return v;
+    const __m512 vs = _mm512_set1_ps(s), vb = _mm512_set1_ps(b);
+    const auto one = [&](__m512 v) __attribute__((target("avx512f"), always_inline)) {
+        return activation_avx512(add_exact(mul_exact(v, vs), vb), ep);
     };
     int64_t j = 0;
     for (; j + 16 <= n; j += 16) _mm512_storeu_ps(y + j, one(_mm512_loadu_ps(x + j)));
     if (j < n) {
-        const __mmask16 m = __mmask16((1u << (n - j)) - 1);
+        const __mmask16 m = first_lanes(n - j);
         _mm512_mask_storeu_ps(y + j, m, one(_mm512_maskz_loadu_ps(m, x + j)));
     }
 }
@@ -317,8 +311,7 @@ __attribute__((target("avx512f"))) static void affine_row_avx512(float* y, const
 
 void affine_row(float* y, const float* x, float s, float b, int64_t n, const epilogue& ep) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    if (cpu_has_avx512() && (ep.act == activation::none || ep.act == activation::relu || ep.act == activation::clip))
-        return affine_row_avx512(y, x, s, b, n, ep);
+    if (cpu_has_avx512() && has_vector_activation(ep.act)) return affine_row_avx512(y, x, s, b, n, ep);
 #endif
     for (int64_t i = 0; i < n; ++i) y[i] = x[i] * s + b;
     if (ep.act != activation::none) apply_epilogue(y, n, ep);
