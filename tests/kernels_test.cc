@@ -416,11 +416,11 @@ k::pool2d_args pool_args(int64_t n, int64_t c, int64_t h, int64_t w, int64_t ker
 // input holds NaNs and equal values of either sign of zero.
 TEST(pool16, max_equals_the_separable_path_bit_for_bit) {
     struct pool_case { int64_t planes, h, w, k, s, pad, pad_end, extra; };
-    // (3x3 windows at strides 1 and 2 go to pool3x3 instead, tested below.)
+    // (2x2 and 3x3 windows at strides 1 and 2 go to pool_window instead, tested below.)
     for (const pool_case pc : {pool_case{37, 17, 17, 3, 3, 0, 0, 0}, pool_case{40, 35, 35, 5, 1, 2, 2, 0},
                                pool_case{16, 8, 8, 4, 1, 1, 2, 0}, pool_case{33, 17, 23, 5, 2, 1, 0, 1},
                                pool_case{20, 7, 7, 7, 1, 0, 0, 0}, pool_case{18, 9, 30, 4, 2, 1, 1, 1},
-                               pool_case{32, 14, 14, 2, 2, 0, 0, 0}})
+                               pool_case{32, 14, 14, 2, 3, 0, 0, 1}})
         for (bool include_pad : {false, true}) {
                 k::pool2d_args a = pool_args(1, pc.planes, pc.h, pc.w, pc.k, pc.s, pc.s, pc.pad, pc.pad_end, pc.extra,
                                              k::pool_op::max, include_pad);
@@ -443,38 +443,49 @@ TEST(pool16, max_equals_the_separable_path_bit_for_bit) {
             }
 }
 
-// 3x3 max and average pools read straight from the planes (masked loads for the padding, bands
-// of output rows, the division in the register) give pool_plane_separable's and divide_row's
-// results bit for bit: strides 1 and 2 each way, padding 0 to 2, ceil mode's extra windows,
-// narrow planes run flat across rows, counting the padding or not, NaNs and signed zeros
-// (which max keeps depends on the order).
-TEST(pool3x3, equals_the_separable_path_bit_for_bit) {
-    struct pool_case { int64_t h, w, sh, sw, pad, pad_end, extra; };
-    for (const pool_case pc : {pool_case{112, 112, 2, 2, 1, 1, 0}, pool_case{147, 147, 2, 2, 0, 0, 0},
-                               pool_case{35, 35, 1, 1, 1, 1, 0}, pool_case{17, 17, 2, 2, 0, 0, 0},
-                               pool_case{8, 8, 1, 1, 1, 1, 0}, pool_case{9, 30, 2, 2, 1, 1, 1},
-                               pool_case{17, 23, 2, 1, 1, 0, 1}, pool_case{11, 40, 1, 2, 2, 2, 0},
-                               pool_case{3, 3, 1, 1, 0, 0, 0}, pool_case{1, 300, 1, 1, 1, 1, 0},
-                               pool_case{6, 530, 2, 2, 1, 1, 1}, pool_case{13, 13, 2, 2, 0, 1, 1},
-                               pool_case{17, 17, 1, 1, 1, 1, 0}, pool_case{400, 9, 1, 1, 1, 1, 0},
-                               pool_case{12, 12, 1, 1, 1, 0, 1}, pool_case{7, 5, 1, 1, 1, 1, 0}})
+// 3x3 and 2x2 max and average pools read straight from the planes (masked loads for the
+// padding, bands of output rows, the division in the register) give pool_plane_separable's
+// and divide_row's results bit for bit: strides 1 and 2 each way, padding 0 to 2, ceil mode's
+// extra windows, narrow planes run flat across rows, counting the padding or not, NaNs and
+// signed zeros (which max keeps depends on the order).
+TEST(pool_window, equals_the_separable_path_bit_for_bit) {
+    struct pool_case { int64_t k, h, w, sh, sw, pad, pad_end, extra; };
+    std::vector<pool_case> cases;
+    for (const pool_case pc : {pool_case{3, 112, 112, 2, 2, 1, 1, 0}, pool_case{3, 147, 147, 2, 2, 0, 0, 0},
+                               pool_case{3, 35, 35, 1, 1, 1, 1, 0}, pool_case{3, 17, 17, 2, 2, 0, 0, 0},
+                               pool_case{3, 8, 8, 1, 1, 1, 1, 0}, pool_case{3, 9, 30, 2, 2, 1, 1, 1},
+                               pool_case{3, 17, 23, 2, 1, 1, 0, 1}, pool_case{3, 11, 40, 1, 2, 2, 2, 0},
+                               pool_case{3, 3, 3, 1, 1, 0, 0, 0}, pool_case{3, 1, 300, 1, 1, 1, 1, 0},
+                               pool_case{3, 6, 530, 2, 2, 1, 1, 1}, pool_case{3, 13, 13, 2, 2, 0, 1, 1},
+                               pool_case{3, 17, 17, 1, 1, 1, 1, 0}, pool_case{3, 400, 9, 1, 1, 1, 1, 0},
+                               pool_case{3, 12, 12, 1, 1, 1, 0, 1}, pool_case{3, 7, 5, 1, 1, 1, 1, 0}})
+        cases.push_back(pc);
+    // 2x2: VGG's max pools (224 .. 14 wide), DenseNet's average pools (56 .. 14), odd sizes
+    // whose last window reaches past the plane (ceil mode), padding, stride 1.
+    for (const pool_case pc : {pool_case{2, 224, 224, 2, 2, 0, 0, 0}, pool_case{2, 56, 56, 2, 2, 0, 0, 0},
+                               pool_case{2, 14, 14, 2, 2, 0, 0, 0}, pool_case{2, 13, 13, 2, 2, 0, 0, 1},
+                               pool_case{2, 9, 30, 2, 2, 1, 1, 0}, pool_case{2, 17, 23, 2, 1, 0, 1, 1},
+                               pool_case{2, 8, 8, 1, 1, 0, 0, 0}, pool_case{2, 11, 40, 1, 2, 1, 0, 0},
+                               pool_case{2, 1, 300, 2, 2, 0, 0, 1}, pool_case{2, 6, 530, 2, 2, 1, 1, 0}})
+        cases.push_back(pc);
+    for (const pool_case pc : cases)
         for (auto op : {k::pool_op::average, k::pool_op::max})
             for (bool include_pad : {false, true}) {
                 k::pool2d_args a =
-                    pool_args(1, 3, pc.h, pc.w, 3, pc.sh, pc.sw, pc.pad, pc.pad_end, pc.extra, op, include_pad);
+                    pool_args(1, 3, pc.h, pc.w, pc.k, pc.sh, pc.sw, pc.pad, pc.pad_end, pc.extra, op, include_pad);
                 auto x = random_vector(size_t(a.c * a.h * a.w), 19);
                 for (size_t i = 0; i < x.size(); i += 11) x[i] = (i / 11) % 2 ? 0.0f : -0.0f;
                 x[3] = NAN;
                 x[x.size() / 2] = NAN;
                 a.x = x.data();
-                if (!k::pool3x3_possible(a)) {
+                if (!k::pool_window_possible(a)) {
                     ASSERT_FALSE(k::cpu_has_avx512()) << pc.h << "x" << pc.w;
                     continue;
                 }
                 const int64_t in = a.h * a.w, out = a.h_out * a.w_out;
                 std::vector<float> columns(size_t(a.w_out));
                 for (int64_t ox = 0; ox < a.w_out; ++ox)
-                    columns[size_t(ox)] = float(k::pool_window_count(a, ox, a.stride_w, a.pad_left, a.pad_right, 3, a.w));
+                    columns[size_t(ox)] = float(k::pool_window_count(a, ox, a.stride_w, a.pad_left, a.pad_right, pc.k, a.w));
                 std::vector<float> separable(size_t(a.c * out), -1.0f), direct(separable.size(), -2.0f);
                 std::vector<float> scratch(k::pool2d_scratch_bytes(a) / sizeof(float) + 1);
                 for (int64_t p = 0; p < a.c; ++p) {
@@ -483,14 +494,14 @@ TEST(pool3x3, equals_the_separable_path_bit_for_bit) {
                     if (op == k::pool_op::average)
                         for (int64_t oy = 0; oy < a.h_out; ++oy)
                             k::divide_row(y + oy * a.w_out,
-                                          float(k::pool_window_count(a, oy, a.stride_h, a.pad_top, a.pad_bottom, 3, a.h)),
+                                          float(k::pool_window_count(a, oy, a.stride_h, a.pad_top, a.pad_bottom, pc.k, a.h)),
                                           columns.data(), a.w_out);
                 }
                 a.y = direct.data();
                 const gpu::block_context ctx{0, 1, 0, nullptr, nullptr, 0};
-                ASSERT_TRUE(k::pool3x3(a, 0, a.c, columns.data(), ctx));
+                ASSERT_TRUE(k::pool_window(a, 0, a.c, columns.data(), ctx));
                 ASSERT_EQ(0, std::memcmp(separable.data(), direct.data(), separable.size() * sizeof(float)))
-                    << (op == k::pool_op::max ? "max " : "average ") << pc.h << "x" << pc.w << " stride " << pc.sh
+                    << (op == k::pool_op::max ? "max " : "average ") << pc.k << "x" << pc.k << " on " << pc.h << "x" << pc.w << " stride " << pc.sh
                     << "x" << pc.sw << " pad " << pc.pad << "/" << pc.pad_end << " extra " << pc.extra
                     << (include_pad ? " counting padding" : "");
             }
@@ -509,7 +520,7 @@ TEST(pool2d, separable_matches_the_per_output_definition) {
             auto x = random_vector(size_t(a.n * a.c * a.h * a.w), 8);
             std::vector<float> y(size_t(a.n * a.c * a.h_out * a.w_out), NAN), want(y.size());
             a.x = x.data(); a.y = y.data();
-            // With the planned scratch: the blocks' own choice of path (pool3x3, pool16, per plane).
+            // With the planned scratch: the blocks' own choice of path (pool_window, pool16, per plane).
             ASSERT_TRUE(run_blocks(k::pool2d_kernel, &a, k::pool2d_grid(a), 0, -1, nullptr, k::pool2d_scratch_bytes(a)));
             k::pool2d_args r = a;
             r.y = want.data();

@@ -408,7 +408,7 @@ bool separable_pool2d_planes(const pool2d_args& a, int64_t p0, int64_t p1, const
             columns[ox] = float(pool_window_count(a, ox, a.stride_w, a.pad_left, a.pad_right, a.kw, a.w));
     auto* scratch = static_cast<float*>(ctx.scratch);
     int64_t plane = p0;
-    if (pool3x3_possible(a)) return !ctx.preempted() && pool3x3(a, p0, p1, columns, ctx);
+    if (pool_window_possible(a)) return !ctx.preempted() && pool_window(a, p0, p1, columns, ctx);
     if (p1 - p0 >= 16 && pool16_possible(a) && ctx.scratch_size >= pool16_scratch_bytes(a))
         for (; plane + 16 <= p1; plane += 16) {
             if (ctx.preempted()) return false;

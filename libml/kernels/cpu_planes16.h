@@ -23,7 +23,7 @@ void depthwise16(const conv2d_args& c, int64_t image, int64_t g0, float* scratch
 // planes [p0, p0 + 16) of n * c, with the separable path's results (the same comparisons in the
 // same order: across a window's columns, then its rows). Average pools stay per plane: 16 at a
 // time measured slower in Inception-v3 (the transposes cost more than the sums they save).
-// 3x3 pools at strides 1 and 2 go to pool3x3 instead (cpu_window3x3.h), faster on every plane
+// 2x2 and 3x3 pools at strides 1 and 2 go to pool_window instead (cpu_window3x3.h), faster on every plane
 // size measured.
 bool pool16_possible(const pool2d_args& a);
 size_t pool16_scratch_bytes(const pool2d_args& a);

@@ -34,10 +34,11 @@ namespace reefline::ml::kernels {
 
 #if defined(__x86_64__) && defined(__GNUC__)
 namespace {
-bool window3x3_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
-                    int64_t h_out, int64_t w_out) {
-    return cpu_has_avx512() && kh == 3 && kw == 3 && dh == 1 && dw == 1 && sh >= 1 && sh <= 2 && sw >= 1 && sw <= 2 &&
-           pt >= 0 && pl >= 0 && h_out >= 1 && w_out >= 1;
+// A KxK window (K = 2 or 3; depthwise convolutions 3 only) at strides 1 and 2.
+bool window_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int64_t dw, int64_t pt, int64_t pl,
+                 int64_t h_out, int64_t w_out) {
+    return cpu_has_avx512() && kh == kw && (kh == 2 || kh == 3) && dh == 1 && dw == 1 && sh >= 1 && sh <= 2 &&
+           sw >= 1 && sw <= 2 && pt >= 0 && pl >= 0 && h_out >= 1 && w_out >= 1;
 }
 }  // namespace
 #endif
@@ -45,8 +46,8 @@ bool window3x3_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, 
 bool depthwise3x3_possible(const conv2d_args& c) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const bool act = c.ep.act == activation::none || c.ep.act == activation::relu || c.ep.act == activation::clip;
-    return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1 && !c.residual && act &&
-           window3x3_fits(c.kh, c.kw, c.stride_h, c.stride_w, c.dil_h, c.dil_w, c.pad_top, c.pad_left, c.h_out,
+    return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1 && !c.residual && act && c.kh == 3 &&
+           window_fits(c.kh, c.kw, c.stride_h, c.stride_w, c.dil_h, c.dil_w, c.pad_top, c.pad_left, c.h_out,
                           c.w_out);
 #else
     (void)c;
@@ -54,9 +55,9 @@ bool depthwise3x3_possible(const conv2d_args& c) {
 #endif
 }
 
-bool pool3x3_possible(const pool2d_args& a) {
+bool pool_window_possible(const pool2d_args& a) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    return pool2d_is_separable(a) && window3x3_fits(a.kh, a.kw, a.stride_h, a.stride_w, a.dil_h, a.dil_w, a.pad_top,
+    return pool2d_is_separable(a) && window_fits(a.kh, a.kw, a.stride_h, a.stride_w, a.dil_h, a.dil_w, a.pad_top,
                                                     a.pad_left, a.h_out, a.w_out);
 #else
     (void)a;
@@ -94,8 +95,16 @@ struct plane_args {
     int64_t h, w, w_out, pad_top;
 };
 
-// A row's three tap vectors for one vector column (`pad` on lanes outside the plane).
-template <int SW, bool FULL>
+// Calls f(std::integral_constant<int, i>) for i in [0, N), unrolled at compile time (GCC at
+// -O2 left the row loop rolled, with the taps and weights in memory).
+template <int N, class F>
+__attribute__((always_inline)) inline void unrolled(F&& f) {
+    [&]<int... i>(std::integer_sequence<int, i...>) { (f(std::integral_constant<int, i>{}), ...); }(
+        std::make_integer_sequence<int, N>{});
+}
+
+// A row's K tap vectors for one vector column (`pad` on lanes outside the plane).
+template <int SW, int K, bool FULL>
 __attribute__((always_inline)) inline void row_taps(const column_loads& cl, const float* row, __mmask16 valid,
                                                     __m512 pad, __m512& t0, __m512& t1, __m512& t2) {
     const float* p = row + cl.first;
@@ -106,27 +115,20 @@ __attribute__((always_inline)) inline void row_taps(const column_loads& cl, cons
     if constexpr (SW == 1) {
         t0 = load(0, p);
         t1 = load(1, p + 1);
-        t2 = load(2, p + 2);
+        if constexpr (K == 3) t2 = load(2, p + 2);
     } else {
         const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         const __m512i odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        const __m512 lo = load(0, p), hi = load(1, p + 16), lo2 = load(2, p + 2), hi2 = load(3, p + 18);
+        const __m512 lo = load(0, p), hi = load(1, p + 16);
         t0 = _mm512_permutex2var_ps(lo, even, hi);
         t1 = _mm512_permutex2var_ps(lo, odd, hi);
-        t2 = _mm512_permutex2var_ps(lo2, even, hi2);
+        if constexpr (K == 3) t2 = _mm512_permutex2var_ps(load(2, p + 2), even, load(3, p + 18));
     }
 }
 
-// Calls f(std::integral_constant<int, i>) for i in [0, N), unrolled at compile time (GCC at
-// -O2 left the row loop rolled, with the taps and weights in memory).
-template <int N, class F>
-__attribute__((always_inline)) inline void unrolled(F&& f) {
-    [&]<int... i>(std::integer_sequence<int, i...>) { (f(std::integral_constant<int, i>{}), ...); }(
-        std::make_integer_sequence<int, N>{});
-}
-
 // ---- what a window computes: the reductions ----------------------------------------------
-// pad: the padding's value. row(t0, t1, t2): what an input row contributes (computed once,
+// pad: the padding's value. row<K>(t0, t1, t2): what an input row contributes (t2 unused by a
+// 2x2 window) (computed once,
 // shared by the band's outputs). add<i>(acc, row): the row as the window's row i, in order
 // (acc starts from start()). finish(acc, oy, ox0, lanes): the output vector (its lanes inside
 // w_out).
@@ -143,7 +145,11 @@ struct depthwise_sum {
     };
     __attribute__((always_inline)) __m512 pad() const { return _mm512_setzero_ps(); }
     __attribute__((always_inline)) __m512 start() const { return _mm512_setzero_ps(); }
-    __attribute__((always_inline)) taps row(__m512 t0, __m512 t1, __m512 t2) const { return {{t0, t1, t2}}; }
+    template <int K>
+    __attribute__((always_inline)) taps row(__m512 t0, __m512 t1, __m512 t2) const {
+        static_assert(K == 3);
+        return {{t0, t1, t2}};
+    }
     template <int i>
     __attribute__((always_inline)) void add(__m512& acc, const taps& r) const {
         acc = _mm512_fmadd_ps(wt[i * 3 + 0], r.t[0], acc);
@@ -164,8 +170,9 @@ struct max_pool {
         return _mm512_set1_ps(-std::numeric_limits<float>::infinity());
     }
     __attribute__((always_inline)) __m512 start() const { return _mm512_setzero_ps(); }  // row 0 replaces it
+    template <int K>
     __attribute__((always_inline)) __m512 row(__m512 t0, __m512 t1, __m512 t2) const {
-        return max_first(max_first(t0, t1), t2);
+        return K == 2 ? max_first(t0, t1) : max_first(max_first(t0, t1), t2);
     }
     template <int i>
     __attribute__((always_inline)) void add(__m512& acc, __m512 r) const {
@@ -183,8 +190,9 @@ struct average_pool {
     const float* divisors;  // flat planes: each output's rows counted times columns counted
     __attribute__((always_inline)) __m512 pad() const { return _mm512_setzero_ps(); }
     __attribute__((always_inline)) __m512 start() const { return _mm512_setzero_ps(); }
+    template <int K>
     __attribute__((always_inline)) __m512 row(__m512 t0, __m512 t1, __m512 t2) const {
-        return _mm512_add_ps(_mm512_add_ps(t0, t1), t2);
+        return K == 2 ? _mm512_add_ps(t0, t1) : _mm512_add_ps(_mm512_add_ps(t0, t1), t2);
     }
     template <int i>
     __attribute__((always_inline)) void add(__m512& acc, __m512 r) const {
@@ -200,25 +208,25 @@ struct average_pool {
     }
 };
 
-// R output rows from oy0, one vector column: input rows oy0 * SH - pad_top + r for r in
-// [0, (R - 1) * SH + 3), each loaded once and added into every output row whose window holds
-// it, as the window's row r - k * SH of output row oy0 + k.
-template <int SH, int SW, int R, bool FULL, class W>
+// R output rows from oy0, one vector column of a KxK window: input rows oy0 * SH - pad_top + r
+// for r in [0, (R - 1) * SH + K), each loaded once and added into every output row whose window
+// holds it, as the window's row r - k * SH of output row oy0 + k.
+template <int K, int SH, int SW, int R, bool FULL, class W>
 __attribute__((always_inline)) inline void rows_column(const plane_args& a, const W& op, const column_loads& cl,
                                                        int64_t oy0, int64_t ox0) {
     __m512 acc[R];
     unrolled<R>([&](auto k) { acc[k] = op.start(); });
     const __m512 pad = op.pad();
-    unrolled<(R - 1) * SH + 3>([&](auto r) {
+    unrolled<(R - 1) * SH + K>([&](auto r) {
         const int64_t iy = oy0 * SH - a.pad_top + r;
         const bool inside = iy >= 0 && iy < a.h;
-        __m512 t0, t1, t2;
-        row_taps<SW, FULL>(cl, a.x + (inside ? iy : 0) * a.w, inside ? __mmask16(0xffff) : __mmask16(0), pad, t0, t1,
-                           t2);
-        const auto row = op.row(t0, t1, t2);
+        __m512 t0, t1, t2 = pad;  // t2: a 2x2 window's row has two taps
+        row_taps<SW, K, FULL>(cl, a.x + (inside ? iy : 0) * a.w, inside ? __mmask16(0xffff) : __mmask16(0), pad, t0, t1,
+                              t2);
+        const auto row = op.template row<K>(t0, t1, t2);
         unrolled<R>([&](auto k) {
             constexpr int i = int(r) - int(k) * SH;
-            if constexpr (i >= 0 && i <= 2) op.template add<i>(acc[k], row);
+            if constexpr (i >= 0 && i < K) op.template add<i>(acc[k], row);
         });
     });
     unrolled<R>([&](auto k) {
@@ -229,8 +237,8 @@ __attribute__((always_inline)) inline void rows_column(const plane_args& a, cons
     });
 }
 
-template <int SH, int SW, class W>
-__attribute__((noinline)) void plane_3x3(const plane_args& a, const W& op_in, int64_t h_out, int64_t pad_left) {
+template <int K, int SH, int SW, class W>
+__attribute__((noinline)) void plane_window(const plane_args& a, const W& op_in, int64_t h_out, int64_t pad_left) {
     const W op = op_in;  // a local copy the compiler keeps in registers (stores to y may alias op_in)
     // Rows outermost, so that the input is read in order, each row once per band (a vector
     // column at a time down the plane ran 2.2x slower at batch 8, the planes coming from memory).
@@ -243,31 +251,34 @@ __attribute__((noinline)) void plane_3x3(const plane_args& a, const W& op_in, in
             const int64_t ox0 = (v0 + v) * 16;
             column_loads& cl = cols[v];
             cl.first = ox0 * SW - pad_left;
-            if constexpr (SW == 1) {
-                for (int j = 0; j < 3; ++j) cl.mask[j] = inside_lanes(cl.first + j, a.w);
-            } else {
-                const int64_t off[4] = {0, 16, 2, 18};
-                for (int q = 0; q < 4; ++q) cl.mask[q] = inside_lanes(cl.first + off[q], a.w);
+            // The loads row_taps makes: stride 1, one per tap; stride 2, two (and two more
+            // for the third tap).
+            constexpr int loads = SW == 1 ? K : K == 3 ? 4 : 2;
+            const int64_t off[4] = {0, SW == 1 ? 1 : 16, 2, 18};
+            __mmask16 all = 0xffff;
+            for (int q = 0; q < 4; ++q) {
+                cl.mask[q] = q < loads ? inside_lanes(cl.first + off[q], a.w) : __mmask16(0);
+                if (q < loads) all &= cl.mask[q];
             }
             cl.store = first_lanes(a.w_out - ox0);
-            cl.full = (cl.mask[0] & cl.mask[1] & cl.mask[2] & cl.mask[SW == 1 ? 2 : 3]) == 0xffff;
+            cl.full = all == 0xffff;
         }
         // Six output rows at a time at stride 1 (eight rows of loads), three at stride 2
         // (seven): measured against 2, 4 and 8 on MobileNet-v2's layers, 112x112 to 7x7.
         constexpr int band = SH == 1 ? 6 : 3;
         int64_t oy = 0;
         for (; oy + band <= h_out; oy += band) {
-            const bool inside = oy * SH - a.pad_top >= 0 && (oy + band - 1) * SH - a.pad_top + 2 < a.h;
+            const bool inside = oy * SH - a.pad_top >= 0 && (oy + band - 1) * SH - a.pad_top + K - 1 < a.h;
             for (int64_t v = 0; v < nv; ++v) {
                 const int64_t ox0 = (v0 + v) * 16;
-                if (inside && cols[v].full) rows_column<SH, SW, band, true>(a, op, cols[v], oy, ox0);
-                else rows_column<SH, SW, band, false>(a, op, cols[v], oy, ox0);
+                if (inside && cols[v].full) rows_column<K, SH, SW, band, true>(a, op, cols[v], oy, ox0);
+                else rows_column<K, SH, SW, band, false>(a, op, cols[v], oy, ox0);
             }
         }
         for (; oy + 2 <= h_out; oy += 2)
-            for (int64_t v = 0; v < nv; ++v) rows_column<SH, SW, 2, false>(a, op, cols[v], oy, (v0 + v) * 16);
+            for (int64_t v = 0; v < nv; ++v) rows_column<K, SH, SW, 2, false>(a, op, cols[v], oy, (v0 + v) * 16);
         if (oy < h_out)
-            for (int64_t v = 0; v < nv; ++v) rows_column<SH, SW, 1, false>(a, op, cols[v], oy, (v0 + v) * 16);
+            for (int64_t v = 0; v < nv; ++v) rows_column<K, SH, SW, 1, false>(a, op, cols[v], oy, (v0 + v) * 16);
     }
 }
 
@@ -326,8 +337,9 @@ __attribute__((noinline)) void flat_plane_3x3(const float* x, float* y, const fl
         __m512 acc = op.start();
         unrolled<3>([&](auto i) {
             const float* r = x + p0 + (int64_t(i) - 1) * g.w;
-            const auto row = op.row(_mm512_mask_loadu_ps(pad, m[i * 3 + 0], r - 1), _mm512_mask_loadu_ps(pad, m[i * 3 + 1], r),
-                                    _mm512_mask_loadu_ps(pad, m[i * 3 + 2], r + 1));
+            const auto row = op.template row<3>(_mm512_mask_loadu_ps(pad, m[i * 3 + 0], r - 1),
+                                                _mm512_mask_loadu_ps(pad, m[i * 3 + 1], r),
+                                                _mm512_mask_loadu_ps(pad, m[i * 3 + 2], r + 1));
             op.template add<i>(acc, row);
         });
         const __m512 out = op.finish_flat(acc, p0);
@@ -336,14 +348,14 @@ __attribute__((noinline)) void flat_plane_3x3(const float* x, float* y, const fl
     }
 }
 
-template <class W>
-void plane_3x3_strided(const plane_args& a, const W& op, int64_t h_out, int64_t stride_h, int64_t stride_w,
-                       int64_t pad_left) {
+template <int K, class W>
+void plane_window_strided(const plane_args& a, const W& op, int64_t h_out, int64_t stride_h, int64_t stride_w,
+                          int64_t pad_left) {
     switch (stride_h * 2 + stride_w) {
-    case 3: return plane_3x3<1, 1>(a, op, h_out, pad_left);
-    case 4: return plane_3x3<1, 2>(a, op, h_out, pad_left);
-    case 5: return plane_3x3<2, 1>(a, op, h_out, pad_left);
-    default: return plane_3x3<2, 2>(a, op, h_out, pad_left);
+    case 3: return plane_window<K, 1, 1>(a, op, h_out, pad_left);
+    case 4: return plane_window<K, 1, 2>(a, op, h_out, pad_left);
+    case 5: return plane_window<K, 2, 1>(a, op, h_out, pad_left);
+    default: return plane_window<K, 2, 2>(a, op, h_out, pad_left);
     }
 }
 
@@ -368,13 +380,13 @@ bool depthwise3x3(const conv2d_args& c, int64_t image, int64_t g0, int64_t g1, c
         op.relu = c.ep.act == activation::relu;
         op.clip = c.ep.act == activation::clip;
         if (flat) flat_plane_3x3(a.x, a.y, fg, op);
-        else plane_3x3_strided(a, op, c.h_out, c.stride_h, c.stride_w, c.pad_left);
+        else plane_window_strided<3>(a, op, c.h_out, c.stride_h, c.stride_w, c.pad_left);
     }
     return true;
 }
 
-bool pool3x3(const pool2d_args& p, int64_t p0, int64_t p1, const float* columns, const gpu::block_context& ctx) {
-    const bool flat = flat_fits(p.h, p.w, p.h_out, p.w_out, p.stride_h, p.stride_w, p.pad_top, p.pad_left);
+bool pool_window(const pool2d_args& p, int64_t p0, int64_t p1, const float* columns, const gpu::block_context& ctx) {
+    const bool flat = p.kh == 3 && flat_fits(p.h, p.w, p.h_out, p.w_out, p.stride_h, p.stride_w, p.pad_top, p.pad_left);
     flat_geometry fg;
     float divisors[flat_geometry::max_vectors * 16];
     if (flat) flat_geometry_of(p.h, p.w, fg);
@@ -388,14 +400,13 @@ bool pool3x3(const pool2d_args& p, int64_t p0, int64_t p1, const float* columns,
     for (int64_t plane = p0; plane < p1; ++plane) {
         if (plane > p0 && ctx.preempted()) return false;
         const plane_args a{p.x + plane * p.h * p.w, p.y + plane * p.h_out * p.w_out, p.h, p.w, p.w_out, p.pad_top};
-        if (p.op == pool_op::max) {
-            if (flat) flat_plane_3x3(a.x, a.y, fg, max_pool{});
-            else plane_3x3_strided(a, max_pool{}, p.h_out, p.stride_h, p.stride_w, p.pad_left);
-        } else {
-            const average_pool op{&p, columns, divisors};
+        const auto run = [&](const auto& op) {
             if (flat) flat_plane_3x3(a.x, a.y, fg, op);
-            else plane_3x3_strided(a, op, p.h_out, p.stride_h, p.stride_w, p.pad_left);
-        }
+            else if (p.kh == 2) plane_window_strided<2>(a, op, p.h_out, p.stride_h, p.stride_w, p.pad_left);
+            else plane_window_strided<3>(a, op, p.h_out, p.stride_h, p.stride_w, p.pad_left);
+        };
+        if (p.op == pool_op::max) run(max_pool{});
+        else run(average_pool{&p, columns, divisors});
     }
     return true;
 }
@@ -407,7 +418,7 @@ bool pool3x3(const pool2d_args& p, int64_t p0, int64_t p1, const float* columns,
 #else
 // Never called: the *_possible checks are false.
 bool depthwise3x3(const conv2d_args&, int64_t, int64_t, int64_t, const gpu::block_context&) { return false; }
-bool pool3x3(const pool2d_args&, int64_t, int64_t, const float*, const gpu::block_context&) { return false; }
+bool pool_window(const pool2d_args&, int64_t, int64_t, const float*, const gpu::block_context&) { return false; }
 #endif
 
 }  // namespace reefline::ml::kernels

@@ -1,5 +1,5 @@
 // 3x3 windows straight from the NCHW planes (cpu_window3x3.cc): depthwise convolutions, max and
-// average pools. AVX-512 only, for the cpu blocks.
+// average pools (2x2 pools too). AVX-512 only, for the cpu blocks.
 #pragma once
 
 #include <cstdint>
@@ -18,12 +18,12 @@ bool depthwise3x3_possible(const conv2d_args& c);
 // between planes: false if preempted.
 bool depthwise3x3(const conv2d_args& c, int64_t image, int64_t g0, int64_t g1, const gpu::block_context& ctx);
 
-// 3x3 max and average pools that pool_plane_separable takes, at strides 1 and 2.
-bool pool3x3_possible(const pool2d_args& a);
+// 3x3 and 2x2 max and average pools that pool_plane_separable takes, at strides 1 and 2.
+bool pool_window_possible(const pool2d_args& a);
 // Whole output planes [p0, p1) of n * c, averages divided: pool_plane_separable's and
 // divide_row's results bit for bit. `columns` holds each output column's count
 // (pool_window_count; averages only). Needs no scratch. Checks for preemption between
 // planes: false if preempted.
-bool pool3x3(const pool2d_args& a, int64_t p0, int64_t p1, const float* columns, const gpu::block_context& ctx);
+bool pool_window(const pool2d_args& a, int64_t p0, int64_t p1, const float* columns, const gpu::block_context& ctx);
 
 }  // namespace reefline::ml::kernels
