@@ -289,10 +289,23 @@ private:
         return int64_t(dtype_size(x.type)) * element_count(x.shape) / images;
     }
 
+    // The bytes of the batch's [n, ...] values among vs.
+    int64_t batch_bytes(const std::vector<int>& vs, int64_t n) const {
+        int64_t bytes = 0;
+        for (int v : vs) bytes += image_bytes(v, n) * n;
+        return bytes;
+    }
+    // The bytes of the batch's [n, ...] values that `to` reads of those `from` writes.
+    int64_t passed_bytes(const pending& from, const pending& to, int64_t n) const {
+        int64_t bytes = 0;
+        for (int v : to.reads)
+            if (std::find(from.writes.begin(), from.writes.end(), v) != from.writes.end()) bytes += image_bytes(v, n) * n;
+        return bytes;
+    }
+
     // Launch p as one launch per image of its batch: the batch set to 1, the grid of one image,
     // the activations' pointers moved to that image (constants stay). False (images untouched)
-    // where the kernel's blocks do not split by image, a pointer's value is not [batch, ...],
-    // or the launch writes less than image_run_min_bytes.
+    // where the kernel's blocks do not split by image or a pointer's value is not [batch, ...].
     bool split_by_image(const pending& p, std::vector<pending>& images) const {
         pending one = p;
         int64_t n = 0, grid = 0;
@@ -315,9 +328,6 @@ private:
             return false;
         }
         if (n < 2) return false;
-        int64_t written = 0;
-        for (int w : p.writes) written += image_bytes(w, n) * n;
-        if (written < _o.image_run_min_bytes) return false;
         for (const pointer_ref& r : p.pointers)
             if (!val(r.value).is_constant() && image_bytes(r.value, n) == 0) return false;
         one.grid = uint32_t(grid);
@@ -333,12 +343,15 @@ private:
     // At batch > 1 a kernel's output is the whole batch's (MobileNet-v2's first expansion at
     // batch 8: 38 MB), so the next kernel reads its input back from memory; at batch 1 it
     // comes from the caches. Runs of consecutive per-image kernels (up to image_run, each
-    // writing image_run_min_bytes or more) are launched image by image instead: image 0
-    // through the run, then image 1, ... Lifetimes and the idempotence check see each launch's
-    // own image. MobileNet-v2 at batch 8, one unit: 46 -> 43 ms (ResNet-50, DenseNet-121 and
-    // Inception-v3 within 1%). Not with several units: a launch of one image gives them fewer
-    // blocks to share and they wait for each other at every launch (MobileNet-v2 on two units
-    // 26 -> 27.5 ms), nor below 8 MB, where each launch's cost outweighed the caches' gain.
+    // writing image_run_min_bytes or more, or reading that much from the launch before it) are
+    // launched image by image instead: image 0 through the run, then image 1, ... Lifetimes
+    // and the idempotence check see each launch's own image. MobileNet-v2 at batch 8, one
+    // unit: 46 -> 43 ms (ResNet-50, DenseNet-121 and Inception-v3 within 1%). Not with several
+    // units: a launch of one image gives them fewer blocks to share and they wait for each
+    // other at every launch (MobileNet-v2 on two units 26 -> 27.5 ms), nor below 8 MB, where
+    // each launch's cost outweighed the caches' gain. A launch that writes less joins the run
+    // where it reads the launch before it (DenseNet-121's 2x2 average pools and 3x3 layers
+    // after the 1x1 layers whose 12.8 MB they read).
     void interleave_images() {
         if (_o.tiles == plan_options::tiles_for::gpu || _o.image_run < 2 || _o.compute_units > 1) return;
         std::vector<pending> out;
@@ -350,7 +363,11 @@ private:
             std::vector<pending> images;
             for (size_t j = i; j < _pending.size() && run.size() < size_t(_o.image_run); ++j) {
                 if (!split_by_image(_pending[j], images)) break;
+                const int64_t n = int64_t(images.size());
                 if (!run.empty() && images.size() != run[0].size()) break;
+                const bool large = batch_bytes(_pending[j].writes, n) >= _o.image_run_min_bytes;
+                if (!large && (run.empty() || passed_bytes(_pending[j - 1], _pending[j], n) < _o.image_run_min_bytes))
+                    break;
                 run.push_back(std::move(images));
             }
             if (run.size() < 2) {

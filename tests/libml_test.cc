@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "libml/kernels/kernels.h"
 #include "libml/libml.h"
 #include "tests/onnx_builder.h"
 
@@ -99,6 +100,51 @@ TEST_F(libml_api, image_by_image_runs_give_the_kernel_by_kernel_bits) {
         rt->infer_batch(*in, std::vector<ml::tensor>{x}, ys.back());
     }
     EXPECT_GT(launches[0], launches[1] + 10) << "the plan did not run images one by one";
+    ASSERT_EQ(ys[0].size(), ys[1].size());
+    for (size_t o = 0; o < ys[0].size(); ++o) EXPECT_TRUE(ys[0][o] == ys[1][o]) << "output " << o;
+}
+
+// A launch that writes less than image_run_min_bytes still runs image by image where it reads
+// that much from the launch before it (the first conv's batch of 3 writes ~13 MB, the max pool
+// after it ~3 MB, the squeeze layer after that reads only the pool's): the pool's input then
+// comes from the caches. The bits are the kernel-by-kernel plan's.
+TEST_F(libml_api, a_launch_reading_a_large_output_joins_the_image_run) {
+    ml::plan_options by_image, by_kernel;
+    by_image.compute_units = by_kernel.compute_units = 1;
+    by_image.image_run_min_bytes = int64_t(8) << 20;
+    by_kernel.image_run = 0;
+    ml::runtime rt_image(*_device, by_image), rt_kernel(*_device, by_kernel);
+    const ml::tensor x0 = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
+    const ml::tensor x = stack({x0, random_like(x0, 7), random_like(x0, 8)});
+    std::vector<std::vector<ml::tensor>> ys;
+    for (ml::runtime* rt : {&rt_image, &rt_kernel}) {
+        auto in = rt->link_model(rt->load_model(_path / "model.onnx"));
+        rt->configure_batch(*in, 3);
+        EXPECT_EQ(in->current_plan().check_idempotence(), "");
+        const auto& launches = in->current_plan().launches();
+        const auto launches_of = [&](const reefline::gpu::kernel_info& k, int64_t* bytes) {
+            // The first launch of kernel k: how many launches its node has, what it writes.
+            const auto first = std::find_if(launches.begin(), launches.end(),
+                                            [&](const ml::planned_launch& l) { return l.kernel == &k; });
+            EXPECT_NE(first, launches.end());
+            if (first == launches.end()) return int64_t(0);
+            *bytes = 0;
+            for (const auto& l : launches)
+                if (l.node == first->node)
+                    for (const auto& w : l.writes) *bytes += w.bytes;
+            return int64_t(std::count_if(launches.begin(), launches.end(),
+                                         [&](const ml::planned_launch& l) { return l.node == first->node; }));
+        };
+        int64_t conv_bytes = 0, pool_bytes = 0;
+        const int64_t convs = launches_of(reefline::ml::kernels::conv2d_kernel, &conv_bytes),
+                      pools = launches_of(reefline::ml::kernels::pool2d_kernel, &pool_bytes);
+        EXPECT_GE(conv_bytes, by_image.image_run_min_bytes);
+        EXPECT_LT(pool_bytes, by_image.image_run_min_bytes);
+        EXPECT_EQ(convs, rt == &rt_image ? 3 : 1);
+        EXPECT_EQ(pools, rt == &rt_image ? 3 : 1) << "the pool did not join the first conv's image run";
+        ys.emplace_back();
+        rt->infer_batch(*in, std::vector<ml::tensor>{x}, ys.back());
+    }
     ASSERT_EQ(ys[0].size(), ys[1].size());
     for (size_t o = 0; o < ys[0].size(); ++o) EXPECT_TRUE(ys[0][o] == ys[1][o]) << "output " << o;
 }
