@@ -669,6 +669,15 @@ void planner::lower_conv(int ni) {
         a.tile_pix = int32_t(balanced_tile(npix, a.tile_pix, k::conv2d_grid(a) / k::conv2d_tiles_pix(a),
                                            _o.compute_units, 16));
     }
+    // Direct convolution sums whole output rows (a tile starting or ending mid-row computes the
+    // rest of the row too and drops it), so its tiles are whole rows where that keeps their
+    // count: DenseNet-121's 56x56 3x3 layers in tiles of 910 pixels summed 5% more than the
+    // 784 they kept (1.03 -> 0.985 ms a layer alone), ResNet-50's 1820 -> 1568 1.3%.
+    if (k::conv2d_direct_chosen(a) && a.w_out > 0) {
+        const int64_t tiles = k::ceil_div(npix, int64_t(a.tile_pix));
+        const int64_t rows = k::ceil_div(a.h_out, tiles);
+        if (tiles <= a.h_out && k::ceil_div(a.h_out, rows) == tiles) a.tile_pix = int32_t(rows * a.w_out);
+    }
     a.tile_k = int32_t(std::min<int64_t>(K, 1024));
     if (chunk_by_work) {
         // About 64M multiply-adds between check points, in steps of 64 rows of K.

@@ -183,8 +183,12 @@ bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, c
         for (int64_t i = 0; i < c.kh; ++i)
             for (int64_t j = 0; j < c.kw; ++j) off[k++] = int32_t(ch * chan + f.tap_offset(i, j));
     for (int64_t ch = 0; ch < ci; ++ch) fill_plane_phases(g, f, oy0, x + ch * c.h * c.w_in, scratch + ch * chan);
-    // Check points between K chunks as in the GEMM path, each a whole number of channels.
-    const int64_t chunk = std::max<int64_t>(1, c.tile_k / taps);
+    // Check points between K chunks as in the GEMM path, each a whole number of channels, and
+    // of whole passes where a chunk holds one: 1024 of K at 3x3 left chunks of 113 channels,
+    // whose last pass of one channel loaded and stored the accumulators for nine taps.
+    const int64_t chunk_channels = std::max<int64_t>(1, c.tile_k / taps);
+    const int64_t chunk = chunk_channels >= channels_per_pass ? chunk_channels / channels_per_pass * channels_per_pass
+                                                              : chunk_channels;
     for (int64_t c0 = 0; c0 < ci; c0 += chunk) {
         if (ctx.preempted()) return false;
         const int64_t c1 = std::min(ci, c0 + chunk);
