@@ -33,6 +33,11 @@ int64_t balanced_tile(int64_t extent, int64_t tile, int64_t others, int64_t unit
 // takes 16 channels or planes at a time.
 int64_t by_16_within(int64_t v, int64_t limit) { return std::min(limit, (v + 15) / 16 * 16); }
 
+// im2col convolutions on planes of up to images_max_pixels outputs, at batch > 1, take several
+// images a block, about images_pixels outputs in all (conv2d_args::tile_images).
+constexpr int64_t images_max_pixels = 64;
+constexpr int64_t images_pixels = 512;
+
 constexpr int64_t alignment = 64;
 int64_t align_up(int64_t v) { return (v + alignment - 1) / alignment * alignment; }
 
@@ -46,6 +51,7 @@ void use_gpu_tiles(k::conv2d_args& a) {
     a.tile_pix = int32_t(std::clamp<int64_t>(npix, 1, 64));
     a.tile_k = int32_t(std::clamp<int64_t>(K, 1, 128));
     a.tile_groups = 1;
+    a.tile_images = 1;
 }
 
 void use_gpu_tiles(k::gemm_args& g) {
@@ -318,7 +324,9 @@ private:
             return a;
         };
         if (p.kernel == &k::conv2d_kernel) {
-            edit(k::conv2d_args{}, [](const k::conv2d_args& a) { return k::conv2d_grid(a); });
+            // Blocks of several images run them as one GEMM on purpose (conv2d_images_cpu).
+            if (k::conv2d_image_tile(edit(k::conv2d_args{}, [](const k::conv2d_args& a) { return k::conv2d_grid(a); })) > 1)
+                return false;
         } else if (p.kernel == &k::batchnorm_kernel) {
             edit(k::batchnorm_args{}, [](const k::batchnorm_args& a) { return k::batchnorm_grid(a); });
         } else if (p.kernel == &k::pool2d_kernel) {
@@ -640,6 +648,23 @@ void planner::lower_conv(int ni) {
         const int64_t fits = ((int64_t(64) << 20) / chunk) / 32 * 32;  // whole 32-row panels
         a.tile_co = int32_t(std::max<int64_t>(a.tile_co, std::min<int64_t>({co_g, 512, fits})));
     }
+    // Batches of 8x8 planes or smaller: an im2col layer's block takes several images' whole
+    // planes (up to ~512 outputs, its columns and output within 16 MB of scratch) as one GEMM,
+    // which reads the weights once for them all (conv2d_images_cpu); tiles of equal image
+    // counts. ResNet-50 at batch 8, one unit: its 7x7 3x3 layers 9.7 -> 9.2 ms, the 1x1
+    // stride-2 layer into 7x7 11.5 -> 9.9, the model 330.1 -> 326.4 ms (min of 4 alternated
+    // runs); Inception-v3 within noise. Not on 14x14 planes, where the 3x3 layers run direct
+    // and were faster image by image (8.4 vs 9.0 ms), nor on pointwise layers, whose weights
+    // stay in the caches from image to image and which gained nothing for the copies.
+    if (_o.tiles != plan_options::tiles_for::gpu && a.n > 1 && a.tile_pix >= npix && npix <= images_max_pixels &&
+        !(co_g == 1 && k::conv2d_ci_per_group(a) == 1) && !k::conv2d_is_pointwise(a) && !k::conv2d_direct_chosen(a)) {
+        const int64_t per_image = (K + std::min<int64_t>(a.tile_co, co_g)) * npix * int64_t(sizeof(float));
+        const int64_t images = std::min({a.n, k::ceil_div(images_pixels, npix), std::max<int64_t>(1, (int64_t(16) << 20) / per_image)});
+        if (images > 1) {
+            a.tile_images = int32_t(k::ceil_div(a.n, k::ceil_div(a.n, images)));
+            chunk_by_work = true;
+        }
+    }
     // Several units: at least two blocks per unit (one on small planes, below), or a batch-1
     // layer of one or two blocks leaves units idle. With one unit the larger tiles are faster
     // (fewer, longer GEMM calls), so they stay. The cheapest splits first: for windows up to 3x3, pixel tiles down to
@@ -658,6 +683,7 @@ void planner::lower_conv(int ni) {
         // -> 35.1-35.9 ms; ResNet-50 and MobileNet-v2 within noise).
         const int64_t per_unit = npix <= 17 * 17 && !k::conv2d_is_pointwise(a) ? 1 : 2;
         const int64_t want = per_unit * int64_t(_o.compute_units);
+        while (k::conv2d_grid(a) < want && a.tile_images > 1) a.tile_images = int32_t((a.tile_images + 1) / 2);
         if (a.kh <= 3 && a.kw <= 3) {
             while (k::conv2d_grid(a) < want && (a.tile_pix + 1) / 2 >= 256) a.tile_pix = int32_t((a.tile_pix + 1) / 2);
             while (k::conv2d_grid(a) < want && a.tile_co > 32)
@@ -673,7 +699,7 @@ void planner::lower_conv(int ni) {
     // rest of the row too and drops it), so its tiles are whole rows where that keeps their
     // count: DenseNet-121's 56x56 3x3 layers in tiles of 910 pixels summed 5% more than the
     // 784 they kept (1.03 -> 0.985 ms a layer alone), ResNet-50's 1820 -> 1568 1.3%.
-    if (k::conv2d_direct_chosen(a) && a.w_out > 0) {
+    if (k::conv2d_direct_chosen(a) && k::conv2d_image_tile(a) == 1 && a.w_out > 0) {
         const int64_t tiles = k::ceil_div(npix, int64_t(a.tile_pix));
         const int64_t rows = k::ceil_div(a.h_out, tiles);
         if (tiles <= a.h_out && k::ceil_div(a.h_out, rows) == tiles) a.tile_pix = int32_t(rows * a.w_out);
@@ -681,7 +707,8 @@ void planner::lower_conv(int ni) {
     a.tile_k = int32_t(std::min<int64_t>(K, 1024));
     if (chunk_by_work) {
         // About 64M multiply-adds between check points, in steps of 64 rows of K.
-        const int64_t rows = (int64_t(64) << 20) / (int64_t(a.tile_co) * a.tile_pix) / 64 * 64;
+        const int64_t pixels = std::min<int64_t>(a.tile_pix, npix) * k::conv2d_image_tile(a);
+        const int64_t rows = (int64_t(64) << 20) / (int64_t(a.tile_co) * pixels) / 64 * 64;
         a.tile_k = int32_t(std::clamp<int64_t>(rows, 64, a.tile_k));
     }
     // Depthwise planes of a few thousand outputs or fewer (MobileNet's 14x14 and 7x7): several

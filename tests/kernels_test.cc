@@ -114,15 +114,19 @@ TEST_P(conv, matches_reference_with_relu) {
     // whole planes 1, 2 or 3 groups to a block (the last block of 3 may hold fewer).
     // K chunks of 7 (direct convolution: one input channel per chunk) and of all of K; direct
     // convolution (where the CPU and the shape allow) and im2col with either GEMM library.
+    // Then blocks of 2 images' whole planes (one GEMM for both, outside depthwise layers;
+    // batches of 3 leave a block of one), and of 3 images in odd tiles (image by image).
     for (int method = 0; method < 3; ++method)
-        for (int64_t tiling = 0; tiling < 5; ++tiling) {
+        for (int64_t tiling = 0; tiling < 7; ++tiling) {
             const bool openblas = method == 2;
-            const int64_t tile_pix = tiling == 0 ? 17 : ho * wo;
-            a.tile_groups = int32_t(tiling < 2 || tiling == 4 ? 0 : tiling);
+            const int64_t tile_pix = tiling == 0 || tiling == 6 ? 17 : ho * wo;
+            a.tile_groups = int32_t(tiling < 2 || tiling >= 4 ? 0 : tiling);
             a.tile_k = tiling == 4 ? 4096 : 7;
+            a.tile_images = int32_t(tiling == 5 ? 2 : tiling == 6 ? 3 : 0);
             SCOPED_TRACE(std::string(method == 0 ? "direct" : openblas ? "im2col, OpenBLAS" : "im2col, oneDNN") +
                          ", tile " + std::to_string(tile_pix) + ", groups per block " + std::to_string(a.tile_groups) +
-                         ", K chunk " + std::to_string(a.tile_k));
+                         ", K chunk " + std::to_string(a.tile_k) + ", images per block " +
+                         std::to_string(a.tile_images));
             const library_choice choice(openblas);
             const conv_method_choice conv_choice(method == 0 ? k::conv_method::direct : k::conv_method::im2col);
             a.tile_pix = int32_t(tile_pix);
@@ -154,7 +158,12 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{1, 64, 30, 96, 8, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
     conv_case{1, 48, 31, 130, 8, 3, 3, 2, 2, 1, 1, 1, 1, 1, 1, 1},
     // A 7x7 plane with few output channels runs direct despite its padding (DenseNet-121).
-    conv_case{2, 40, 7, 7, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1}
+    conv_case{2, 40, 7, 7, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    // Batches of small planes, several images a block: pointwise, 1x1 stride 2 (ResNet's
+    // downsampling), 3x3 grouped.
+    conv_case{3, 24, 7, 7, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    conv_case{3, 16, 14, 13, 24, 1, 1, 2, 2, 0, 0, 0, 0, 1, 1, 1},
+    conv_case{4, 12, 9, 9, 18, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 3}
 ));
 
 // A whole plane as one run per tap over the padded plane (its stride phases) gives

@@ -352,4 +352,59 @@ TEST(libml_plan, concatenations_in_place_give_the_copies_results) {
     for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(y1[0].as_f64(i), std::max(0.0f, xv[size_t(i)]));
 }
 
+// At batch > 1 an im2col convolution on 7x7 planes takes several images a block, one GEMM for
+// them all (conv2d_args::tile_images), with the bias and the residual of each image: the
+// numbers of running the images one at a time.
+TEST(libml_plan, small_planes_take_several_images_a_block) {
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {-1, 16, 7, 7}).output("y");
+    std::vector<float> w(80 * 16 * 9), bias(80), w2(80 * 16);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i * 13 % 17) - 8) / 64.0f;
+    for (size_t i = 0; i < bias.size(); ++i) bias[i] = float(int(i % 9) - 4) / 8.0f;
+    for (size_t i = 0; i < w2.size(); ++i) w2[i] = float(int(i * 7 % 11) - 5) / 32.0f;
+    b.init_f32("w", {80, 16, 3, 3}, w).init_f32("b", {80}, bias).init_f32("w2", {80, 16, 1, 1}, w2);
+    b.node("Conv", {"x", "w2"}, {"side"});  // the residual of the next, which runs after it
+    tm::attr_ints(b.node("Conv", {"x", "w", "b"}, {"c"}), "pads", {1, 1, 1, 1});  // 80 channels: im2col
+    b.node("Add", {"c", "side"}, {"sum"});
+    b.node("Relu", {"sum"}, {"y"});
+    const std::string bytes = b.bytes();
+
+    auto device = reefline::gpu::make_cpu_device();
+    ml::plan_options o;
+    o.compute_units = 1;
+    ml::runtime rt(*device, o);
+    auto m = rt.load_model_buffer(bytes.data(), bytes.size(), "small-planes");
+    auto one = rt.link_model(m), four = rt.link_model(m);
+    rt.configure_batch(*four, 4);
+    EXPECT_EQ(four->current_plan().check_idempotence(), "");
+    int64_t most_images = 0;
+    for (const auto& l : four->current_plan().launches())
+        if (l.kernel == &reefline::ml::kernels::conv2d_kernel) {
+            reefline::ml::kernels::conv2d_args a;
+            std::memcpy(&a, l.args.data(), sizeof a);
+            most_images = std::max<int64_t>(most_images, reefline::ml::kernels::conv2d_image_tile(a));
+        }
+    EXPECT_EQ(most_images, 4) << "no block took the batch's four images";
+
+    std::vector<float> xv(4 * 16 * 49);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 29 % 31) - 15) / 8.0f;
+    ml::bytes_t xb(xv.size() * 4);
+    std::memcpy(xb.data(), xv.data(), xb.size());
+    std::vector<ml::tensor> y4;
+    rt.infer_batch(*four, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {4, 16, 7, 7}, xb)}, y4);
+    const size_t per_in = 16 * 49 * 4;
+    for (int64_t item = 0; item < 4; ++item) {
+        std::vector<ml::tensor> y1;
+        rt.infer_batch(*one, std::vector<ml::tensor>{ml::tensor::make(
+                                 ml::dtype::f32, {1, 16, 7, 7},
+                                 ml::bytes_t(xb.begin() + item * per_in, xb.begin() + (item + 1) * per_in))},
+                       y1);
+        const int64_t per = y1[0].elements();
+        ASSERT_EQ(y4[0].elements(), 4 * per);
+        for (int64_t i = 0; i < per; ++i)
+            ASSERT_NEAR(y1[0].as_f64(i), y4[0].as_f64(item * per + i), 1e-4) << "item " << item << " at " << i;
+    }
+}
+
 }  // namespace

@@ -88,6 +88,10 @@ struct conv2d_args {
     // Groups one block covers (0 reads as 1): the cpu device's depthwise blocks take several
     // small planes at once, so that claiming a block does not cost as much as its work.
     int32_t tile_groups;
+    // Images one block covers (0 reads as 1; more only with whole planes, tile_pix >= h_out *
+    // w_out): the cpu device's GEMM path then multiplies the weights by the columns of all of
+    // them at once, reading the weights once for those images instead of once per image.
+    int32_t tile_images;
 };
 
 RL_HD inline int64_t conv2d_co_per_group(const conv2d_args& c) { return c.c_out / c.groups; }
@@ -97,12 +101,15 @@ RL_HD inline int64_t conv2d_tiles_co(const conv2d_args& c) { return ceil_div(con
 RL_HD inline int64_t conv2d_tiles_pix(const conv2d_args& c) { return ceil_div(c.h_out * c.w_out, c.tile_pix); }
 RL_HD inline int64_t conv2d_group_tile(const conv2d_args& c) { return c.tile_groups > 1 ? c.tile_groups : 1; }
 RL_HD inline int64_t conv2d_tiles_group(const conv2d_args& c) { return ceil_div(c.groups, conv2d_group_tile(c)); }
+RL_HD inline int64_t conv2d_image_tile(const conv2d_args& c) { return c.tile_images > 1 ? c.tile_images : 1; }
+RL_HD inline int64_t conv2d_tiles_image(const conv2d_args& c) { return ceil_div(c.n, conv2d_image_tile(c)); }
 RL_HD inline int64_t conv2d_grid(const conv2d_args& c) {
-    return c.n * conv2d_tiles_group(c) * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
+    return conv2d_tiles_image(c) * conv2d_tiles_group(c) * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
 }
 
 struct conv2d_tile {
-    int64_t image, group, group1, co0, co1, p0, p1;  // groups [group, group1); co within a group
+    // images [image, image1), groups [group, group1); co within a group
+    int64_t image, image1, group, group1, co0, co1, p0, p1;
 };
 RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
     const int64_t tp = conv2d_tiles_pix(c), tc = conv2d_tiles_co(c), tg = conv2d_tiles_group(c);
@@ -112,7 +119,8 @@ RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
     t.co0 = (block % tc) * c.tile_co;
     block /= tc;
     t.group = (block % tg) * conv2d_group_tile(c);
-    t.image = block / tg;
+    t.image = block / tg * conv2d_image_tile(c);
+    t.image1 = t.image + conv2d_image_tile(c) < c.n ? t.image + conv2d_image_tile(c) : c.n;
     const int64_t npix = c.h_out * c.w_out, nco = conv2d_co_per_group(c);
     t.group1 = t.group + conv2d_group_tile(c) < c.groups ? t.group + conv2d_group_tile(c) : c.groups;
     t.p1 = t.p0 + c.tile_pix < npix ? t.p0 + c.tile_pix : npix;

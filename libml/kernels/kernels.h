@@ -26,6 +26,8 @@ extern const gpu::kernel_info gather_axis_kernel;  // gather_axis_args, gather_a
 
 // Scratch (bytes) a conv2d block needs on the cpu backend for its im2col tile.
 size_t conv2d_scratch_bytes(const conv2d_args& c);
+// Of which a block of tile_images > 1 images needs, for their columns and the GEMM's output.
+size_t conv2d_images_scratch_bytes(const conv2d_args& c);
 bool conv2d_is_pointwise(const conv2d_args& c);
 // The geometry of a window over one plane: a depthwise convolution's or a 2-D pooling's.
 struct plane_window {
