@@ -166,6 +166,67 @@ INSTANTIATE_TEST_SUITE_P(shapes, conv, ::testing::Values(
     conv_case{4, 12, 9, 9, 18, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 3}
 ));
 
+// Direct convolution applies bias and ReLU, Clip or the bias alone in the register at its
+// last pass: the bits of the sums followed by the blocks' pass (epilogue_row, clip_row), in
+// tiles of several K chunks or of several passes, with a zero bias and a residual (left to the
+// pass). Grouped layers: the conv test above (their bias offsets).
+TEST(conv_direct, finishes_with_the_epilogue_passes_bits) {
+    if (!k::cpu_has_avx512()) GTEST_SKIP() << "direct convolution needs AVX-512";
+    const conv_method_choice choice(k::conv_method::direct);
+    const int64_t n = 2, ci = 48, h = 13, w = 15, co = 21;
+    auto x = random_vector(size_t(n * ci * h * w), 31);
+    auto wt = random_vector(size_t(co * ci * 9), 32);
+    auto bias = random_vector(size_t(co), 33);
+    auto res = random_vector(size_t(n * co * h * w), 34);
+    bias[3] = 0.0f;
+    k::conv2d_args a{};
+    a.x = x.data(); a.w = wt.data();
+    a.n = n; a.c_in = ci; a.h = h; a.w_in = w; a.c_out = co; a.kh = 3; a.kw = 3;
+    a.stride_h = a.stride_w = 1; a.pad_top = a.pad_left = 1; a.dil_h = a.dil_w = 1; a.groups = 1;
+    a.h_out = h; a.w_out = w;
+    a.tile_co = 13; a.tile_pix = 50;  // odd tiles
+    ASSERT_TRUE(k::conv2d_direct_chosen(a));
+    const int64_t hw = h * w;
+    // K chunks of 16 channels (one pass each); one chunk of three passes.
+    for (const int32_t tile_k : {9 * 20, 9 * 48})
+    for (const k::activation act : {k::activation::relu, k::activation::clip, k::activation::none})
+        for (const bool with_res : {false, true}) {
+            a.tile_k = tile_k;
+            std::vector<float> sums(size_t(n * co * h * w));
+            a.y = sums.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            k::conv2d_args f = a;
+            f.bias = bias.data();
+            f.residual = with_res ? res.data() : nullptr;
+            f.ep.act = act;
+            f.ep.alpha = -0.5f;
+            f.ep.beta = 0.75f;
+            EXPECT_EQ(k::conv2d_direct_finishes(f), !with_res);
+            std::vector<float> got(sums.size(), NAN), want(sums.size());
+            f.y = got.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &f, k::conv2d_grid(f), 0, -1, nullptr, k::conv2d_scratch_bytes(f)));
+            for (int64_t i = 0; i < int64_t(sums.size()); ++i) {
+                const float b = bias[size_t(i / hw % co)], r = with_res ? res[size_t(i)] : 0.0f;
+                float v = sums[size_t(i)];
+                if (act == k::activation::clip && !with_res) {
+                    const float t = v + b, lo = t < f.ep.alpha ? f.ep.alpha : t;
+                    v = lo > f.ep.beta ? f.ep.beta : lo;
+                } else if (act == k::activation::relu) {
+                    const float t = with_res ? v + b + r : v + b;
+                    v = t > 0 ? t : 0;
+                } else if (with_res) {
+                    v += b + r;
+                    if (act == k::activation::clip) v = std::min(std::max(v, f.ep.alpha), f.ep.beta);
+                } else if (b != 0.0f) {
+                    v += b;
+                }
+                want[size_t(i)] = v;
+            }
+            ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
+                << "activation " << int(act) << (with_res ? " with a residual" : "") << ", K chunk " << tile_k;
+        }
+}
+
 // A whole plane as one run per tap over the padded plane (its stride phases) gives
 // window_sum's sums exactly (same taps, same order), for the depthwise shapes MobileNets have
 // (stride 1 and 2) and odd ones: even and odd sizes, asymmetric strides, padding wider than

@@ -30,11 +30,16 @@ bool conv2d_direct_chosen(const conv2d_args& c);
 // Scratch one block needs: its input channels' padded planes for the rows it reads, and its
 // outputs at the planes' row width.
 size_t conv2d_direct_scratch_bytes(const conv2d_args& c);
-// The sums (no bias or activation) of one group's tile into y (the tile's first output, rows
-// of output channels h_out * w_out apart) from x (the group's first input channel) and w (the
-// tile's first output channel's weights). Each output is the sum over input channels, then
-// taps, in order, from 0, whatever the tile. False when preempted between channel chunks.
-bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, const float* w, float* y,
-                   float* scratch, const gpu::block_context& ctx);
+// Whether conv2d_direct applies the layer's epilogue itself: bias and ReLU, Clip or no
+// activation, without a residual (the blocks' pass over the output does the rest).
+bool conv2d_direct_finishes(const conv2d_args& c);
+// One group's tile into y (the tile's first output, rows of output channels h_out * w_out
+// apart) from x (the group's first input channel), w (the tile's first output channel's
+// weights) and bias (its first output channel's, or null): the sums, and where
+// conv2d_direct_finishes the epilogue too, with the bits of the
+// blocks' pass. Each output is the sum over input channels, then taps, in order, from 0,
+// whatever the tile. False when preempted between channel chunks.
+bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, const float* w, const float* bias,
+                   float* y, float* scratch, const gpu::block_context& ctx);
 
 }  // namespace reefline::ml::kernels

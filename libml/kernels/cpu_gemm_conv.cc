@@ -264,7 +264,9 @@ bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group,
         else
             window_sum(g, x, w, t.p0, t.p1, y, static_cast<float*>(ctx.scratch));
     } else if (conv2d_direct_chosen(c) && ctx.scratch_size >= conv2d_direct_scratch_bytes(c)) {
-        if (!conv2d_direct(c, t, x, w, y, static_cast<float*>(ctx.scratch), ctx)) return false;
+        if (!conv2d_direct(c, t, x, w, c.bias ? c.bias + co_abs : nullptr, y, static_cast<float*>(ctx.scratch), ctx))
+            return false;
+        if (conv2d_direct_finishes(c)) return true;
     } else {
         const float* cols;
         int64_t ldb;
