@@ -178,13 +178,20 @@ bool conv2d_direct_chosen(const conv2d_args& c) {
     // Where it wins (layer by layer on ResNet-50, VGG-19, Inception-v3 and DenseNet-121, A/B
     // against im2col and oneDNN's sgemm): few output channels, small planes or large windows,
     // and not where the rows' padding wastes more than 15% of the sums (1x7 on 17x17: 26%).
-    // On large planes with 64 or more output channels the sgemm is 4-10% faster.
+    // On large planes with 64 or more output channels the sgemm is 4-10% faster, unless the
+    // layer has 64 input channels or fewer (K <= 576 at 3x3): in tiles of whole rows,
+    // ResNet-50's 56x56 64 -> 64 layers ran direct in 0.99 ms against 1.10 (in the model
+    // 1.03-1.06 against 1.14-1.21), VGG-19's 224x224 64 -> 64 16.9 against 18.0, Inception-v3's
+    // 147x147 32 -> 64 3.37 against 3.64; with 128 input channels and more the sgemm still
+    // wins where the planes are large (alternated runs, batch 1: ResNet-50 0.984x, VGG-19
+    // 0.989x, Inception-v3 within noise).
     // Planes of 64 outputs or fewer with 64 output channels or fewer take it whatever their
     // padding costs: im2col's GEMM is too small there (DenseNet-121's 7x7 3x3 128 -> 32
     // layers: 25 GMAC/s by im2col, 51 direct). With more channels the GEMM wins back (in the
     // model: ResNet-50's 7x7 x 512 and Inception-v3's 8x8 x 384 layers 5-20% slower direct).
     const int64_t wp = plane_phases_of(conv2d_window(c), c.h_out).wp;
-    const bool wins = conv2d_co_per_group(c) <= 32 || c.h_out * c.w_out <= 35 * 35 || c.kh * c.kw >= 25;
+    const bool wins = conv2d_co_per_group(c) <= 32 || c.h_out * c.w_out <= 35 * 35 || c.kh * c.kw >= 25 ||
+                      conv2d_ci_per_group(c) <= 64;
     const bool small = c.h_out * c.w_out <= 64 && conv2d_co_per_group(c) <= 64;
     return wins && (double(c.w_out) >= 0.85 * double(wp) || small);
 }
