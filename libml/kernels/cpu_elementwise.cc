@@ -317,7 +317,23 @@ bool row_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const row_args*>(p);
     const int64_t u0 = int64_t(ctx.block) * a.rows_per_block;
     const int64_t u1 = std::min(row_units(a), u0 + a.rows_per_block);
-    for (int64_t u = u0; u < u1; ++u) {
+    int64_t u = u0;
+    if ((a.op == row_op::reduce_mean || a.op == row_op::reduce_sum) && a.inner == 1) {
+        // Contiguous rows (global average pools: 49 values a channel) eight at a time: each
+        // row's sum runs in its own order as below, and the eight chains of dependent double
+        // adds overlap (MobileNet-v2's pool at batch 8 took 0.21 ms, 20 ns a row).
+        constexpr int64_t lanes = 8;
+        for (; u + lanes <= u1; u += lanes) {
+            if (ctx.preempted()) return false;
+            const float* x = a.x + u * a.axis;
+            double sum[lanes] = {};
+            for (int64_t i = 0; i < a.axis; ++i)
+                for (int64_t r = 0; r < lanes; ++r) sum[r] += x[r * a.axis + i];
+            for (int64_t r = 0; r < lanes; ++r)
+                a.y[u + r] = float(a.op == row_op::reduce_mean ? sum[r] / double(a.axis) : sum[r]);
+        }
+    }
+    for (; u < u1; ++u) {
         if (ctx.preempted()) return false;
         if (a.op == row_op::layer_norm) {
             const int64_t n = a.axis * a.inner;
