@@ -433,10 +433,18 @@ predictor predictor::parse(const std::string& text, const std::string& where) {
         const std::string at = where + ": mlp layer " + std::to_string(l);
         if (!L.is_object()) bad(at, "not an object");
         layer x;
-        x.in = int(number_at(L, "in", at));
-        x.out = int(number_at(L, "out", at));
-        if (x.in != in) bad(at, "takes " + std::to_string(x.in) + " inputs, the layer below gives " + std::to_string(in));
-        if (x.out < 1 || x.out > max_width) bad(at, "\"out\" must be 1.." + std::to_string(max_width));
+        // Checked as numbers before they become ints: a width like 4e96 is a clear error, not a
+        // conversion out of int's range.
+        const double in_n = number_at(L, "in", at), out_n = number_at(L, "out", at);
+        if (in_n != double(in)) {
+            const bool whole = in_n == std::floor(in_n) && std::fabs(in_n) < 1e15;
+            bad(at, "takes " + (whole ? std::to_string(int64_t(in_n)) : json(in_n).dump()) +
+                        " inputs, the layer below gives " + std::to_string(in));
+        }
+        if (!(out_n >= 1 && out_n <= max_width) || out_n != std::floor(out_n))
+            bad(at, "\"out\" must be an integer 1.." + std::to_string(max_width));
+        x.in = in;
+        x.out = int(out_n);
         if (l + 1 == layers->size() && x.out != 1) bad(at, "the output layer must have 1 output");
         x.w = floats_at(L, "w", size_t(x.in) * size_t(x.out), at);
         x.b = floats_at(L, "b", size_t(x.out), at);

@@ -161,6 +161,12 @@ TEST(Abacus, ACorruptFileIsRefusedNamingTheProblem) {
     refused_with([](auto& b) { b["models"][1].erase("max_batch"); }, "model 1: \"max_batch\" missing");
     refused_with([](auto& b) { b["mlp"]["layers"][1]["w"].erase(0); }, "mlp layer 1: \"w\" has 1023 numbers, 1024 expected");
     refused_with([](auto& b) { b["mlp"]["layers"][0]["in"] = 14; }, "mlp layer 0: takes 14 inputs, the layer below gives 21");
+    // Widths beyond int's range or not whole are refused as such, never converted (the fuzzer
+    // found 4.3e96 converted to int: undefined behaviour).
+    refused_with([](auto& b) { b["mlp"]["layers"][1]["in"] = 4.33333e96; }, "mlp layer 1: takes 4.33333e+96 inputs");
+    refused_with([](auto& b) { b["mlp"]["layers"][0]["out"] = 4.33333e96; }, "\"out\" must be an integer 1..");
+    refused_with([](auto& b) { b["mlp"]["layers"][0]["out"] = 2.5; }, "\"out\" must be an integer 1..");
+    refused_with([](auto& b) { b["mlp"]["layers"][0]["out"] = -3e10; }, "\"out\" must be an integer 1..");
     refused_with([](auto& b) { b["mlp"]["layers"][2]["b"][3] = "x"; }, "\"b\"[3] is not a finite number");
     refused_with([](auto& b) { b["mlp"]["layers"].back()["out"] = 2; }, "the output layer must have 1 output");
     refused_with([](auto& b) { b["mlp"]["y_std"] = 0; }, "\"y_std\" must be positive");
