@@ -68,46 +68,25 @@ bool gemm_block_cpu(const void* p, const gpu::block_context& ctx) {
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// im2col for planes at most 16 outputs wide at stride 1: each output row's span is one masked
-// load from the input row (lanes on padding load nothing and read as 0) and one masked store,
-// where the general path made two memsets and a memcpy of a few floats per row (ResNet-50's
-// 7x7 3x3 layers copy 4608 rows of 7 outputs per image). ResNet-50 at batch 8: 0.982x (min of
-// 3 alternated runs), Inception-v3 at batch 1 0.987x (mean).
-__attribute__((target("avx512f"))) void im2col_narrow_avx512(const conv2d_args& c, const float* x, int64_t p0,
-                                                            int64_t p1, float* cols, int64_t ld) {
-    const int64_t ci = conv2d_ci_per_group(c);
-    for (int64_t ch = 0; ch < ci; ++ch) {
-        const float* xc = x + ch * c.h * c.w_in;
-        for (int64_t r = 0; r < c.kh; ++r) {
-            for (int64_t s = 0; s < c.kw; ++s) {
-                float* out = cols + ((ch * c.kh + r) * c.kw + s) * ld;
-                const int64_t xoff = s * c.dil_w - c.pad_left;
-                // Output columns ox (lane ox) with 0 <= ox + xoff < w_in.
-                const __mmask16 inside = __mmask16(first_lanes(std::min<int64_t>(c.w_out, c.w_in - xoff)) &
-                                                   ~first_lanes(-xoff));
-                for (int64_t q = p0; q < p1;) {
-                    const int64_t oy = q / c.w_out, ox0 = q % c.w_out;
-                    const int64_t ox1 = std::min<int64_t>(c.w_out, ox0 + (p1 - q));
-                    const __mmask16 store = first_lanes(ox1 - ox0);
-                    const int64_t iy = oy * c.stride_h - c.pad_top + r * c.dil_h;
-                    const __mmask16 load = iy < 0 || iy >= c.h ? __mmask16(0) : __mmask16((inside >> ox0) & store);
-                    const float* at = xc + (load ? iy * c.w_in + ox0 + xoff : 0);
-                    _mm512_mask_storeu_ps(out + (q - p0), store, _mm512_maskz_loadu_ps(load, at));
-                    q += ox1 - ox0;
-                }
-            }
-        }
-    }
+// One output row's span of a plane at most 16 outputs wide at stride 1: one masked load from
+// the input row (lanes on padding load nothing and read as 0; row is null on a padding row)
+// and one masked store, where the general path makes two memsets and a memcpy of a few floats
+// per row (ResNet-50's 7x7 3x3 layers copy 4608 rows of 7 outputs per image). ResNet-50 at
+// batch 8: 0.982x (min of 3 alternated runs), Inception-v3 at batch 1 0.987x (mean).
+// `inside` has lane ox set where 0 <= ox + xoff < w_in.
+__attribute__((target("avx512f"))) inline void im2col_row_narrow(float* o, const float* row, int64_t ox0,
+                                                                 int64_t ox1, int64_t xoff, __mmask16 inside) {
+    const __mmask16 store = first_lanes(ox1 - ox0);
+    const __mmask16 load = row ? __mmask16((inside >> ox0) & store) : __mmask16(0);
+    _mm512_mask_storeu_ps(o, store, _mm512_maskz_loadu_ps(load, load ? row + ox0 + xoff : row));
 }
 #endif
 
-// cols[k * ld + p - p0] for output pixels [p0, p1) of one image and group; K = ci*kh*kw
-// rows. Works a row of output pixels at a time: the padded edges are zero-filled and the
-// valid span is one memcpy (stride 1) or one strided loop, instead of a bounds check per element.
-void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float* cols, int64_t ld) {
-#if defined(__x86_64__) && defined(__GNUC__)
-    if (c.stride_w == 1 && c.w_out <= 16 && cpu_has_avx512()) return im2col_narrow_avx512(c, x, p0, p1, cols, ld);
-#endif
+// The loop nest of im2col: channel, tap row, tap column, then each output row of [p0, p1);
+// `narrow` copies each row by im2col_row_narrow (only where that holds: see im2col).
+template <bool narrow>
+[[gnu::always_inline]] inline void im2col_taps(const conv2d_args& c, const float* x, int64_t p0, int64_t p1,
+                                               float* cols, int64_t ld) {
     const int64_t ci = conv2d_ci_per_group(c);
     for (int64_t ch = 0; ch < ci; ++ch) {
         const float* xc = x + ch * c.h * c.w_in;
@@ -124,36 +103,62 @@ void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float*
                     const int64_t ox1 = std::min<int64_t>(c.w_out, ox0 + (p1 - q));
                     float* o = out + (q - p0);
                     const int64_t iy = oy * c.stride_h - c.pad_top + r * c.dil_h;
-                    if (iy < 0 || iy >= c.h) {
-                        std::memset(o, 0, size_t(ox1 - ox0) * sizeof(float));
-                    } else {
-                        const float* row = xc + iy * c.w_in;
-                        const int64_t a = std::clamp(ox_lo, ox0, ox1), b = std::clamp(ox_hi, a, ox1);
-                        if (a > ox0) std::memset(o, 0, size_t(a - ox0) * sizeof(float));
-                        if (c.stride_w == 1) {
-                            if (b > a) std::memcpy(o + (a - ox0), row + a + xoff, size_t(b - a) * sizeof(float));
-                        } else if (c.stride_w == 2) {
-                            // The next output row's input row, fetched while this one is copied:
-                            // at batch > 1 the input comes from memory, and every other row's
-                            // 224 bytes (ResNet-50's 1x1 stride-2 layers) defeat the prefetchers
-                            // (alone at batch 8: 56x56 -> 28x28 256 -> 512 8.7-9.5 -> 8.3-8.5 ms,
-                            // 28x28 -> 14x14 512 -> 1024 9.0-9.9 -> 8.5-8.6; two and four rows on
-                            // gained less).
-                            const int64_t ahead = iy + c.stride_h;
-                            if (ahead < c.h)
-                                for (int64_t j = a * 2 + xoff; j < b * 2 + xoff; j += 16)
-                                    __builtin_prefetch(xc + ahead * c.w_in + j);
-                            copy_stride2(o + (a - ox0), row + a * 2 + xoff, b - a);
-                        } else {
-                            for (int64_t ox = a; ox < b; ++ox) o[ox - ox0] = row[ox * c.stride_w + xoff];
-                        }
-                        if (ox1 > b) std::memset(o + (b - ox0), 0, size_t(ox1 - b) * sizeof(float));
-                    }
+                    const bool padding_row = iy < 0 || iy >= c.h;
+                    const float* row = padding_row ? nullptr : xc + iy * c.w_in;
                     q += ox1 - ox0;
+#if defined(__x86_64__) && defined(__GNUC__)
+                    if constexpr (narrow) {
+                        im2col_row_narrow(o, row, ox0, ox1, xoff,
+                                          __mmask16(first_lanes(ox_hi) & ~first_lanes(ox_lo)));
+                        continue;
+                    }
+#endif
+                    if (padding_row) {
+                        std::memset(o, 0, size_t(ox1 - ox0) * sizeof(float));
+                        continue;
+                    }
+                    const int64_t a = std::clamp(ox_lo, ox0, ox1), b = std::clamp(ox_hi, a, ox1);
+                    if (a > ox0) std::memset(o, 0, size_t(a - ox0) * sizeof(float));
+                    if (c.stride_w == 1) {
+                        if (b > a) std::memcpy(o + (a - ox0), row + a + xoff, size_t(b - a) * sizeof(float));
+                    } else if (c.stride_w == 2) {
+                        // The next output row's input row, fetched while this one is copied:
+                        // at batch > 1 the input comes from memory, and every other row's
+                        // 224 bytes (ResNet-50's 1x1 stride-2 layers) defeat the prefetchers
+                        // (alone at batch 8: 56x56 -> 28x28 256 -> 512 8.7-9.5 -> 8.3-8.5 ms,
+                        // 28x28 -> 14x14 512 -> 1024 9.0-9.9 -> 8.5-8.6; two and four rows on
+                        // gained less).
+                        const int64_t ahead = iy + c.stride_h;
+                        if (ahead < c.h)
+                            for (int64_t j = a * 2 + xoff; j < b * 2 + xoff; j += 16)
+                                __builtin_prefetch(xc + ahead * c.w_in + j);
+                        copy_stride2(o + (a - ox0), row + a * 2 + xoff, b - a);
+                    } else {
+                        for (int64_t ox = a; ox < b; ++ox) o[ox - ox0] = row[ox * c.stride_w + xoff];
+                    }
+                    if (ox1 > b) std::memset(o + (b - ox0), 0, size_t(ox1 - b) * sizeof(float));
                 }
             }
         }
     }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) void im2col_narrow_avx512(const conv2d_args& c, const float* x, int64_t p0,
+                                                            int64_t p1, float* cols, int64_t ld) {
+    im2col_taps<true>(c, x, p0, p1, cols, ld);
+}
+#endif
+
+// cols[k * ld + p - p0] for output pixels [p0, p1) of one image and group; K = ci*kh*kw
+// rows. Works a row of output pixels at a time: the padded edges are zero-filled and the
+// valid span is one memcpy (stride 1) or one strided loop, instead of a bounds check per
+// element; planes at most 16 wide at stride 1 one masked load and store per row.
+void im2col(const conv2d_args& c, const float* x, int64_t p0, int64_t p1, float* cols, int64_t ld) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (c.stride_w == 1 && c.w_out <= 16 && cpu_has_avx512()) return im2col_narrow_avx512(c, x, p0, p1, cols, ld);
+#endif
+    im2col_taps<false>(c, x, p0, p1, cols, ld);
 }
 
 bool conv2d_is_depthwise(const conv2d_args& c) { return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1; }
