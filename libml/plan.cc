@@ -324,9 +324,11 @@ private:
             return a;
         };
         if (p.kernel == &k::conv2d_kernel) {
+            k::conv2d_args c;
+            std::memcpy(&c, p.args.data(), sizeof c);
             // Blocks of several images run them as one GEMM on purpose (conv2d_images_cpu).
-            if (k::conv2d_image_tile(edit(k::conv2d_args{}, [](const k::conv2d_args& a) { return k::conv2d_grid(a); })) > 1)
-                return false;
+            if (k::conv2d_image_tile(c) > 1) return false;
+            edit(c, [](const k::conv2d_args& a) { return k::conv2d_grid(a); });
         } else if (p.kernel == &k::batchnorm_kernel) {
             edit(k::batchnorm_args{}, [](const k::batchnorm_args& a) { return k::batchnorm_grid(a); });
         } else if (p.kernel == &k::pool2d_kernel) {
