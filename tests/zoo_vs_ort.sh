@@ -13,10 +13,7 @@ size=${3:-tiny}
 root=$(cd "$(dirname "$0")/.." && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-command -v node >/dev/null || { echo "skip: node missing"; exit 77; }
-if [ ! -d "$root/tests/ort/node_modules/onnxruntime-node" ]; then
-  (cd "$root/tests/ort" && flock /tmp/reefline-npm.lock npm install --ignore-scripts --no-audit --no-fund >/dev/null)
-fi
+source "$root/tests/ort/ensure.sh"
 py=/usr/bin/python3
 "$py" -c "import numpy, onnx" 2>/dev/null || { echo "skip: python3-onnx missing"; exit 77; }
 

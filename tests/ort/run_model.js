@@ -11,7 +11,8 @@
 // take --dim NAME=V, else --batch. A JSON summary (inputs, outputs with statistics, timings)
 // goes to stdout, or to --json FILE. With --output-dir, writes output_<i>.pb (TensorProto named
 // after the model's i-th output), summary.json, and with --save-inputs input_<i>.pb (the exact
-// inputs fed).
+// inputs fed). With --serve it loads the model and then runs once per "run" line on stdin,
+// answering "run_ms <ms>" (bench/libml_vs_ort alternates its own runs with these).
 //
 // Install once: (cd tests/ort && npm install --ignore-scripts). Exit status: 0 success,
 // 1 the model failed to load or run, 2 bad usage or an unreadable or unwritable file.
@@ -41,7 +42,10 @@ const USAGE = `usage: node run_model.js MODEL.onnx [options]
   --warmup W            untimed runs before the timed ones (default 1)
   --threads T           intra-op threads (default 1)
   --opt LEVEL           graph optimisation: disabled, basic, extended, all (default all)
-  --quiet               print no summary`;
+  --quiet               print no summary
+  --serve               after loading, run once for every line "run" read from stdin and
+                        print "run_ms <ms>" on stdout; exit at end of input (no summary).
+                        For a caller that alternates its own runs with these ones`;
 
 // ---------------------------------------------------------------------------------------------
 // Minimal protobuf for onnx.TensorProto: dims (1), data_type (2), float_data (4), int32_data (5),
@@ -317,7 +321,8 @@ function parseArgs(argv) {
   const o = { model: null, inputs: [], seed: 1, batch: 1, dims: {}, intRange: [0, 100],
               floatRange: null, lengths: null, outputDir: null, format: 'pb', saveInputs: false,
               json: '-',
-              repeat: 0, warmup: 1, threads: 1, opt: 'all', quiet: false };
+              repeat: 0, warmup: 1, threads: 1, opt: 'all', quiet: false,
+              serve: false };
   const pair = (s, what) => {
     const v = s.split(',').map(Number);
     if (v.length !== 2 || v.some(Number.isNaN) || !(v[0] < v[1])) usage(`bad ${what} '${s}'`);
@@ -362,6 +367,7 @@ function parseArgs(argv) {
       case '--threads': o.threads = int(val(), '--threads', 0); break;
       case '--opt': o.opt = val(); if (!['disabled', 'basic', 'extended', 'all'].includes(o.opt)) usage('bad --opt'); break;
       case '--quiet': o.quiet = true; break;
+      case '--serve': o.serve = true; break;
       case '-h': case '--help': console.log(USAGE); process.exit(0); break;
       default:
         if (a.startsWith('-') || o.model) usage(`unexpected argument '${a}'`);
@@ -432,6 +438,11 @@ async function main() {
     feeds[m.name] = new ort.Tensor(m.type, generate(m, dims, o, i), dims);
   });
 
+  if (o.serve) {
+    await serve(session, feeds);
+    return;
+  }
+
   let results;
   const times = [];
   try {
@@ -481,6 +492,21 @@ async function main() {
   } catch (e) {
     console.error(`run_model.js: ${e.message}`);
     process.exit(2);
+  }
+  if (session.release) await session.release();
+}
+
+// --serve: one timed run per "run" line on stdin, its time on stdout, until end of input.
+async function serve(session, feeds) {
+  const rl = require('readline').createInterface({ input: process.stdin, terminal: false });
+  for await (const line of rl) {
+    if (line.trim() !== 'run') {
+      console.error(`run_model.js: --serve: unknown command '${line.trim()}' (expected: run)`);
+      process.exit(2);
+    }
+    const t = process.hrtime.bigint();
+    await session.run(feeds);
+    process.stdout.write(`run_ms ${Number(process.hrtime.bigint() - t) / 1e6}\n`);
   }
   if (session.release) await session.release();
 }
