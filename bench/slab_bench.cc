@@ -65,6 +65,7 @@
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
+namespace gpu = reefline::gpu;
 namespace ml = reefline::ml;
 namespace report = reefline::bench;
 using clk = std::chrono::steady_clock;
@@ -435,7 +436,7 @@ double reconverge_ms(const std::vector<std::pair<double, uint32_t>>& trace, int 
 void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uint32_t max_batch, double phase_ms,
                double blip_ms, int rounds, bool shed, report::csv_writer* csv, report::csv_writer* series,
                report::progress& progress) {
-    const int phases = units >= 2 && units <= 64 ? 8 : 7;
+    const int phases = units >= 2 ? 8 : 7;
     // Arrivals: Poisson at `rate`, twice that in phase 1; one schedule for every policy.
     std::vector<double> schedule;
     std::mt19937_64 rng(2025);
@@ -449,7 +450,7 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
                                                 {6 * phase_ms, scenario_event::competitor_off}};
     if (phases == 8) {
         scenario_event half{7 * phase_ms, scenario_event::share};
-        half.units = (uint64_t{1} << (units / 2)) - 1;
+        half.units = gpu::every_unit_set(units) >> (gpu::unit_set_bits(units) - gpu::unit_set_bits(units) / 2);
         events.push_back(half);
     }
     // SLAB, AIMD and fixed at several sizes (each starts from a fresh controller).

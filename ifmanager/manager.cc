@@ -359,7 +359,7 @@ void if_manager::check_share(const model_settings& s) const {
 }
 
 uint32_t if_manager::share_units() const {
-    return std::min<uint32_t>(64, _runtime.device().caps().compute_units);
+    return gpu::unit_set_bits(_runtime.device().caps().compute_units);
 }
 
 // Static shares first: IFs with a share below 1, in name order, each get max(1, round(share x

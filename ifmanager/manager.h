@@ -147,7 +147,8 @@ private:
     void place_shares();
     // One round of the self-tuned shares (from tick()).
     void tune_shares();
-    // The compute units shares are placed on (a mask holds 64).
+    // How many bits a unit set of this device has: its compute units, or groups of them on a
+    // device with more than 64 (gpu::unit_group).
     uint32_t share_units() const;
     // With `change`, profiles only its new instances (a `set` prepared on the side).
     void profile(model_if& mif, const std::string& name, bool keep, model_if::prepared_settings* change = nullptr);

@@ -496,7 +496,7 @@ bool scan(cpu_device_state* d, worker& w, claimed& c) {
                 if (k >= n) k -= n;
                 cpu_stream* st = l->s[b + k];
                 const uint64_t allowed = st->allowed.load(std::memory_order_relaxed);
-                if (allowed != ~uint64_t{0} && (w.id >= 64 || !(allowed >> w.id & 1))) continue;
+                if (allowed != ~uint64_t{0} && !(allowed >> (w.id / unit_group(d->units)) & 1)) continue;
                 got = try_claim(d, st, c);
             }
             if (got) break;
@@ -778,7 +778,7 @@ void op_stream_destroy(device* dev, stream* st) {
 
 void op_stream_set_units(device* dev, stream* st, uint64_t units) {
     cpu_device_state* d = state_of(dev);
-    const uint64_t all = d->units >= 64 ? ~uint64_t{0} : (uint64_t{1} << d->units) - 1;
+    const uint64_t all = every_unit_set(d->units);
     units &= all;
     if (units == 0 || units == all) units = ~uint64_t{0};
     {

@@ -106,6 +106,19 @@ struct device_caps {
     bool gpu = false;             // a CUDA/HIP device: plans pick GPU tile sizes
 };
 
+// Unit sets (stream_set_units) are 64-bit masks. On a device with more than 64 compute units
+// (an H100 has 132 SMs, an MI300X 304 CUs) bit i names the group of unit_group() consecutive
+// units from i * unit_group() (the last group may be smaller), so that a set can still be any
+// fraction of the whole device; unit_set_bits() is how many bits a set of every unit has.
+constexpr uint32_t unit_group(uint32_t compute_units) { return compute_units <= 64 ? 1u : (compute_units + 63) / 64; }
+constexpr uint32_t unit_set_bits(uint32_t compute_units) {
+    return (compute_units + unit_group(compute_units) - 1) / unit_group(compute_units);
+}
+constexpr uint64_t every_unit_set(uint32_t compute_units) {
+    const uint32_t bits = unit_set_bits(compute_units);
+    return bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
+}
+
 class device;
 
 // The backend's table of functions. Every function is thread-safe unless noted.
@@ -171,8 +184,8 @@ struct device_ops {
     // kernel_info's nominal figures are known.
     bool (*kernel_resources_of)(device* d, const kernel_info* k, kernel_resources& out);
     // Spatial shares (GSLICE's "GPU%"): the compute units whose blocks of launches on `s` may
-    // run on, bit u for unit u (units past 63 take part only in the full set). A set with no
-    // unit of this device, or every unit, means every unit. A caller changes it between tasks;
+    // run on, bit u for unit u (for the group of units u names past 64 units: unit_group). A
+    // set with no unit of this device, or every unit, means every unit. A caller changes it between tasks;
     // launches stay in order across a change. Null on a backend without it. Per backend:
     // - cpu: workers outside the set skip the stream; applies to launches not yet dispatched.
     // - hip: a CU-mask stream per set (hipExtStreamCreateWithCUMask), exactly these CUs; the

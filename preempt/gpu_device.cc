@@ -491,7 +491,7 @@ green_partition* green_partition_for(gpu_device_state* d, uint32_t first, uint32
 
 // Makes a vendor stream whose launches run on `units` (a proper, non-empty subset of the
 // device's units, as bits), with the stream's priority where the runtime takes one.
-// - HIP: a CU-mask stream, exactly these CUs (units past 63 take part only in the full set).
+// - HIP: a CU-mask stream, exactly the CUs of the set (each bit a group of CUs past 64: unit_group).
 // - SIMT emulation: its counterpart (simt_emu.h), exactly these emulated units.
 // - CUDA: a stream in a green context. Green contexts partition by SM count, in steps of the
 //   architecture's granularity (CUdevSmResource: minSmPartitionSize, smCoscheduledAlignment;
@@ -504,10 +504,10 @@ unit_open open_unit_stream(gpu_device_state* d, int priority, uint64_t units, un
     out.units = units;
 #if defined(RL_GPU_CU_MASK_STREAM)
     (void)priority;  // a CU-mask stream has the default priority
-    const uint32_t n = d->caps.compute_units;
+    const uint32_t n = d->caps.compute_units, group = unit_group(n);
     std::vector<uint32_t> mask((n + 31) / 32, 0u);
-    for (uint32_t u = 0; u < n && u < 64; ++u)
-        if (units >> u & 1) mask[u / 32] |= 1u << (u % 32);
+    for (uint32_t u = 0; u < n; ++u)
+        if (units >> (u / group) & 1) mask[u / 32] |= 1u << (u % 32);
     const cudaError_t e = RL_GPU_CU_MASK_STREAM(&out.s, uint32_t(mask.size()), mask.data());
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
@@ -526,10 +526,11 @@ unit_open open_unit_stream(gpu_device_state* d, int priority, uint64_t units, un
     const uint32_t total = sm.smCount;
     const uint32_t step = std::max(1u, sm.smCoscheduledAlignment);
     const uint32_t least = std::max(step, sm.minSmPartitionSize);
-    const uint32_t want = uint32_t(std::popcount(units));
+    const uint32_t group = unit_group(d->caps.compute_units);
+    const uint32_t want = std::min(total, uint32_t(std::popcount(units)) * group);
     const uint32_t count = std::max(least, (want + step - 1) / step * step);
     if (count >= total) return unit_open::whole_device;
-    const uint32_t lowest = uint32_t(std::countr_zero(units)) / step * step;
+    const uint32_t lowest = uint32_t(std::countr_zero(units)) * group / step * step;
     const uint32_t first = std::min(lowest, (total - count) / step * step);
     green_partition* p = green_partition_for(d, first, count);
     if (!p->ctx) {
@@ -915,8 +916,7 @@ void op_stream_set_units(device* dev, stream* st, uint64_t units) {
     gpu_device_state* d = state_of(dev);
     gpu_stream* s = as_gpu(st);
     if (!s) throw std::invalid_argument(std::string(kBackend) + " device: set_units without a stream");
-    const uint32_t n = d->caps.compute_units;
-    const uint64_t all = n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1;
+    const uint64_t all = every_unit_set(d->caps.compute_units);
     units &= all;
     if (units == 0 || units == all) units = ~uint64_t{0};
     bind(d);

@@ -499,6 +499,40 @@ TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
     for (stream* s : {a, b, c}) d->ops().stream_destroy(d.get(), s);
 }
 
+// Past 64 units a set's bit names a group of them (unit_group): on 130 units, groups of 3, so
+// bit 0 is units 0-2 and bit 43 the last unit alone; a set of all 44 bits is every unit.
+TEST(CpuDevice, UnitSetsNameGroupsPastSixtyFourUnits) {
+    static_assert(unit_group(64) == 1 && unit_set_bits(64) == 64 && unit_group(132) == 3 &&
+                  unit_set_bits(132) == 44 && unit_group(304) == 5 && unit_set_bits(304) == 61);
+    auto d = make(130, 64, 4096);
+    ASSERT_EQ(unit_set_bits(130), 44u);
+    stream* a = d->create_stream(3);
+    stream* b = d->create_stream(3);
+    d->ops().stream_set_units(d.get(), a, 0b1);                // units 0, 1, 2
+    d->ops().stream_set_units(d.get(), b, uint64_t{1} << 43);  // unit 129
+    constexpr uint32_t blocks = 60;
+    std::vector<std::atomic<uint32_t>> wa(blocks), wb(blocks);
+    where_args aa{wa.data()}, ab{wb.data()};
+    d->launch(a, make_launch(k_where, aa, blocks));
+    d->launch(b, make_launch(k_where, ab, blocks));
+    d->synchronize(a);
+    d->synchronize(b);
+    for (uint32_t i = 0; i < blocks; ++i) {
+        ASSERT_NE(wa[i].load(), 0u);
+        ASSERT_NE(wb[i].load(), 0u);
+        EXPECT_LT(wa[i].load() - 1, 3u) << "a block of stream a (bit 0: units 0-2) ran on unit " << wa[i].load() - 1;
+        EXPECT_EQ(wb[i].load() - 1, 129u) << "a block of stream b (bit 43: unit 129) ran on unit " << wb[i].load() - 1;
+    }
+    // Every one of the 44 bits is the whole device: 130 blocks that wait for each other meet.
+    d->ops().stream_set_units(d.get(), a, every_unit_set(130));
+    std::atomic<uint32_t> arrived{0}, met{0};
+    meet_args m{&arrived, 130, &met};
+    d->launch(a, make_launch(k_meet, m, 130));
+    d->synchronize(a);
+    EXPECT_EQ(met.load(), 130u);
+    for (stream* s : {a, b}) d->ops().stream_destroy(d.get(), s);
+}
+
 TEST(CpuDevice, HigherPriorityStreamGoesFirst) {
     auto d = make(1);
     stream* low = d->create_stream(7);

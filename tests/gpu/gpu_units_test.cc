@@ -11,7 +11,9 @@
 //   vendor streams for unit sets; a padded launch on a bound stream is a plain one.
 // Units are exact on HIP (CU masks) and under the SIMT emulation, which gets 4 units here
 // (REEFLINE_EMU_UNITS); on CUDA green contexts bind a stream to a number of SMs, not to the
-// SMs of the mask, so the placement checks there are only that fewer SMs ran its blocks.
+// SMs of the mask, so the placement checks there are only that fewer SMs ran its blocks. On a
+// device of more than 64 units (an H100's 132 SMs) a set's bit names a group of units
+// (gpu::unit_group): the tests build their sets of those bits.
 #include <atomic>
 #include <bit>
 #include <chrono>
@@ -43,7 +45,11 @@ bool eventually(P pred, double ms = 10000) {
     return true;
 }
 
-uint32_t units_of(const gpu::device& d) { return d.caps().compute_units; }
+// The bits of a unit set of the device, and the units one bit names.
+uint32_t units_of(const gpu::device& d) { return gpu::unit_set_bits(d.caps().compute_units); }
+uint32_t group_of(const gpu::device& d) { return gpu::unit_group(d.caps().compute_units); }
+// A grid of `per_unit` blocks for each of the device's units.
+uint32_t grid_of(const gpu::device& d, uint32_t per_unit) { return d.caps().compute_units * per_unit; }
 uint64_t every_unit(uint32_t n) { return n >= 64 ? ~uint64_t{0} : (uint64_t{1} << n) - 1; }
 // Units [from, to) as a set.
 uint64_t unit_range(uint32_t from, uint32_t to) { return every_unit(to) & ~every_unit(from); }
@@ -66,18 +72,21 @@ void set_units(gpu::device& d, gpu::stream* s, uint64_t units) { d.ops().stream_
 // contexts: counted as a fallback).
 void expect_placed(const gpu::device& d, const spin_kernel& k, uint64_t units, const char* what,
                    const gpu::gpu_device_stats& before) {
+    const uint32_t group = group_of(d);
     if (exact_units()) {
-        EXPECT(k.outside(units) == 0u) << k.outside(units) << " blocks of " << what << " ran outside units 0x"
-                                       << std::hex << units << " (on 0x" << k.used() << ")";
+        EXPECT(k.outside(units, group) == 0u) << k.outside(units, group) << " blocks of " << what
+                                              << " ran outside units 0x" << std::hex << units << " (on 0x"
+                                              << k.used(group) << ")";
         return;
     }
     if (stats(d).units_fallbacks > before.units_fallbacks) {
         std::printf("  %s ran unbound: the device has no green contexts\n", what);
         return;
     }
-    const uint32_t sms = uint32_t(std::popcount(k.used()));
-    std::printf("  %s (a set of %d units) ran on %u SMs\n", what, std::popcount(units), sms);
-    EXPECT(sms < units_of(d)) << what << " ran on every SM";
+    const uint32_t sms = k.units_used();
+    std::printf("  %s (a set of %d units of %u SMs) ran on %u SMs\n", what, std::popcount(units) * int(group),
+                d.caps().compute_units, sms);
+    EXPECT(sms < d.caps().compute_units) << what << " ran on every SM";
 }
 
 GPU_TEST(a_bound_stream_runs_its_blocks_only_on_its_units) {
@@ -88,7 +97,7 @@ GPU_TEST(a_bound_stream_runs_its_blocks_only_on_its_units) {
     gpu_runner r(d, d.caps().lowest_priority);
     const auto before = stats(d);
     set_units(d, r.s, mask);
-    const uint32_t grid = n * 4;
+    const uint32_t grid = grid_of(d, 4);
     std::vector<std::unique_ptr<spin_kernel>> ks;
     for (uint32_t i = 0; i < 3; ++i) {
         ks.push_back(std::make_unique<spin_kernel>(d, grid, 2000));
@@ -101,7 +110,7 @@ GPU_TEST(a_bound_stream_runs_its_blocks_only_on_its_units) {
         EXPECT(k->finished() == grid) << k->finished() << " of " << grid << " blocks ran to their end";
         expect_placed(d, *k, mask, "a bound launch", before);
     }
-    std::printf("  units used: 0x%llx (bound to 0x%llx of %u)\n", (unsigned long long)ks[0]->used(),
+    std::printf("  units used: 0x%llx (bound to 0x%llx of %u)\n", (unsigned long long)ks[0]->used(group_of(d)),
                 (unsigned long long)mask, n);
     const auto after = stats(d);
     EXPECT(after.units_binds == before.units_binds + 1);
@@ -121,7 +130,7 @@ GPU_TEST(streams_bound_to_disjoint_units_run_side_by_side) {
     set_units(d, a.s, lo);
     set_units(d, b.s, hi);
     // A long block on a's units; b's launch must run beside it, not after it.
-    spin_kernel longk(d, 1, 30e6), shortk(d, uint32_t(std::popcount(hi)) * 2, 1000);
+    spin_kernel longk(d, 1, 30e6), shortk(d, uint32_t(std::popcount(hi)) * group_of(d) * 2, 1000);
     d.launch(a.s, longk.at(a.w, 0));
     REQUIRE(eventually([&] { return longk.started() == 1u; })) << "the long block never started";
     const auto t0 = clk::now();
@@ -141,7 +150,7 @@ GPU_TEST(streams_bound_to_disjoint_units_run_side_by_side) {
     EXPECT(a.w->completed.load() == 0u) << "a preempted bound launch advanced its counter";
     EXPECT(longk.finished() == 0u);
     d.set_task_flag(a.w, 0);
-    spin_kernel again(d, n * 2, 500);
+    spin_kernel again(d, grid_of(d, 2), 500);
     d.launch(a.s, again.at(a.w, 0));
     d.synchronize(a.s);
     EXPECT(a.w->completed.load() == 1u) << "the restored launch did not complete";
@@ -196,11 +205,11 @@ GPU_TEST(units_changed_between_launches_keep_their_order_results_counters_and_ev
         EXPECT(after.unit_switches - before.unit_switches >= 6u) << after.unit_switches - before.unit_switches;
     }
     // The stream, now unbound, runs spin blocks on every unit again.
-    spin_kernel k(d, n * 4, 20000);
+    spin_kernel k(d, grid_of(d, 4), 20000);
     d.launch(r.s, k.at(r.w, uint32_t(chain.args.size())));
     d.synchronize(r.s);
     EXPECT(k.finished() == k.grid);
-    EXPECT(k.used() == every_unit(std::min<uint32_t>(n, 64))) << "used 0x" << std::hex << k.used();
+    EXPECT(k.used(group_of(d)) == every_unit(n)) << "used 0x" << std::hex << k.used(group_of(d));
     ops.event_destroy(&d, e);
 }
 
@@ -220,15 +229,15 @@ GPU_TEST(every_unit_or_none_of_the_device_is_unbound) {
         << "a set of every unit bound the stream";
     // Bound to unit 0, then to every unit again.
     set_units(d, r.s, 0b1);
-    spin_kernel one(d, n * 2, 500);
+    spin_kernel one(d, grid_of(d, 2), 500);
     d.launch(r.s, one.at(r.w, 0));
     set_units(d, r.s, every_unit(n) | (uint64_t{1} << 63));
-    spin_kernel all(d, n * 4, 20000);
+    spin_kernel all(d, grid_of(d, 4), 20000);
     d.launch(r.s, all.at(r.w, 1));
     d.synchronize(r.s);
     EXPECT(r.w->completed.load() == 2u);
     expect_placed(d, one, 0b1, "a launch bound to unit 0", before);
-    EXPECT(all.used() == every_unit(std::min<uint32_t>(n, 64))) << "an unbound launch used 0x" << std::hex << all.used();
+    EXPECT(all.used(group_of(d)) == every_unit(n)) << "an unbound launch used 0x" << std::hex << all.used(group_of(d));
     const auto after = stats(d);
     EXPECT(after.units_binds == before.units_binds + 1);
     if (after.units_fallbacks == before.units_fallbacks) {
@@ -239,7 +248,6 @@ GPU_TEST(every_unit_or_none_of_the_device_is_unbound) {
 GPU_TEST(a_stream_keeps_at_most_eight_unit_streams) {
     gpu::device& d = *the_device();
     needs_units(d, 4);
-    const uint32_t n = units_of(d);
     const auto before = stats(d);
     {
         gpu_runner r(d);
@@ -248,10 +256,10 @@ GPU_TEST(a_stream_keeps_at_most_eight_unit_streams) {
         for (uint32_t i = 0; i < 12; ++i) {  // the last two bind evicted sets again
             const uint64_t m = masks[i % masks.size()];
             set_units(d, r.s, m);
-            spin_kernel k(d, n, 200);
+            spin_kernel k(d, grid_of(d, 1), 200);
             d.launch(r.s, k.at(r.w, i));
             d.synchronize(r.s);
-            EXPECT(k.finished() == n);
+            EXPECT(k.finished() == k.grid);
             expect_placed(d, k, m, "a launch", before);
             const auto now = stats(d);
             EXPECT(now.unit_streams_live - before.unit_streams_live <= 8u)
@@ -275,14 +283,13 @@ GPU_TEST(a_padded_launch_on_a_bound_stream_is_a_plain_one) {
     gpu::device& d = *the_device();
     needs_units(d, 2);
     REQUIRE(d.ops().launch_padded != nullptr);
-    const uint32_t n = units_of(d);
     gpu_runner r(d, d.caps().highest_priority);
     gpu::task_words* be_w = d.ops().task_words_create(&d);
     const uint64_t mask = 0b10;
     const auto before = stats(d);
     set_units(d, r.s, mask);
     const auto pads_before = d.ops().padding_stats(&d);
-    spin_kernel rt(d, 2, 3000), pad(d, n * 2, 100);
+    spin_kernel rt(d, 2, 3000), pad(d, grid_of(d, 2), 100);
     const gpu::launch p = pad.at(be_w, 0);
     d.ops().launch_padded(&d, r.s, rt.at(r.w, 0), &p, 1);
     EXPECT(be_w->pads.load() == 0u) << "a pad dropped from a plain launch holds its task";

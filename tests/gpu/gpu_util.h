@@ -71,19 +71,33 @@ struct spin_kernel {
         for (uint32_t b = 0; b < grid; ++b) n += word(b) != 0 && ((word(b) & 0x7fffffffu) - 1) == u;
         return n;
     }
-    // The units its started blocks ran on (units past 63 as unit 63).
-    uint64_t used() const {
+    // The unit set its started blocks ran on: bit u for units [u * group, (u + 1) * group) (a
+    // device's gpu::unit_group; past 64 groups as the 64th).
+    uint64_t used(uint32_t group = 1) const {
         uint64_t m = 0;
         for (uint32_t b = 0; b < grid; ++b)
-            if (word(b) != 0) m |= uint64_t{1} << std::min<uint32_t>((word(b) & 0x7fffffffu) - 1, 63);
+            if (word(b) != 0) m |= uint64_t{1} << std::min<uint32_t>(((word(b) & 0x7fffffffu) - 1) / group, 63);
         return m;
     }
-    // Blocks that started outside `units`.
-    uint32_t outside(uint64_t units) const {
+    // How many distinct units its started blocks ran on.
+    uint32_t units_used() const {
+        std::vector<bool> seen;
         uint32_t n = 0;
         for (uint32_t b = 0; b < grid; ++b) {
             if (word(b) == 0) continue;
             const uint32_t u = (word(b) & 0x7fffffffu) - 1;
+            if (u >= seen.size()) seen.resize(u + 1);
+            n += !seen[u];
+            seen[u] = true;
+        }
+        return n;
+    }
+    // Blocks that started outside the unit set `units` (of groups of `group` units).
+    uint32_t outside(uint64_t units, uint32_t group = 1) const {
+        uint32_t n = 0;
+        for (uint32_t b = 0; b < grid; ++b) {
+            if (word(b) == 0) continue;
+            const uint32_t u = ((word(b) & 0x7fffffffu) - 1) / group;
             n += u >= 64 || !(units >> u & 1);
         }
         return n;
