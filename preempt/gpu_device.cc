@@ -63,6 +63,7 @@
 #include <bit>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -1258,6 +1259,16 @@ const device_ops gpu_ops = {
 
 std::unique_ptr<device> make_device(const gpu_device_options& options) {
     const std::string none = std::string("no ") + RL_GPU_RUNTIME_NAME + " device: ";
+#if !defined(RL_GPU_HIP) && !(defined(REEFLINE_SIMT_EMU) && REEFLINE_SIMT_EMU)
+    // Kernels load when the runtime starts, unless the user chose otherwise. Under CUDA's
+    // default lazy loading (12.2+) a kernel's first launch loads it, and loading may wait for
+    // the kernels running on the device (the programming guide's "Lazy Loading" hazards): an
+    // RT task's first kernel could wait for a long BE kernel, the opposite of preemption (on an
+    // H200 a stream's first launch of a kernel waited for another stream's spinning block to
+    // end, which this explains). The driver reads the variable when it initialises: at the
+    // first call below, as long as nothing in the process used CUDA before.
+    setenv("CUDA_MODULE_LOADING", "EAGER", 0);
+#endif
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {

@@ -40,6 +40,30 @@ bool eventually(P pred, double ms = 5000) {
     return true;
 }
 
+// A kernel's first launch in the process runs beside a block already spinning on another
+// stream. With CUDA's lazy loading a first launch loads its kernel, which may wait for the
+// running kernels (an H200 showed such a wait before the device asked for eager loading). First in this file, so that the accounting kernel of an empty
+// slice has not run yet in this process.
+GPU_TEST(a_kernels_first_launch_runs_beside_a_spinning_block) {
+    if (emulated()) SKIP_TEST("the SIMT emulation runs one launch at a time on its one unit");
+    gpu::device& d = *the_device();
+    gpu_runner a(d), b(d);
+    spin_kernel longk(d, 1, 10e6);  // 10 s, or until its task is flagged
+    d.launch(a.s, longk.at(a.w, 0));
+    REQUIRE(eventually([&] { return longk.started() == 1u; })) << "the spinning block never started";
+    const auto t0 = clk::now();
+    // An empty slice: the accounting kernel alone, its first launch in this process.
+    d.launch(b.s, gpu::launch{&spin_info, &longk.args, uint32_t(sizeof longk.args), 1, 0, 0, b.w, 0});
+    d.synchronize(b.s);
+    const double ms = ms_since(t0);
+    d.set_task_flag(a.w, 1);
+    d.synchronize(a.s);
+    std::printf("  first launch of the accounting kernel beside a spinning block: %.2f ms\n", ms);
+    EXPECT(b.w->completed.load() == 1u);
+    EXPECT(longk.finished() == 0u) << "the spinning block ran to its end";
+    EXPECT(ms < 1000) << "the first launch waited " << ms << " ms for the other stream's block";
+}
+
 GPU_TEST(caps_memory_kinds_and_pool) {
     gpu::device& d = *the_device();
     const gpu::device_caps c = d.caps();
