@@ -221,8 +221,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"onednn", "openblas"}))
         ->capture_default_str();
     std::string conv = "auto";
-    app.add_option("--conv", conv, "how reefline runs convolutions other than pointwise and depthwise: direct where measured faster (auto), direct wherever it can, or im2col and the GEMM")
-        ->check(CLI::IsMember({"auto", "direct", "im2col"}))
+    app.add_option("--conv", conv, "how reefline runs convolutions other than pointwise and depthwise: direct or Winograd where measured faster (auto), direct wherever it can, Winograd F(2x2, 3x3) wherever it can (3x3 at stride 1), or im2col and the GEMM")
+        ->check(CLI::IsMember({"auto", "direct", "winograd", "im2col"}))
         ->capture_default_str();
     app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
     CLI11_PARSE(app, argc, argv);

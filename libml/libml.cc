@@ -1,5 +1,6 @@
 #include "libml/libml.h"
 
+#include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
 
 #include <chrono>
@@ -10,6 +11,10 @@
 namespace reefline::ml {
 
 namespace {
+
+// The cpu device's blocks run 3x3 convolutions by Winograd where the weights' layout holds
+// their filters (AVX-512 only); GPU backends never read them.
+bool winograd_filters_for(gpu::device& d) { return !d.caps().gpu && kernels::cpu_has_avx512(); }
 
 // What configure_batch() allocates for a plan: the regions never smaller than 64 bytes.
 int64_t arena_allocation(const plan& p) { return std::max<int64_t>(p.arena_bytes(), 64); }
@@ -119,7 +124,7 @@ std::shared_ptr<model> runtime::finish_load(gpu::device& dev, graph g, std::stri
     auto m = std::make_shared<model>();
     m->_name = std::move(name);
     m->_device = &dev;
-    m->_layout = plan::layout_weights(g);
+    m->_layout = plan::layout_weights(g, winograd_filters_for(dev));
     m->_host_bytes = distinct_constant_bytes(g);
     m->_generic = g.generic() ? g.generic() : std::make_shared<const graph>(g);
     m->_imported = std::move(g);
@@ -249,7 +254,7 @@ memory_footprint weights_footprint(const graph& imported, const plan::weight_lay
 
 memory_footprint runtime::footprint(const graph& imported, std::span<const int64_t> batches,
                                     int64_t segments_per_request, std::span<const int64_t> lengths) const {
-    const plan::weight_layout layout = plan::layout_weights(imported);
+    const plan::weight_layout layout = plan::layout_weights(imported, winograd_filters_for(_device));
     memory_footprint f = weights_footprint(imported, layout);
     f.instances = instance_bytes(imported, layout, batches, segments_per_request, lengths);
     return f;
@@ -276,7 +281,7 @@ void runtime::add_groups(memory_footprint& f, const graph& imported, const plan:
 
 memory_footprint runtime::footprint(const graph& imported, std::span<const std::vector<int64_t>> groups,
                                     int64_t segments_per_request, std::span<const int64_t> lengths) const {
-    const plan::weight_layout layout = plan::layout_weights(imported);
+    const plan::weight_layout layout = plan::layout_weights(imported, winograd_filters_for(_device));
     memory_footprint f = weights_footprint(imported, layout);
     add_groups(f, imported, layout, groups, segments_per_request, lengths);
     return f;

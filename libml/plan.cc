@@ -1,12 +1,14 @@
 #include "libml/plan.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <optional>
 
 #include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml {
@@ -120,13 +122,36 @@ std::optional<k::elem> elem_of(dtype t) {
 
 // ---- weights ----------------------------------------------------------------------------
 
-plan::weight_layout plan::layout_weights(const graph& g) {
+plan::weight_layout plan::layout_weights(const graph& g, bool winograd_filters) {
     weight_layout w;
     for (const value& v : g.values) {
         if (!v.is_constant() || w.offset.count(v.data.get())) continue;
         w.offset[v.data.get()] = w.bytes;
         w.data.push_back(v.data);
         w.bytes = align_up(w.bytes + int64_t(v.data->size()));
+    }
+    if (!winograd_filters) return w;
+    for (const node& n : g.nodes) {
+        if (n.op != op_type::Conv || n.inputs.size() < 2 || n.outputs.empty()) continue;
+        const value& x = g.values[size_t(n.input(0))];
+        const value& wv = g.values[size_t(n.input(1))];
+        const value& y = g.values[size_t(n.output(0))];
+        if (!wv.is_constant() || wv.type != dtype::f32 || w.winograd.count(wv.data.get())) continue;
+        if (x.shape.size() != 4 || wv.shape.size() != 4 || y.shape.size() != 4 || wv.shape[2] != 3 || wv.shape[3] != 3)
+            continue;
+        const auto ones = [](const ints& v) { return std::all_of(v.begin(), v.end(), [](int64_t s) { return s == 1; }); };
+        if (!ones(n.is("strides")) || !ones(n.is("dilations"))) continue;
+        const int64_t groups = n.i("group", 1), co = wv.shape[0], ci_g = wv.shape[1];
+        if (groups < 1 || co % groups != 0 || int64_t(wv.data->size()) != co * ci_g * 9 * int64_t(sizeof(float)))
+            continue;
+        if (!k::winograd_filters_wanted(co / groups, ci_g, y.shape[2], y.shape[3])) continue;
+        auto u = std::make_shared<bytes_t>(size_t(k::winograd_filter_floats(co, ci_g)) * sizeof(float));
+        k::winograd_filters(reinterpret_cast<const float*>(wv.data->data()), co, ci_g, co / groups,
+                            reinterpret_cast<float*>(u->data()));
+        w.winograd[wv.data.get()] = w.bytes;
+        w.offset[u.get()] = w.bytes;
+        w.bytes = align_up(w.bytes + int64_t(u->size()));
+        w.data.push_back(std::move(u));
     }
     return w;
 }
@@ -743,6 +768,11 @@ void planner::lower_conv(int ni) {
         emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.residual, residual}, {&a.y, y}}, reads, {y}, scratch);
     else
         emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.y, y}}, reads, {y}, scratch);
+    // The Winograd filters laid out after the weights (layout_weights): bound as w's bytes
+    // moved to theirs.
+    if (const auto it = _w.winograd.find(val(w).data.get()); it != _w.winograd.end() && k::conv2d_winograd_possible(a))
+        _pending.back().pointers.push_back(
+            {offsetof(k::conv2d_args, w_winograd), w, it->second - _w.offset.at(val(w).data.get())});
 }
 
 void planner::lower_gemm(int ni) {

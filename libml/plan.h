@@ -88,8 +88,13 @@ public:
         std::map<const bytes_t*, int64_t> offset;
         std::vector<std::shared_ptr<const bytes_t>> data;
         int64_t bytes = 0;
+        // 3x3 convolution weights' Winograd filters (kernels::winograd_filters) after the
+        // constants: the offset of those of each weights' data.
+        std::map<const bytes_t*, int64_t> winograd;
     };
-    static weight_layout layout_weights(const graph& g);
+    // With winograd_filters (the cpu device with AVX-512), the convolutions the cpu blocks run
+    // by Winograd (kernels::winograd_filters_wanted) get their transformed filters too.
+    static weight_layout layout_weights(const graph& g, bool winograd_filters = false);
     // Copies the constants into a weights region laid out by `layout`.
     static void fill_weights(const weight_layout& layout, std::byte* weights);
 

@@ -14,6 +14,7 @@
 
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/cpu_window3x3.h"
 #include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
@@ -225,6 +226,107 @@ TEST(conv_direct, finishes_with_the_epilogue_passes_bits) {
             ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float)))
                 << "activation " << int(act) << (with_res ? " with a residual" : "") << ", K chunk " << tile_k;
         }
+}
+
+// Winograd F(2x2, 3x3) against the direct reference (conv_reference: bias, then ReLU): odd
+// and even planes, pads 0, 1 and 2 (outputs past the input's end read zeros), input channels
+// past one K chunk, grouped layers, two images; tiles that start and end mid-row (odd pixel
+// counts), odd output-channel tiles, whole planes; both GEMM libraries.
+TEST(conv_winograd, matches_the_reference_on_every_tile) {
+    if (!k::cpu_has_avx512()) GTEST_SKIP() << "Winograd convolution needs AVX-512";
+    const conv_method_choice choice(k::conv_method::winograd);
+    for (const conv_case c : {conv_case{2, 20, 13, 15, 19, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                              conv_case{1, 16, 12, 40, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                              conv_case{1, 18, 9, 7, 17, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+                              conv_case{1, 12, 8, 11, 20, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, 1},
+                              conv_case{2, 32, 10, 10, 48, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 2},
+                              conv_case{1, 8, 35, 35, 64, 3, 3, 1, 1, 1, 0, 1, 2, 1, 1, 1}}) {
+        const int64_t ho = c.h + c.pt + c.pb - 2, wo = c.w + c.pl + c.pr - 2, ci_g = c.ci / c.g;
+        auto x = random_vector(size_t(c.n * c.ci * c.h * c.w), 41);
+        auto w = random_vector(size_t(c.co * ci_g * 9), 42);
+        auto b = random_vector(size_t(c.co), 43);
+        std::vector<float> u(size_t(k::winograd_filter_floats(c.co, ci_g)), NAN);
+        k::winograd_filters(w.data(), c.co, ci_g, c.co / c.g, u.data());
+        const auto want = conv_reference(c, x, w, b, ho, wo);
+        std::vector<float> y(want.size());
+        k::conv2d_args a{};
+        a.x = x.data(); a.w = w.data(); a.bias = b.data(); a.y = y.data(); a.w_winograd = u.data();
+        a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = 3; a.kw = 3;
+        a.stride_h = a.stride_w = 1; a.pad_top = c.pt; a.pad_left = c.pl; a.dil_h = a.dil_w = 1;
+        a.groups = c.g; a.h_out = ho; a.w_out = wo;
+        a.ep.act = k::activation::relu;
+        ASSERT_TRUE(k::conv2d_winograd_chosen(a));
+        for (const int32_t tile_pix : {17, 50, int32_t(ho * wo)})
+            for (const int32_t tile_co : {7, 64})
+                for (const int32_t tile_k : {9 * 5, 4096})
+                    for (const bool openblas : {false, true}) {
+                        SCOPED_TRACE("shape " + std::to_string(c.ci) + "x" + std::to_string(c.h) + "x" +
+                                     std::to_string(c.w) + " -> " + std::to_string(c.co) + ", tile " +
+                                     std::to_string(tile_pix) + " x " + std::to_string(tile_co) + ", K chunk " +
+                                     std::to_string(tile_k) + (openblas ? ", OpenBLAS" : ", oneDNN"));
+                        const library_choice library(openblas);
+                        a.tile_pix = tile_pix; a.tile_co = tile_co; a.tile_k = tile_k;
+                        std::fill(y.begin(), y.end(), NAN);
+                        ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
+                                               k::conv2d_scratch_bytes(a)));
+                        expect_close(y, want);
+                    }
+    }
+}
+
+// Winograd applies bias and ReLU or Clip in the register, and leaves a residual to the blocks'
+// pass: against im2col's sums with the same epilogues, within rounding; without filters
+// (w_winograd null) the layer runs another way; preempted at a check point, a block
+// restarted from its start gives the same bits.
+TEST(conv_winograd, epilogues_fallback_and_restart) {
+    if (!k::cpu_has_avx512()) GTEST_SKIP() << "Winograd convolution needs AVX-512";
+    const int64_t n = 1, ci = 24, h = 14, w = 14, co = 64;
+    auto x = random_vector(size_t(n * ci * h * w), 51);
+    auto wt = random_vector(size_t(co * ci * 9), 52);
+    auto bias = random_vector(size_t(co), 53);
+    auto res = random_vector(size_t(n * co * h * w), 54);
+    std::vector<float> u(size_t(k::winograd_filter_floats(co, ci)));
+    k::winograd_filters(wt.data(), co, ci, co, u.data());
+    k::conv2d_args a{};
+    a.x = x.data(); a.w = wt.data(); a.bias = bias.data();
+    a.n = n; a.c_in = ci; a.h = h; a.w_in = w; a.c_out = co; a.kh = 3; a.kw = 3;
+    a.stride_h = a.stride_w = 1; a.pad_top = a.pad_left = 1; a.dil_h = a.dil_w = 1; a.groups = 1;
+    a.h_out = h; a.w_out = w; a.tile_co = 32; a.tile_pix = 98; a.tile_k = 9 * 8;
+    EXPECT_TRUE(k::winograd_filters_wanted(co, ci, h, w));
+    EXPECT_FALSE(k::winograd_filters_wanted(32, ci, h, w));  // thin GEMMs: direct wins
+    EXPECT_FALSE(k::winograd_filters_wanted(co, ci, 7, 7));  // 16 tiles: im2col wins
+    EXPECT_FALSE(k::conv2d_winograd_chosen(a));              // no filters
+    a.w_winograd = u.data();
+    EXPECT_TRUE(k::conv2d_winograd_chosen(a));
+    for (const k::activation act : {k::activation::relu, k::activation::clip, k::activation::none})
+        for (const bool with_res : {false, true}) {
+            SCOPED_TRACE("activation " + std::to_string(int(act)) + (with_res ? " with a residual" : ""));
+            a.ep.act = act;
+            a.ep.alpha = -0.5f;
+            a.ep.beta = 0.75f;
+            a.residual = with_res ? res.data() : nullptr;
+            std::vector<float> want(size_t(n * co * h * w)), got(want.size(), NAN);
+            {
+                const conv_method_choice choice(k::conv_method::im2col);
+                a.y = want.data();
+                ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            }
+            a.y = got.data();
+            ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+            expect_close(got, want);
+        }
+    a.residual = nullptr;
+    a.ep.act = k::activation::relu;
+    std::vector<float> y1(size_t(n * co * h * w)), y2(y1.size(), 12345.f);
+    a.y = y1.data();
+    ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr, k::conv2d_scratch_bytes(a)));
+    gpu::task_words task{};
+    task.preempt = 1;
+    a.y = y2.data();
+    EXPECT_FALSE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, &task, k::conv2d_scratch_bytes(a)));
+    task.preempt = 0;
+    EXPECT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, &task, k::conv2d_scratch_bytes(a)));
+    EXPECT_EQ(y1, y2);
 }
 
 // A whole plane as one run per tap over the padded plane (its stride phases) gives

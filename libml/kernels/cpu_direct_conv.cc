@@ -18,6 +18,7 @@
 #endif
 
 #include "libml/kernels/cpu_rows.h"
+#include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -159,7 +160,10 @@ __attribute__((target("avx512f"))) void direct_chunk(const float* x, int64_t cha
 void use_conv_method(conv_method m) { method_in_use = m; }
 conv_method conv_method_in_use() { return method_in_use.load(std::memory_order_relaxed); }
 conv_method conv_method_named(std::string_view name) {
-    return name == "direct" ? conv_method::direct : name == "im2col" ? conv_method::im2col : conv_method::automatic;
+    return name == "direct"     ? conv_method::direct
+           : name == "winograd" ? conv_method::winograd
+           : name == "im2col"   ? conv_method::im2col
+                                : conv_method::automatic;
 }
 
 bool conv2d_direct_possible(const conv2d_args& c) {
@@ -173,7 +177,7 @@ bool conv2d_direct_possible(const conv2d_args& c) {
 
 bool conv2d_direct_chosen(const conv2d_args& c) {
     const conv_method m = conv_method_in_use();
-    if (m == conv_method::im2col || !conv2d_direct_possible(c)) return false;
+    if (m == conv_method::im2col || !conv2d_direct_possible(c) || conv2d_winograd_chosen(c)) return false;
     if (m == conv_method::direct) return true;
     // Where it wins (layer by layer on ResNet-50, VGG-19, Inception-v3 and DenseNet-121, A/B
     // against im2col and oneDNN's sgemm): few output channels, small planes or large windows,

@@ -16,10 +16,10 @@ inline constexpr int64_t max_direct_taps = 64;
 // How the cpu blocks compute convolutions that are neither pointwise nor depthwise: direct
 // where it is measured faster (the default), or always where it can, or always by im2col and
 // the GEMM: for side-by-side measurements (reefrun --conv, libml_vs_ort --conv) and tests.
-enum class conv_method : uint8_t { automatic, direct, im2col };
+enum class conv_method : uint8_t { automatic, direct, winograd, im2col };
 void use_conv_method(conv_method m);
 conv_method conv_method_in_use();
-// "auto", "direct", "im2col" (the tools' --conv): anything else reads as automatic.
+// "auto", "direct", "winograd", "im2col" (the tools' --conv): anything else reads as automatic.
 conv_method conv_method_named(std::string_view name);
 
 // Whether conv2d_direct can serve this layer: AVX-512, a window of 2..64 taps at strides 1 or

@@ -20,6 +20,7 @@
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
+#include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/kernels.h"
 
 namespace reefline::ml::kernels {
@@ -315,6 +316,11 @@ bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group,
             window_sum_plane(g, c.h_out, x, w, y, static_cast<float*>(ctx.scratch));
         else
             window_sum(g, x, w, t.p0, t.p1, y, static_cast<float*>(ctx.scratch));
+    } else if (conv2d_winograd_chosen(c) && ctx.scratch_size >= conv2d_winograd_scratch_bytes(c)) {
+        const float* u = c.w_winograd + group * winograd_filter_floats(co_g, ci);
+        if (!conv2d_winograd(c, t, x, u, c.bias ? c.bias + co_abs : nullptr, y, static_cast<float*>(ctx.scratch), ctx))
+            return false;
+        if (conv2d_direct_finishes(c)) return true;
     } else if (conv2d_direct_chosen(c) && ctx.scratch_size >= conv2d_direct_scratch_bytes(c)) {
         if (!conv2d_direct(c, t, x, w, c.bias ? c.bias + co_abs : nullptr, y, static_cast<float*>(ctx.scratch), ctx))
             return false;
@@ -427,8 +433,11 @@ size_t conv2d_scratch_bytes(const conv2d_args& c) {
     if (conv2d_is_pointwise(c)) return images;
     const size_t im2col_bytes = size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
     // Room for either way, so that the method can change after planning (reefrun --conv).
-    return std::max(images, conv2d_direct_possible(c) ? std::max(im2col_bytes, conv2d_direct_scratch_bytes(c))
-                                                      : im2col_bytes);
+    const size_t direct_bytes = conv2d_direct_possible(c) ? conv2d_direct_scratch_bytes(c) : 0;
+    const bool winograd = conv2d_winograd_possible(c) &&
+                          winograd_filters_wanted(conv2d_co_per_group(c), conv2d_ci_per_group(c), c.h_out, c.w_out);
+    const size_t winograd_bytes = winograd ? conv2d_winograd_scratch_bytes(c) : 0;
+    return std::max({images, im2col_bytes, direct_bytes, winograd_bytes});
 }
 
 size_t conv2d_images_scratch_bytes(const conv2d_args& c) {

@@ -92,6 +92,9 @@ struct conv2d_args {
     // w_out): the cpu device's GEMM path then multiplies the weights by the columns of all of
     // them at once, reading the weights once for those images instead of once per image.
     int32_t tile_images;
+    // The cpu device's Winograd filters of w (winograd_filters, cpu_winograd.h), laid out with
+    // the weights at load time, or null: the blocks then compute the layer another way.
+    const float* w_winograd;
 };
 
 RL_HD inline int64_t conv2d_co_per_group(const conv2d_args& c) { return c.c_out / c.groups; }

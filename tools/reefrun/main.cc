@@ -55,9 +55,10 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     std::string conv = "auto";
     app.add_option("--conv", conv,
-                   "how convolutions other than pointwise and depthwise run, for comparisons: direct where "
-                   "measured faster (auto), direct wherever it can (AVX-512), or im2col and the GEMM")
-        ->check(CLI::IsMember({"auto", "direct", "im2col"}))
+                   "how convolutions other than pointwise and depthwise run, for comparisons: direct or Winograd "
+                   "where measured faster (auto), direct wherever it can (AVX-512), Winograd F(2x2, 3x3) wherever "
+                   "it can (3x3 at stride 1, AVX-512), or im2col and the GEMM")
+        ->check(CLI::IsMember({"auto", "direct", "winograd", "im2col"}))
         ->capture_default_str();
     uint32_t units = 0;
     app.add_option("--compute-units", units, "the cpu device's compute units (default: cores - 1, at least 1)");
