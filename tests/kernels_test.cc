@@ -228,6 +228,42 @@ TEST(conv_direct, finishes_with_the_epilogue_passes_bits) {
         }
 }
 
+// Layers of short K (64 or less) run the GEMM path's rows 32 at a time: tiles of more rows
+// than that (72 output channels, one tile), pointwise and through im2col (3x3 of 7 input
+// channels: K = 63), K chunks inside and across the row calls, both GEMM libraries.
+TEST(conv, short_k_tiles_in_row_calls_match_the_reference) {
+    const conv_method_choice choice(k::conv_method::im2col);
+    for (const conv_case c : {conv_case{2, 24, 12, 13, 72, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+                              conv_case{1, 7, 11, 10, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+                              conv_case{1, 64, 9, 9, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1}}) {
+        const int64_t ho = c.h + c.pt + c.pb - c.kh + 1, wo = c.w + c.pl + c.pr - c.kw + 1;
+        auto x = random_vector(size_t(c.n * c.ci * c.h * c.w), 61);
+        auto w = random_vector(size_t(c.co * c.ci * c.kh * c.kw), 62);
+        auto b = random_vector(size_t(c.co), 63);
+        const auto want = conv_reference(c, x, w, b, ho, wo);
+        std::vector<float> y(want.size());
+        k::conv2d_args a{};
+        a.x = x.data(); a.w = w.data(); a.bias = b.data(); a.y = y.data();
+        a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = c.kh; a.kw = c.kw;
+        a.stride_h = a.stride_w = 1; a.pad_top = c.pt; a.pad_left = c.pl; a.dil_h = a.dil_w = 1;
+        a.groups = 1; a.h_out = ho; a.w_out = wo;
+        a.ep.act = k::activation::relu;
+        a.tile_co = int32_t(c.co);
+        for (const int32_t tile_pix : {29, int32_t(ho * wo)})
+            for (const int32_t tile_k : {10, 4096})
+                for (const bool openblas : {false, true}) {
+                    SCOPED_TRACE("K " + std::to_string(c.ci * c.kh * c.kw) + ", tile " + std::to_string(tile_pix) +
+                                 ", K chunk " + std::to_string(tile_k) + (openblas ? ", OpenBLAS" : ", oneDNN"));
+                    const library_choice library(openblas);
+                    a.tile_pix = tile_pix; a.tile_k = tile_k;
+                    std::fill(y.begin(), y.end(), NAN);
+                    ASSERT_TRUE(run_blocks(k::conv2d_kernel, &a, k::conv2d_grid(a), 0, -1, nullptr,
+                                           k::conv2d_scratch_bytes(a)));
+                    expect_close(y, want);
+                }
+    }
+}
+
 // Winograd F(2x2, 3x3) against the direct reference (conv_reference: bias, then ReLU): odd
 // and even planes, pads 0, 1 and 2 (outputs past the input's end read zeros), input channels
 // past one K chunk, grouped layers, two images; tiles that start and end mid-row (odd pixel

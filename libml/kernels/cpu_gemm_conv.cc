@@ -301,6 +301,9 @@ bool conv2d_tile_cpu(const conv2d_args& c, const conv2d_tile& t, const gpu::bloc
     return true;
 }
 
+// GEMM path: layers of K up to short_k run their tile's rows short_k_rows at a time (below).
+constexpr int64_t short_k = 64, short_k_rows = 32;
+
 bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx) {
     const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
     const int64_t hw_out = c.h_out * c.w_out, np = t.p1 - t.p0, nco = t.co1 - t.co0;
@@ -337,11 +340,19 @@ bool conv2d_group_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group,
             cols = scratch;
             ldb = np;
         }
-        for (int64_t k0 = 0; k0 < K; k0 += c.tile_k) {
-            if (ctx.preempted()) return false;
-            const int64_t kc = k0 + c.tile_k < K ? c.tile_k : K - k0;
-            sgemm(false, false, nco, np, kc, 1.0f, w + k0, K, cols + k0 * ldb, ldb, k0 == 0 ? 0.0f : 1.0f, y, hw_out);
-        }
+        // Where K is short, a call of all nco rows writes that many output rows at once, each
+        // a stream into memory the caches no longer hold (MobileNet-v2's 16 -> 96 expansion on
+        // 112x112 at batch 8: 1.5 ms an image in the model against 0.79 alone, and ONNX
+        // Runtime's 0.84); calls of short_k_rows rows keep fewer streams open (0.9-1.1 ms),
+        // for one more packing of the short B per call.
+        const int64_t rows = K <= short_k ? std::min(nco, short_k_rows) : nco;
+        for (int64_t m0 = 0; m0 < nco; m0 += rows)
+            for (int64_t k0 = 0; k0 < K; k0 += c.tile_k) {
+                if (ctx.preempted()) return false;
+                const int64_t kc = k0 + c.tile_k < K ? c.tile_k : K - k0;
+                sgemm(false, false, std::min(rows, nco - m0), np, kc, 1.0f, w + m0 * K + k0, K, cols + k0 * ldb, ldb,
+                      k0 == 0 ? 0.0f : 1.0f, y + m0 * hw_out, hw_out);
+            }
     }
     const float* res = c.residual ? c.residual + (t.image * c.c_out + co_abs) * hw_out + t.p0 : nullptr;
     conv2d_epilogue(c, y, res, co_abs, nco, np, hw_out);
