@@ -235,6 +235,7 @@ struct stream_list {
 
 struct alignas(64) worker {
     uint32_t id = 0;
+    uint32_t unit_bit = 0;               // its bit in a unit set: id / unit_group(units), once
     uint32_t rotate = 0;                 // round-robin among equal priorities
     std::atomic<uint64_t> epoch{0};      // odd while it reads the stream list
     void* scratch = nullptr;
@@ -496,7 +497,7 @@ bool scan(cpu_device_state* d, worker& w, claimed& c) {
                 if (k >= n) k -= n;
                 cpu_stream* st = l->s[b + k];
                 const uint64_t allowed = st->allowed.load(std::memory_order_relaxed);
-                if (allowed != ~uint64_t{0} && !(allowed >> (w.id / unit_group(d->units)) & 1)) continue;
+                if (allowed != ~uint64_t{0} && !(allowed >> w.unit_bit & 1)) continue;
                 got = try_claim(d, st, c);
             }
             if (got) break;
@@ -1055,6 +1056,7 @@ std::unique_ptr<device> make_cpu_device(const cpu_device_options& options) {
     auto dev = std::make_unique<device>(&cpu_ops, d);  // its destructor stops what started
     for (uint32_t i = 0; i < units; ++i) {
         d->workers[i].id = i;
+        d->workers[i].unit_bit = i / unit_group(units);
         d->workers[i].thread = std::thread(worker_main, d, std::ref(d->workers[i]));
     }
     return dev;
