@@ -643,6 +643,9 @@ void planner::lower_conv(int ni) {
         }
     }
     const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out;
+    // Whether the cpu blocks will run this layer by Winograd: its filters are in the weights'
+    // layout (only there for the cpu device) and it can.
+    const bool winograd = _w.winograd.count(val(w).data.get()) && k::conv2d_winograd_possible(a);
     a.tile_co = int32_t(std::min<int64_t>(co_g, 256));
     // About 64K multiply-adds per output row chunk keeps blocks in the 0.1-1 ms range.
     const int64_t K = k::conv2d_k(a);
@@ -707,8 +710,12 @@ void planner::lower_conv(int ni) {
         // blocks are few pixels already, and halving the channels again cost more than the
         // balance it bought (Inception-v3's 8x8 3x3 448 -> 384 layers: 1.10 ms on one unit,
         // 0.83 on two in four blocks; two units, five alternated runs: Inception-v3 36.6-37.6
-        // -> 35.1-35.9 ms; ResNet-50 and MobileNet-v2 within noise).
-        const int64_t per_unit = npix <= 17 * 17 && !k::conv2d_is_pointwise(a) ? 1 : 2;
+        // -> 35.1-35.9 ms; ResNet-50 and MobileNet-v2 within noise). Nor on Winograd layers:
+        // every block transforms the input rows of its pixels for all its input channels, so a
+        // block of half the channels repeats that work (ResNet-50's 28x28 x 128 layers on two
+        // units, kprof: 0.79 ms in two blocks of pixels against 0.90 in four of half the
+        // channels each).
+        const int64_t per_unit = (npix <= 17 * 17 && !k::conv2d_is_pointwise(a)) || winograd ? 1 : 2;
         const int64_t want = per_unit * int64_t(_o.compute_units);
         while (k::conv2d_grid(a) < want && a.tile_images > 1) a.tile_images = int32_t((a.tile_images + 1) / 2);
         if (a.kh <= 3 && a.kw <= 3) {
@@ -770,9 +777,9 @@ void planner::lower_conv(int ni) {
         emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.y, y}}, reads, {y}, scratch);
     // The Winograd filters laid out after the weights (layout_weights): bound as w's bytes
     // moved to theirs.
-    if (const auto it = _w.winograd.find(val(w).data.get()); it != _w.winograd.end() && k::conv2d_winograd_possible(a))
-        _pending.back().pointers.push_back(
-            {offsetof(k::conv2d_args, w_winograd), w, it->second - _w.offset.at(val(w).data.get())});
+    if (winograd)
+        _pending.back().pointers.push_back({offsetof(k::conv2d_args, w_winograd), w,
+                                            _w.winograd.at(val(w).data.get()) - _w.offset.at(val(w).data.get())});
 }
 
 void planner::lower_gemm(int ni) {
