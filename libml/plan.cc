@@ -145,19 +145,20 @@ plan::weight_layout plan::layout_weights(const graph& g, bool winograd_filters) 
         if (groups < 1 || co % groups != 0 || int64_t(wv.data->size()) != co * ci_g * 9 * int64_t(sizeof(float)))
             continue;
         if (!k::winograd_filters_wanted(co / groups, ci_g, y.shape[2], y.shape[3])) continue;
-        auto u = std::make_shared<bytes_t>(size_t(k::winograd_filter_floats(co, ci_g)) * sizeof(float));
-        k::winograd_filters(reinterpret_cast<const float*>(wv.data->data()), co, ci_g, co / groups,
-                            reinterpret_cast<float*>(u->data()));
+        // Only the place: fill_weights transforms the filters into the region itself, so that
+        // no host copy of them outlives the upload and a footprint costs no transform.
         w.winograd[wv.data.get()] = w.bytes;
-        w.offset[u.get()] = w.bytes;
-        w.bytes = align_up(w.bytes + int64_t(u->size()));
-        w.data.push_back(std::move(u));
+        w.winograd_sources.push_back({w.bytes, wv.data, co, ci_g, co / groups});
+        w.bytes = align_up(w.bytes + k::winograd_filter_floats(co, ci_g) * int64_t(sizeof(float)));
     }
     return w;
 }
 
 void plan::fill_weights(const weight_layout& layout, std::byte* weights) {
     for (const auto& d : layout.data) std::memcpy(weights + layout.offset.at(d.get()), d->data(), d->size());
+    for (const auto& f : layout.winograd_sources)
+        k::winograd_filters(reinterpret_cast<const float*>(f.weights->data()), f.c_out, f.ci_per_group, f.co_per_group,
+                            reinterpret_cast<float*>(weights + f.offset));
 }
 
 // ---- the planner --------------------------------------------------------------------------

@@ -89,8 +89,15 @@ public:
         std::vector<std::shared_ptr<const bytes_t>> data;
         int64_t bytes = 0;
         // 3x3 convolution weights' Winograd filters (kernels::winograd_filters) after the
-        // constants: the offset of those of each weights' data.
+        // constants: the offset of those of each weights' data, and what fill_weights
+        // transforms there.
         std::map<const bytes_t*, int64_t> winograd;
+        struct winograd_source {
+            int64_t offset;
+            std::shared_ptr<const bytes_t> weights;  // [c_out, ci_per_group, 3, 3]
+            int64_t c_out, ci_per_group, co_per_group;
+        };
+        std::vector<winograd_source> winograd_sources;
     };
     // With winograd_filters (the cpu device with AVX-512), the convolutions the cpu blocks run
     // by Winograd (kernels::winograd_filters_wanted) get their transformed filters too.

@@ -2,12 +2,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 
+#include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
 #include "tests/onnx_builder.h"
@@ -350,6 +353,57 @@ TEST(libml_plan, concatenations_in_place_give_the_copies_results) {
     rt.infer_batch(*one, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {1, 2, 5, 5},
                                                                   ml::bytes_t(xb.begin(), xb.begin() + 200))}, y1);
     for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(y1[0].as_f64(i), std::max(0.0f, xv[size_t(i)]));
+}
+
+// On the cpu device with AVX-512 a 3x3 layer Winograd takes gets its filters laid out after
+// the weights when the model loads (16/9 of its weights, and no more: a thin layer gets none),
+// the plan binds them, and the results are im2col's within rounding; a GPU-tiled layout (the
+// footprint of another device) holds none.
+TEST(libml_plan, winograd_filters_are_laid_out_at_load_and_used) {
+    if (!ml::kernels::cpu_has_avx512()) GTEST_SKIP() << "Winograd convolution needs AVX-512";
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {-1, 16, 12, 12}).output("y");
+    std::vector<float> w1(64 * 16 * 9), w2(8 * 64 * 9), b1(64);
+    for (size_t i = 0; i < w1.size(); ++i) w1[i] = float(int(i * 7 % 13) - 6) / 16.0f;
+    for (size_t i = 0; i < w2.size(); ++i) w2[i] = float(int(i * 5 % 11) - 5) / 32.0f;
+    for (size_t i = 0; i < b1.size(); ++i) b1[i] = float(int(i % 5) - 2) / 4.0f;
+    b.init_f32("w1", {64, 16, 3, 3}, w1).init_f32("b1", {64}, b1).init_f32("w2", {8, 64, 3, 3}, w2);
+    tm::attr_ints(b.node("Conv", {"x", "w1", "b1"}, {"c1"}), "pads", {1, 1, 1, 1});  // 16 -> 64: Winograd
+    b.node("Relu", {"c1"}, {"r1"});
+    tm::attr_ints(b.node("Conv", {"r1", "w2"}, {"y"}), "pads", {1, 1, 1, 1});  // 64 -> 8: too thin
+    const std::string bytes = b.bytes();
+    const ml::graph g = ml::import_onnx_buffer(bytes.data(), bytes.size());
+    const ml::plan::weight_layout plain = ml::plan::layout_weights(g), cpu = ml::plan::layout_weights(g, true);
+    ASSERT_EQ(cpu.winograd.size(), 1u);
+    EXPECT_TRUE(plain.winograd.empty());
+    EXPECT_GE(cpu.bytes - plain.bytes, int64_t(16 * 64 * 16 * sizeof(float)));
+    EXPECT_LT(cpu.bytes - plain.bytes, int64_t(16 * 64 * 16 * sizeof(float)) + 4096);
+
+    auto device = reefline::gpu::make_cpu_device();
+    ml::runtime rt(*device);
+    auto m = rt.load_model_buffer(bytes.data(), bytes.size(), "winograd");
+    EXPECT_EQ(m->weight_bytes(), cpu.bytes);
+    auto in = rt.link_model(m);
+    rt.configure_batch(*in, 2);
+    std::vector<float> xv(2 * 16 * 12 * 12);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 37 % 23) - 11) / 5.0f;
+    ml::bytes_t xb(xv.size() * 4);
+    std::memcpy(xb.data(), xv.data(), xb.size());
+    const ml::tensor x = ml::tensor::make(ml::dtype::f32, {2, 16, 12, 12}, xb);
+    std::vector<ml::tensor> by_winograd, by_im2col;
+    rt.infer_batch(*in, std::vector<ml::tensor>{x}, by_winograd);
+    ml::kernels::use_conv_method(ml::kernels::conv_method::im2col);
+    rt.infer_batch(*in, std::vector<ml::tensor>{x}, by_im2col);
+    ml::kernels::use_conv_method(ml::kernels::conv_method::automatic);
+    ASSERT_EQ(by_winograd[0].elements(), by_im2col[0].elements());
+    double differ = 0;
+    for (int64_t i = 0; i < by_im2col[0].elements(); ++i) {
+        const double want = by_im2col[0].as_f64(i), got = by_winograd[0].as_f64(i);
+        ASSERT_NEAR(got, want, 1e-4 * (1 + std::fabs(want))) << "at " << i;
+        differ = std::max(differ, std::fabs(got - want));
+    }
+    EXPECT_GT(differ, 0.0);  // another way of summing: Winograd really ran
 }
 
 // At batch > 1 an im2col convolution on 7x7 planes takes several images a block, one GEMM for
