@@ -36,16 +36,6 @@ constexpr int64_t channels_per_pass = 16;
 
 std::atomic<conv_method> method_in_use{conv_method::automatic};
 
-// The epilogue a tile's last pass applies in the register before its store, as the blocks'
-// pass over the output would (bias_activation): bias then ReLU or Clip, or the bias alone
-// where it is not 0. On ResNet-50's 7x7 stem at batch 8 that pass read back 3.2 MB an image
-// from beyond L2 (alone: 9.0 ms for the sums, 9.8-10.2 with the pass after them).
-struct direct_finish {
-    const float* bias;  // the tile's output channels' (from its first), or null
-    bool relu, clip;
-    float lo, hi;
-};
-
 #if defined(__x86_64__) && defined(__GNUC__)
 // out[m][n] (+)= sum over k < kk, in order, of w[m * ldw + k] * x[off[k] + n], for m < MR and
 // n < n_left (at most 16 * NV): k runs over a pass's input channels and, within each, the taps
@@ -200,6 +190,10 @@ bool conv2d_direct_chosen(const conv2d_args& c) {
     return wins && (double(c.w_out) >= 0.85 * double(wp) || small);
 }
 
+direct_finish direct_finish_of(const conv2d_args& c, const float* bias) {
+    return {bias, c.ep.act == activation::relu, c.ep.act == activation::clip, c.ep.alpha, c.ep.beta};
+}
+
 bool conv2d_direct_finishes(const conv2d_args& c) {
     return !c.residual && (c.ep.act == activation::none || c.ep.act == activation::relu || c.ep.act == activation::clip);
 }
@@ -226,8 +220,7 @@ bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, c
             for (int64_t j = 0; j < c.kw; ++j) off[k++] = int32_t(ch * chan + f.tap_offset(i, j));
     for (int64_t ch = 0; ch < ci; ++ch) fill_plane_phases(g, f, oy0, x + ch * c.h * c.w_in, scratch + ch * chan);
     const bool finishes = conv2d_direct_finishes(c);
-    const direct_finish fin{bias,
-                            c.ep.act == activation::relu, c.ep.act == activation::clip, c.ep.alpha, c.ep.beta};
+    const direct_finish fin = direct_finish_of(c, bias);
     // Check points between K chunks as in the GEMM path, each a whole number of channels, and
     // of whole passes where a chunk holds one: 1024 of K at 3x3 left chunks of 113 channels,
     // whose last pass of one channel loaded and stored the accumulators for nine taps.

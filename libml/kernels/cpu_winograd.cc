@@ -142,19 +142,13 @@ __attribute__((target("avx512f"))) void transform_inputs(const winograd_shape& s
         }
 }
 
-struct winograd_finish {
-    const float* bias;  // the tile's output channels' (from its first), or null
-    bool relu, clip;
-    float lo, hi;
-};
-
 // The outputs of row pairs [0, pairs) of output channel m from its 16 products (M[xi][m],
 // planes nco * tiles apart), into the tile's pixels [p0, p1) of y (y at p0): Y = A^T M A, two
 // output rows of 16 tiles' 32 columns at a time, with fin's bias and activation.
 __attribute__((target("avx512f"))) void transform_outputs(const conv2d_args& c, const winograd_shape& s,
                                                           int64_t pairs, int64_t oy0, const float* mm, int64_t plane,
                                                           int64_t p0, int64_t p1, float* y, float bias,
-                                                          const winograd_finish* fin) {
+                                                          const direct_finish* fin) {
     const __m512i lo_idx = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
     const __m512i hi_idx = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
     const __m512 vb = _mm512_set1_ps(bias);
@@ -240,7 +234,7 @@ bool conv2d_winograd(const conv2d_args& c, const conv2d_tile& t, const float* x,
     float* v = rows + ci * s.rows * 2 * s.pw;  // [16][ci][tiles], planes vp apart
     float* mm = v + positions * vp;            // [16][nco][tiles], planes mp apart
     const bool finishes = conv2d_direct_finishes(c);
-    const winograd_finish fin{bias, c.ep.act == activation::relu, c.ep.act == activation::clip, c.ep.alpha, c.ep.beta};
+    const direct_finish fin = direct_finish_of(c, bias);
     // Check points between chunks of input channels as in the GEMM path (tile_k of K = 9 x ci).
     const int64_t chunk = std::max<int64_t>(1, c.tile_k / 9);
     for (int64_t py = oy0; py < oy1; py += 2 * s.pairs) {
