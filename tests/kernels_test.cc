@@ -93,6 +93,17 @@ std::vector<float> conv_reference(const conv_case& c, const std::vector<float>& 
     return y;
 }
 
+// A layer of case c's shapes with its output planes ho x wo, ReLU after; pointers and tiles
+// are the caller's.
+k::conv2d_args conv_args_of(const conv_case& c, int64_t ho, int64_t wo) {
+    k::conv2d_args a{};
+    a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = c.kh; a.kw = c.kw;
+    a.stride_h = c.sh; a.stride_w = c.sw; a.pad_top = c.pt; a.pad_left = c.pl;
+    a.dil_h = c.dh; a.dil_w = c.dw; a.groups = c.g; a.h_out = ho; a.w_out = wo;
+    a.ep.act = k::activation::relu;
+    return a;
+}
+
 class conv : public ::testing::TestWithParam<conv_case> {};
 
 TEST_P(conv, matches_reference_with_relu) {
@@ -103,12 +114,8 @@ TEST_P(conv, matches_reference_with_relu) {
     auto w = random_vector(size_t(c.co * (c.ci / c.g) * c.kh * c.kw), 2);
     auto b = random_vector(size_t(c.co), 3);
     std::vector<float> y(size_t(c.n * c.co * ho * wo), NAN);
-    k::conv2d_args a{};
+    k::conv2d_args a = conv_args_of(c, ho, wo);
     a.x = x.data(); a.w = w.data(); a.bias = b.data(); a.y = y.data();
-    a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = c.kh; a.kw = c.kw;
-    a.stride_h = c.sh; a.stride_w = c.sw; a.pad_top = c.pt; a.pad_left = c.pl;
-    a.dil_h = c.dh; a.dil_w = c.dw; a.groups = c.g; a.h_out = ho; a.w_out = wo;
-    a.ep.act = k::activation::relu;
     a.tile_co = 8; a.tile_pix = 17; a.tile_k = 7;  // odd tiles exercise every edge
     const auto want = conv_reference(c, x, w, b, ho, wo);
     // Both GEMM libraries; odd tiles, then whole planes (depthwise: one run per tap), then
@@ -242,12 +249,8 @@ TEST(conv, short_k_tiles_in_row_calls_match_the_reference) {
         auto b = random_vector(size_t(c.co), 63);
         const auto want = conv_reference(c, x, w, b, ho, wo);
         std::vector<float> y(want.size());
-        k::conv2d_args a{};
+        k::conv2d_args a = conv_args_of(c, ho, wo);
         a.x = x.data(); a.w = w.data(); a.bias = b.data(); a.y = y.data();
-        a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = c.kh; a.kw = c.kw;
-        a.stride_h = a.stride_w = 1; a.pad_top = c.pt; a.pad_left = c.pl; a.dil_h = a.dil_w = 1;
-        a.groups = 1; a.h_out = ho; a.w_out = wo;
-        a.ep.act = k::activation::relu;
         a.tile_co = int32_t(c.co);
         for (const int32_t tile_pix : {29, int32_t(ho * wo)})
             for (const int32_t tile_k : {10, 4096})
@@ -285,12 +288,8 @@ TEST(conv_winograd, matches_the_reference_on_every_tile) {
         k::winograd_filters(w.data(), c.co, ci_g, c.co / c.g, u.data());
         const auto want = conv_reference(c, x, w, b, ho, wo);
         std::vector<float> y(want.size());
-        k::conv2d_args a{};
+        k::conv2d_args a = conv_args_of(c, ho, wo);
         a.x = x.data(); a.w = w.data(); a.bias = b.data(); a.y = y.data(); a.w_winograd = u.data();
-        a.n = c.n; a.c_in = c.ci; a.h = c.h; a.w_in = c.w; a.c_out = c.co; a.kh = 3; a.kw = 3;
-        a.stride_h = a.stride_w = 1; a.pad_top = c.pt; a.pad_left = c.pl; a.dil_h = a.dil_w = 1;
-        a.groups = c.g; a.h_out = ho; a.w_out = wo;
-        a.ep.act = k::activation::relu;
         ASSERT_TRUE(k::conv2d_winograd_chosen(a));
         for (const int32_t tile_pix : {17, 50, int32_t(ho * wo)})
             for (const int32_t tile_co : {7, 64})
