@@ -662,12 +662,16 @@ int main(int argc, char** argv) {
         std::string line;
         for (const auto& p : policies) {
             if (p.pol == gpu::policy::rt_only && !p.dkp) continue;
+            // Without an rt_only run a ratio is nan, and stays nan (max/min would drop it).
+            auto worse = [](double a, double b, bool higher) {
+                return std::isnan(a) || std::isnan(b) ? NAN : higher ? std::max(a, b) : std::min(a, b);
+            };
             double lat = 0, thr = INFINITY, p99 = 0;
             for (const auto& r : results)
                 if (r.policy == p.name) {
-                    lat = std::max(lat, norm(r, &run_result::rt_mean));
-                    p99 = std::max(p99, norm(r, &run_result::rt_p99));
-                    thr = std::min(thr, tnorm(r));
+                    lat = worse(lat, norm(r, &run_result::rt_mean), true);
+                    p99 = worse(p99, norm(r, &run_result::rt_p99), true);
+                    thr = worse(thr, tnorm(r), false);
                 }
             std::string key = p.name;
             std::replace(key.begin(), key.end(), '+', '_');
