@@ -240,7 +240,7 @@ TEST(conv_direct, finishes_with_the_epilogue_passes_bits) {
 // channels: K = 63), K chunks inside and across the row calls, both GEMM libraries.
 TEST(conv, short_k_tiles_in_row_calls_match_the_reference) {
     const conv_method_choice choice(k::conv_method::im2col);
-    for (const conv_case c : {conv_case{2, 24, 12, 13, 72, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
+    for (const conv_case& c : {conv_case{2, 24, 12, 13, 72, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1},
                               conv_case{1, 7, 11, 10, 72, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
                               conv_case{1, 64, 9, 9, 40, 1, 1, 1, 1, 0, 0, 0, 0, 1, 1, 1}}) {
         const int64_t ho = c.h + c.pt + c.pb - c.kh + 1, wo = c.w + c.pl + c.pr - c.kw + 1;
@@ -274,7 +274,7 @@ TEST(conv, short_k_tiles_in_row_calls_match_the_reference) {
 TEST(conv_winograd, matches_the_reference_on_every_tile) {
     if (!k::cpu_has_avx512()) GTEST_SKIP() << "Winograd convolution needs AVX-512";
     const conv_method_choice choice(k::conv_method::winograd);
-    for (const conv_case c : {conv_case{2, 20, 13, 15, 19, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
+    for (const conv_case& c : {conv_case{2, 20, 13, 15, 19, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
                               conv_case{1, 16, 12, 40, 24, 3, 3, 1, 1, 1, 1, 1, 1, 1, 1, 1},
                               conv_case{1, 18, 9, 7, 17, 3, 3, 1, 1, 0, 0, 0, 0, 1, 1, 1},
                               conv_case{1, 12, 8, 11, 20, 3, 3, 1, 1, 2, 2, 2, 2, 1, 1, 1},
