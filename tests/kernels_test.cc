@@ -1093,24 +1093,28 @@ TEST(row, softmax_layernorm_reduce) {
 }
 
 // Means and sums of contiguous rows (a global average pool's: inner 1), several rows at a
-// time: each row's double sum in order, for row counts and blocks that leave remainders.
+// time: each row's double sum (in order, or in AVX-512 lanes, exact for such values), for row
+// counts and blocks that leave remainders, and rows of 16 floats a step, 8, and the last few
+// (or too short for the lanes).
 TEST(row, contiguous_means_and_sums_row_by_row) {
-    const int64_t rows = 27, axis = 49;
-    auto x = random_vector(size_t(rows * axis), 41);
-    for (const auto op : {k::row_op::reduce_mean, k::row_op::reduce_sum})
-        for (const int64_t per_block : {int64_t(5), int64_t(8), int64_t(27)}) {
-            std::vector<float> y(size_t(rows), NAN);
-            k::row_args r{};
-            r.x = x.data(); r.y = y.data(); r.op = op;
-            r.outer = rows; r.axis = axis; r.inner = 1; r.rows_per_block = per_block;
-            ASSERT_TRUE(run_blocks(k::row_kernel, &r, k::row_grid(r)));
-            for (int64_t o = 0; o < rows; ++o) {
-                double sum = 0;
-                for (int64_t i = 0; i < axis; ++i) sum += x[size_t(o * axis + i)];
-                const float want = float(op == k::row_op::reduce_mean ? sum / double(axis) : sum);
-                ASSERT_EQ(y[size_t(o)], want) << "row " << o << ", " << per_block << " rows a block";
+    const int64_t rows = 27;
+    for (const int64_t axis : {int64_t(49), int64_t(64), int64_t(63), int64_t(20), int64_t(9)}) {
+        auto x = random_vector(size_t(rows * axis), 41);
+        for (const auto op : {k::row_op::reduce_mean, k::row_op::reduce_sum})
+            for (const int64_t per_block : {int64_t(5), int64_t(8), int64_t(27)}) {
+                std::vector<float> y(size_t(rows), NAN);
+                k::row_args r{};
+                r.x = x.data(); r.y = y.data(); r.op = op;
+                r.outer = rows; r.axis = axis; r.inner = 1; r.rows_per_block = per_block;
+                ASSERT_TRUE(run_blocks(k::row_kernel, &r, k::row_grid(r)));
+                for (int64_t o = 0; o < rows; ++o) {
+                    double sum = 0;
+                    for (int64_t i = 0; i < axis; ++i) sum += x[size_t(o * axis + i)];
+                    const float want = float(op == k::row_op::reduce_mean ? sum / double(axis) : sum);
+                    ASSERT_EQ(y[size_t(o)], want) << "row " << o << ", " << per_block << " rows a block, " << axis << " a row";
+                }
             }
-        }
+    }
 }
 
 TEST(pool2d, max_and_average_with_padding_and_ceil) {
