@@ -406,6 +406,44 @@ TEST(libml_plan, winograd_filters_are_laid_out_at_load_and_used) {
     EXPECT_GT(differ, 0.0);  // another way of summing: Winograd really ran
 }
 
+// On several units a layer's output channels are split into tiles of one size: a stride-2
+// 3x3 layer of 384 channels (direct where AVX-512 is, in tiles of up to 256 channels) was
+// split 256 + 128, one unit doing two thirds of it. The two-unit plan's numbers are the
+// one-unit plan's.
+TEST(libml_plan, channel_tiles_on_several_units_are_of_one_size) {
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {1, 16, 35, 35}).output("y");
+    std::vector<float> w(384 * 16 * 9);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i * 13 % 17) - 8) / 64.0f;
+    b.init_f32("w", {384, 16, 3, 3}, w);
+    tm::attr_ints(b.node("Conv", {"x", "w"}, {"y"}), "strides", {2, 2});
+    const std::string bytes = b.bytes();
+    std::vector<float> xv(16 * 35 * 35);
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 29 % 31) - 15) / 8.0f;
+    ml::bytes_t xb(xv.size() * 4);
+    std::memcpy(xb.data(), xv.data(), xb.size());
+    std::vector<ml::tensor> ys[2];
+    for (const unsigned units : {1u, 2u}) {
+        auto device = reefline::gpu::make_cpu_device();
+        ml::plan_options o;
+        o.compute_units = units;
+        ml::runtime rt(*device, o);
+        auto in = rt.link_model(rt.load_model_buffer(bytes.data(), bytes.size(), "channel-tiles"));
+        for (const auto& l : in->current_plan().launches())
+            if (l.kernel == &reefline::ml::kernels::conv2d_kernel && units == 2) {
+                reefline::ml::kernels::conv2d_args a;
+                std::memcpy(&a, l.args.data(), sizeof a);
+                const int64_t tiles = reefline::ml::kernels::ceil_div(384, a.tile_co);
+                EXPECT_GE(tiles, 2) << "one tile of channels for two units";
+                EXPECT_GE(384 - (tiles - 1) * a.tile_co, a.tile_co - 16) << "tiles of " << a.tile_co << " channels";
+            }
+        rt.infer_batch(*in, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {1, 16, 35, 35}, xb)}, ys[units - 1]);
+    }
+    ASSERT_EQ(ys[0][0].elements(), ys[1][0].elements());
+    for (int64_t i = 0; i < ys[0][0].elements(); ++i) ASSERT_EQ(ys[0][0].as_f64(i), ys[1][0].as_f64(i)) << "at " << i;
+}
+
 // At batch > 1 an im2col convolution on 7x7 planes takes several images a block, one GEMM for
 // them all (conv2d_args::tile_images), with the bias and the residual of each image: the
 // numbers of running the images one at a time.
