@@ -35,9 +35,8 @@ int64_t balanced_tile(int64_t extent, int64_t tile, int64_t others, int64_t unit
 // takes 16 channels or planes at a time.
 int64_t by_16_within(int64_t v, int64_t limit) { return std::min(limit, (v + 15) / 16 * 16); }
 
-// im2col convolutions on planes of up to images_max_pixels outputs, at batch > 1, take several
-// images a block, about images_pixels outputs in all (conv2d_args::tile_images).
-constexpr int64_t images_max_pixels = 64;
+// im2col convolutions on planes of up to k::conv2d_images_max_pixels outputs, at batch > 1, take
+// several images a block, about images_pixels outputs in all (conv2d_args::tile_images).
 constexpr int64_t images_pixels = 512;
 
 constexpr int64_t alignment = 64;
@@ -687,7 +686,7 @@ void planner::lower_conv(int ni) {
     // runs); Inception-v3 within noise. Not on 14x14 planes, where the 3x3 layers run direct
     // and were faster image by image (8.4 vs 9.0 ms), nor on pointwise layers, whose weights
     // stay in the caches from image to image and which gained nothing for the copies.
-    if (_o.tiles != plan_options::tiles_for::gpu && a.n > 1 && a.tile_pix >= npix && npix <= images_max_pixels &&
+    if (_o.tiles != plan_options::tiles_for::gpu && a.n > 1 && a.tile_pix >= npix && npix <= k::conv2d_images_max_pixels &&
         !(co_g == 1 && k::conv2d_ci_per_group(a) == 1) && !k::conv2d_is_pointwise(a) && !k::conv2d_direct_chosen(a)) {
         const int64_t per_image = (K + std::min<int64_t>(a.tile_co, co_g)) * npix * int64_t(sizeof(float));
         const int64_t images = std::min({a.n, k::ceil_div(images_pixels, npix), std::max<int64_t>(1, (int64_t(16) << 20) / per_image)});

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -444,6 +445,49 @@ TEST(libml_plan, channel_tiles_on_several_units_are_of_one_size) {
     for (int64_t i = 0; i < ys[0][0].elements(); ++i) ASSERT_EQ(ys[0][0].as_f64(i), ys[1][0].as_f64(i)) << "at " << i;
 }
 
+// A model of one input [-1, 16, h, w] linked on one unit at batches 1 and 4: some block of
+// the batch-4 plan takes all four images (`each` sees every convolution's arguments), and
+// the batch's numbers are those of its images run one at a time.
+void expect_batch_of_four_one_by_one(const std::string& bytes, int64_t h, int64_t w,
+                                     const std::function<void(const reefline::ml::kernels::conv2d_args&)>& each) {
+    auto device = reefline::gpu::make_cpu_device();
+    ml::plan_options o;
+    o.compute_units = 1;
+    ml::runtime rt(*device, o);
+    auto m = rt.load_model_buffer(bytes.data(), bytes.size(), "small-planes");
+    auto one = rt.link_model(m), four = rt.link_model(m);
+    rt.configure_batch(*four, 4);
+    EXPECT_EQ(four->current_plan().check_idempotence(), "");
+    int64_t most_images = 0;
+    for (const auto& l : four->current_plan().launches())
+        if (l.kernel == &reefline::ml::kernels::conv2d_kernel) {
+            reefline::ml::kernels::conv2d_args a;
+            std::memcpy(&a, l.args.data(), sizeof a);
+            each(a);
+            most_images = std::max<int64_t>(most_images, reefline::ml::kernels::conv2d_image_tile(a));
+        }
+    EXPECT_EQ(most_images, 4) << "no block took the batch's four images";
+
+    std::vector<float> xv(size_t(4 * 16 * h * w));
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 29 % 31) - 15) / 8.0f;
+    ml::bytes_t xb(xv.size() * 4);
+    std::memcpy(xb.data(), xv.data(), xb.size());
+    std::vector<ml::tensor> y4;
+    rt.infer_batch(*four, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {4, 16, h, w}, xb)}, y4);
+    const size_t per_in = size_t(16 * h * w * 4);
+    for (int64_t item = 0; item < 4; ++item) {
+        std::vector<ml::tensor> y1;
+        rt.infer_batch(*one, std::vector<ml::tensor>{ml::tensor::make(
+                                 ml::dtype::f32, {1, 16, h, w},
+                                 ml::bytes_t(xb.begin() + item * per_in, xb.begin() + (item + 1) * per_in))},
+                       y1);
+        const int64_t per = y1[0].elements();
+        ASSERT_EQ(y4[0].elements(), 4 * per);
+        for (int64_t i = 0; i < per; ++i)
+            ASSERT_NEAR(y1[0].as_f64(i), y4[0].as_f64(item * per + i), 1e-4) << "item " << item << " at " << i;
+    }
+}
+
 // At batch > 1 an im2col convolution on 7x7 planes takes several images a block, one GEMM for
 // them all (conv2d_args::tile_images), with the bias and the residual of each image: the
 // numbers of running the images one at a time.
@@ -462,41 +506,26 @@ TEST(libml_plan, small_planes_take_several_images_a_block) {
     b.node("Relu", {"sum"}, {"y"});
     const std::string bytes = b.bytes();
 
-    auto device = reefline::gpu::make_cpu_device();
-    ml::plan_options o;
-    o.compute_units = 1;
-    ml::runtime rt(*device, o);
-    auto m = rt.load_model_buffer(bytes.data(), bytes.size(), "small-planes");
-    auto one = rt.link_model(m), four = rt.link_model(m);
-    rt.configure_batch(*four, 4);
-    EXPECT_EQ(four->current_plan().check_idempotence(), "");
-    int64_t most_images = 0;
-    for (const auto& l : four->current_plan().launches())
-        if (l.kernel == &reefline::ml::kernels::conv2d_kernel) {
-            reefline::ml::kernels::conv2d_args a;
-            std::memcpy(&a, l.args.data(), sizeof a);
-            most_images = std::max<int64_t>(most_images, reefline::ml::kernels::conv2d_image_tile(a));
-        }
-    EXPECT_EQ(most_images, 4) << "no block took the batch's four images";
+    expect_batch_of_four_one_by_one(bytes, 7, 7, [](const reefline::ml::kernels::conv2d_args&) {});
+}
 
-    std::vector<float> xv(4 * 16 * 49);
-    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 29 % 31) - 15) / 8.0f;
-    ml::bytes_t xb(xv.size() * 4);
-    std::memcpy(xb.data(), xv.data(), xb.size());
-    std::vector<ml::tensor> y4;
-    rt.infer_batch(*four, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {4, 16, 7, 7}, xb)}, y4);
-    const size_t per_in = 16 * 49 * 4;
-    for (int64_t item = 0; item < 4; ++item) {
-        std::vector<ml::tensor> y1;
-        rt.infer_batch(*one, std::vector<ml::tensor>{ml::tensor::make(
-                                 ml::dtype::f32, {1, 16, 7, 7},
-                                 ml::bytes_t(xb.begin() + item * per_in, xb.begin() + (item + 1) * per_in))},
-                       y1);
-        const int64_t per = y1[0].elements();
-        ASSERT_EQ(y4[0].elements(), 4 * per);
-        for (int64_t i = 0; i < per; ++i)
-            ASSERT_NEAR(y1[0].as_f64(i), y4[0].as_f64(item * per + i), 1e-4) << "item " << item << " at " << i;
-    }
+// At batch > 1 a layer of 256 output channels into a 7x7 plane goes to the GEMM with several
+// images a block even where the direct kernel would take it alone (stride 2: ResNet-50's
+// layer4 entry, 1.4x faster so at batch 8): the batch-1 plan's numbers.
+TEST(libml_plan, wide_layers_on_small_planes_take_several_images_a_block) {
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {-1, 16, 14, 14}).output("y");
+    std::vector<float> w(256 * 16 * 9);
+    for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i * 13 % 17) - 8) / 64.0f;
+    b.init_f32("w", {256, 16, 3, 3}, w);
+    auto* conv = b.node("Conv", {"x", "w"}, {"y"});
+    tm::attr_ints(conv, "strides", {2, 2});
+    tm::attr_ints(conv, "pads", {1, 1, 1, 1});
+    const std::string bytes = b.bytes();
+    expect_batch_of_four_one_by_one(bytes, 14, 14, [](const reefline::ml::kernels::conv2d_args& a) {
+        EXPECT_FALSE(reefline::ml::kernels::conv2d_direct_chosen(a));
+    });
 }
 
 }  // namespace

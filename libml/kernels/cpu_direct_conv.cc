@@ -183,6 +183,13 @@ bool conv2d_direct_chosen(const conv2d_args& c) {
     // padding costs: im2col's GEMM is too small there (DenseNet-121's 7x7 3x3 128 -> 32
     // layers: 25 GMAC/s by im2col, 51 direct). With more channels the GEMM wins back (in the
     // model: ResNet-50's 7x7 x 512 and Inception-v3's 8x8 x 384 layers 5-20% slower direct).
+    // At batch > 1 on planes small enough for the planner's blocks of several images, layers of
+    // 256 output channels or more go to the GEMM, which reads their weights once for all the
+    // block's images: ResNet-50's stride-2 14 -> 7 x 512 layer at batch 8 took 21.2-22.9 ms
+    // direct and 15.4-15.5 so (in the model, one unit), Inception-v3's 17 -> 8 192 -> 320 6.3
+    // and 5.7; with 192 channels (Inception-v3's 17 -> 8 192 -> 192) direct stayed ahead (3.6
+    // against 3.9).
+    if (c.n > 1 && c.h_out * c.w_out <= conv2d_images_max_pixels && conv2d_co_per_group(c) >= 256) return false;
     const int64_t wp = plane_phases_of(conv2d_window(c), c.h_out).wp;
     const bool wins = conv2d_co_per_group(c) <= 32 || c.h_out * c.w_out <= 35 * 35 || c.kh * c.kw >= 25 ||
                       conv2d_ci_per_group(c) <= 64;

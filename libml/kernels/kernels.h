@@ -28,6 +28,9 @@ extern const gpu::kernel_info gather_axis_kernel;  // gather_axis_args, gather_a
 size_t conv2d_scratch_bytes(const conv2d_args& c);
 // Of which a block of tile_images > 1 images needs, for their columns and the GEMM's output.
 size_t conv2d_images_scratch_bytes(const conv2d_args& c);
+// The planner gives im2col convolutions on planes of up to this many outputs, at batch > 1,
+// blocks of several images (one GEMM over their columns reads the weights once for them all).
+inline constexpr int64_t conv2d_images_max_pixels = 64;
 bool conv2d_is_pointwise(const conv2d_args& c);
 // The geometry of a window over one plane: a depthwise convolution's or a 2-D pooling's.
 struct plane_window {
