@@ -6,10 +6,6 @@
 #include <cstring>
 #include <limits>
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 #include "libml/kernels/elem_access.h"
 #include "libml/kernels/cpu_planes16.h"
 #include "libml/kernels/cpu_rows.h"
@@ -318,48 +314,22 @@ bool where_block(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-// A contiguous row's sum in double: 8 floats at a time widened into eight lanes (two chains),
-// the lanes added, then the last few values. Exact wherever the row's values lie within 2^29
-// of each other in magnitude, as the sequential double sum is; otherwise within an ulp of a
-// double before the rounding to float. Global average pools through the scalar loop below took
-// 40 ns a row of 64 (Inception-v3's 2048 rows alone: 0.088 ms, now 0.019; ONNX Runtime 0.017).
-__attribute__((target("avx512f"))) double row_sum_avx512(const float* x, int64_t n) {
-    // (maskz conversions and no _mm512_reduce_add_pd: GCC 12 warns of their undefined operands.)
-    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        s0 = _mm512_add_pd(s0, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + i)));
-        s1 = _mm512_add_pd(s1, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + i + 8)));
-    }
-    if (i + 8 <= n) {
-        s0 = _mm512_add_pd(s0, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + i)));
-        i += 8;
-    }
-    alignas(64) double lane[8];
-    _mm512_store_pd(lane, _mm512_add_pd(s0, s1));
-    double sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
-    for (; i < n; ++i) sum += x[i];
-    return sum;
-}
-#endif
-
 bool row_block(const void* p, const gpu::block_context& ctx) {
     const auto& a = *static_cast<const row_args*>(p);
     const int64_t u0 = int64_t(ctx.block) * a.rows_per_block;
     const int64_t u1 = std::min(row_units(a), u0 + a.rows_per_block);
     int64_t u = u0;
-#if defined(__x86_64__) && defined(__GNUC__)
+    // Rows of 16 values or more: row_sum_lanes (global average pools of 49-64 values a row).
     if ((a.op == row_op::reduce_mean || a.op == row_op::reduce_sum) && a.inner == 1 && a.axis >= 16 &&
         cpu_has_avx512()) {
         for (; u < u1; ++u) {
             if ((u - u0) % 64 == 0 && ctx.preempted()) return false;
-            const double sum = row_sum_avx512(a.x + u * a.axis, a.axis);
+            double sum = 0;
+            row_sum_lanes(a.x + u * a.axis, a.axis, sum);
             a.y[u] = float(a.op == row_op::reduce_mean ? sum / double(a.axis) : sum);
         }
         return true;
     }
-#endif
     if ((a.op == row_op::reduce_mean || a.op == row_op::reduce_sum) && a.inner == 1) {
         // Contiguous rows (global average pools: 49 values a channel) eight at a time: each
         // row's sum runs in its own order as below, and the eight chains of dependent double

@@ -151,6 +151,39 @@ bool dot_rows(int64_t n, int64_t k, float alpha, const float* a, const float* b,
 #endif
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// Eight lanes of doubles, two chains (row_sum_lanes).
+__attribute__((target("avx512f"))) static double row_sum_avx512(const float* x, int64_t n) {
+    // (maskz conversions and no _mm512_reduce_add_pd: GCC 12 warns of their undefined operands.)
+    __m512d s0 = _mm512_setzero_pd(), s1 = _mm512_setzero_pd();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm512_add_pd(s0, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + i)));
+        s1 = _mm512_add_pd(s1, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + i + 8)));
+    }
+    if (i + 8 <= n) {
+        s0 = _mm512_add_pd(s0, _mm512_maskz_cvtps_pd(0xff, _mm256_loadu_ps(x + i)));
+        i += 8;
+    }
+    alignas(64) double lane[8];
+    _mm512_store_pd(lane, _mm512_add_pd(s0, s1));
+    double sum = ((lane[0] + lane[4]) + (lane[2] + lane[6])) + ((lane[1] + lane[5]) + (lane[3] + lane[7]));
+    for (; i < n; ++i) sum += x[i];
+    return sum;
+}
+#endif
+
+bool row_sum_lanes(const float* x, int64_t n, double& sum) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (!cpu_has_avx512()) return false;
+    sum = row_sum_avx512(x, n);
+    return true;
+#else
+    (void)x, (void)n, (void)sum;
+    return false;
+#endif
+}
+
 void axpy_row(float* __restrict acc, const float* __restrict x, float w, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (cpu_has_avx512()) return axpy_row_avx512(acc, x, w, n);

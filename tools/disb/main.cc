@@ -660,12 +660,12 @@ int main(int argc, char** argv) {
         // The last line: per policy the worst over the workloads (latency: highest mean ratio;
         // throughput: lowest ratio).
         std::string line;
+        // Without an rt_only run a ratio is nan, and stays nan (max/min would drop it).
+        const auto worse = [](double a, double b, bool higher) {
+            return std::isnan(a) || std::isnan(b) ? NAN : higher ? std::max(a, b) : std::min(a, b);
+        };
         for (const auto& p : policies) {
             if (p.pol == gpu::policy::rt_only && !p.dkp) continue;
-            // Without an rt_only run a ratio is nan, and stays nan (max/min would drop it).
-            auto worse = [](double a, double b, bool higher) {
-                return std::isnan(a) || std::isnan(b) ? NAN : higher ? std::max(a, b) : std::min(a, b);
-            };
             double lat = 0, thr = INFINITY, p99 = 0;
             for (const auto& r : results)
                 if (r.policy == p.name) {
