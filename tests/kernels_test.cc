@@ -2,6 +2,10 @@
 // slices, and preemption at check points.
 #include <gtest/gtest.h>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -309,6 +313,27 @@ TEST(conv_winograd, matches_the_reference_on_every_tile) {
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// The probe of 512-bit FMA rate on a CPU whose answer is known: AMD's family 19h cores with
+// AVX-512 (Zen 4) run each 512-bit FMA as two 256-bit halves. The probe is measured once and
+// its answer kept: asking again gives the same.
+TEST(cpu_features, fma512_half_rate_on_known_cores) {
+    if (!k::cpu_has_avx512()) {
+        EXPECT_FALSE(k::cpu_fma512_half_rate());
+        return;
+    }
+    const bool first = k::cpu_fma512_half_rate();
+    EXPECT_EQ(k::cpu_fma512_half_rate(), first);
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    ASSERT_TRUE(__get_cpuid(0, &eax, &ebx, &ecx, &edx));
+    const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // "AuthenticAMD"
+    ASSERT_TRUE(__get_cpuid(1, &eax, &ebx, &ecx, &edx));
+    const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 8 & 0xf) == 0xf ? (eax >> 20) & 0xff : 0);
+    if (!(amd && family == 0x19)) GTEST_SKIP() << "no known answer for this CPU (the probe said " << first << ")";
+    EXPECT_TRUE(first) << "a Zen 4 core's 512-bit FMAs were timed at the rate of its 256-bit ones";
+}
+#endif
+
 // Winograd applies bias and ReLU or Clip in the register, and leaves a residual to the blocks'
 // pass: against im2col's sums with the same epilogues, within rounding; without filters
 // (w_winograd null) the layer runs another way; preempted at a check point, a block
@@ -328,7 +353,9 @@ TEST(conv_winograd, epilogues_fallback_and_restart) {
     a.stride_h = a.stride_w = 1; a.pad_top = a.pad_left = 1; a.dil_h = a.dil_w = 1; a.groups = 1;
     a.h_out = h; a.w_out = w; a.tile_co = 32; a.tile_pix = 98; a.tile_k = 9 * 8;
     EXPECT_TRUE(k::winograd_filters_wanted(co, ci, h, w));
-    EXPECT_FALSE(k::winograd_filters_wanted(32, ci, h, w));  // thin GEMMs: direct wins
+    EXPECT_FALSE(k::winograd_filters_wanted(16, ci, h, w));  // thin GEMMs: direct wins
+    // 32 channels: where 512-bit FMAs issue at half rate and the direct sums cost twice as much
+    EXPECT_EQ(k::winograd_filters_wanted(32, ci, h, w), k::cpu_fma512_half_rate());
     EXPECT_FALSE(k::winograd_filters_wanted(co, ci, 7, 7));  // 16 tiles: im2col wins
     EXPECT_FALSE(k::conv2d_winograd_chosen(a));              // no filters
     a.w_winograd = u.data();

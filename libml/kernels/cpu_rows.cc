@@ -5,6 +5,7 @@
 #include "libml/kernels/cpu_rows.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -74,6 +75,62 @@ bool cpu_has_avx512() {
         return __builtin_cpu_supports("avx512f") != 0;
     }();
     return has;
+#else
+    return false;
+#endif
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+namespace {
+
+// n rounds of 12 independent FMA chains (more than latency x units on any core) in one width,
+// V: __m512 or __m256 (whose FMAs AVX-512 cores also run, so one target serves both).
+#define RL_FMA_TARGET __attribute__((target("avx512f,fma"), always_inline)) inline
+RL_FMA_TARGET __m512 fma_of(__m512 a, __m512 m, __m512 b) { return _mm512_fmadd_ps(a, m, b); }
+RL_FMA_TARGET __m256 fma_of(__m256 a, __m256 m, __m256 b) { return _mm256_fmadd_ps(a, m, b); }
+RL_FMA_TARGET void splat(__m512& v, float f) { v = _mm512_set1_ps(f); }
+RL_FMA_TARGET void splat(__m256& v, float f) { v = _mm256_set1_ps(f); }
+#undef RL_FMA_TARGET
+constexpr int fma_chains = 12;
+template <class V>
+__attribute__((target("avx512f,fma"), noinline)) float fma_chains_of(int64_t n) {
+    V a[fma_chains], m, b;
+    for (int c = 0; c < fma_chains; ++c) splat(a[c], float(c));
+    splat(m, 0.999f);
+    splat(b, 0.001f);
+    for (int64_t i = 0; i < n; ++i)
+#pragma GCC unroll 12
+        for (int c = 0; c < fma_chains; ++c) a[c] = fma_of(a[c], m, b);
+    float sum = 0, f[sizeof(V) / sizeof(float)];
+    for (int c = 0; c < fma_chains; ++c) {
+        std::memcpy(f, &a[c], sizeof f);
+        sum += f[0];
+    }
+    return sum;
+}
+
+}  // namespace
+#endif
+
+bool cpu_fma512_half_rate() {
+#if defined(__x86_64__) && defined(__GNUC__)
+    static const bool half = [] {
+        if (!cpu_has_avx512()) return false;
+        const auto seconds = [](float (*chains)(int64_t)) {
+            const auto t0 = std::chrono::steady_clock::now();
+            volatile float sink = chains(20000);
+            (void)sink;
+            return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        };
+        double t512 = std::numeric_limits<double>::infinity(), t256 = t512;
+        for (int round = 0; round < 7; ++round) {
+            t512 = std::min(t512, seconds(fma_chains_of<__m512>));
+            t256 = std::min(t256, seconds(fma_chains_of<__m256>));
+        }
+        // 2.0 where the units are 256 bits wide, 1.0-1.2 where they take 512 bits at once.
+        return t512 > 1.5 * t256;
+    }();
+    return half;
 #else
     return false;
 #endif

@@ -11,6 +11,12 @@ namespace reefline::ml::kernels {
 
 // Whether this CPU runs AVX-512F: the row passes' vector paths are chosen by it at run time.
 bool cpu_has_avx512();
+// Whether this CPU's 512-bit fused multiply-adds issue at half the rate of its 256-bit ones
+// (AMD's Zen 4 runs each as two 256-bit halves; Intel's server cores with two 512-bit FMA
+// units issue both widths at one rate). Measured once, the first time it is asked, in about a
+// millisecond: the same count of independent FMAs timed in each width, alternated, the fastest
+// of several rounds each, so that the clock speed cancels. False without AVX-512.
+bool cpu_fma512_half_rate();
 #if defined(__x86_64__) && defined(__GNUC__)
 // The first k of a vector's 16 lanes (none below 0, all from 16): the mask of a partial vector.
 inline __mmask16 first_lanes(int64_t k) { return __mmask16(k >= 16 ? 0xffff : (1u << (k > 0 ? k : 0)) - 1); }
