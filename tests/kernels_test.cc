@@ -328,7 +328,8 @@ TEST(cpu_features, fma512_half_rate_on_known_cores) {
     ASSERT_TRUE(__get_cpuid(0, &eax, &ebx, &ecx, &edx));
     const bool amd = ebx == 0x68747541 && edx == 0x69746e65 && ecx == 0x444d4163;  // "AuthenticAMD"
     ASSERT_TRUE(__get_cpuid(1, &eax, &ebx, &ecx, &edx));
-    const unsigned family = ((eax >> 8) & 0xf) + ((eax >> 8 & 0xf) == 0xf ? (eax >> 20) & 0xff : 0);
+    const unsigned base_family = (eax >> 8) & 0xf;
+    const unsigned family = base_family + (base_family == 0xf ? (eax >> 20) & 0xff : 0);
     if (!(amd && family == 0x19)) GTEST_SKIP() << "no known answer for this CPU (the probe said " << first << ")";
     EXPECT_TRUE(first) << "a Zen 4 core's 512-bit FMAs were timed at the rate of its 256-bit ones";
 }

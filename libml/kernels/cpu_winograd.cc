@@ -212,8 +212,9 @@ bool winograd_filters_wanted(int64_t co_per_group, int64_t ci_per_group, int64_t
     // (an Intel Xeon: 0.55-0.90x), and less where they issue at half rate and the sums are
     // what bounds the direct kernel (an AMD EPYC with AVX-512, batch 8 one layer alone: 56x56
     // 1.37x faster, 28x28 1.2x, 14x14 1.02x; DenseNet-121 in the model 1.09-1.12x).
-    const int64_t min_co = cpu_fma512_half_rate() ? 32 : 64;
-    return co_per_group >= min_co && ci_per_group >= 16 && h_out * w_out >= 144;
+    // The probe runs (once, ~0.7 ms) only when a layer of 32-63 channels asks.
+    return ci_per_group >= 16 && h_out * w_out >= 144 &&
+           (co_per_group >= 64 || (co_per_group >= 32 && cpu_fma512_half_rate()));
 }
 
 void winograd_filters(const float* w, int64_t c_out, int64_t ci_per_group, int64_t co_per_group, float* u) {
