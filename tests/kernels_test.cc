@@ -466,7 +466,8 @@ TEST(depthwise16, equals_the_per_plane_path_bit_for_bit) {
 // strides 1 and 2 in both directions, padding 0 to 2 (rows wholly padding), planes of 1 to 7
 // rows (the bands' remainders), rows ending in partial vectors, rows wider than 16 vectors,
 // narrow planes run flat across rows (up to 4096 outputs, and one past it), zero biases, a
-// NaN, and values past Clip's bounds.
+// NaN, and values past Clip's bounds; at stride 2, rows whose last vector's third tap reads
+// the column just past the row's end (63 and 32 wide) or the row's last column (64 wide).
 TEST(depthwise3x3, equals_the_row_passes_bit_for_bit) {
     struct dw_case { int64_t ch, h, w, pad, sh, sw; };
     for (const dw_case dc : {dw_case{3, 112, 112, 1, 1, 1}, dw_case{3, 112, 112, 1, 2, 2}, dw_case{2, 56, 56, 1, 2, 2},
@@ -476,7 +477,8 @@ TEST(depthwise3x3, equals_the_row_passes_bit_for_bit) {
                              dw_case{2, 6, 64, 1, 1, 2}, dw_case{2, 11, 9, 1, 2, 1}, dw_case{2, 5, 600, 1, 1, 1},
                              dw_case{2, 4, 700, 1, 2, 2}, dw_case{2, 8, 33, 0, 2, 2}, dw_case{2, 9, 34, 1, 2, 2},
                              dw_case{3, 14, 14, 1, 1, 1}, dw_case{2, 17, 17, 1, 1, 1}, dw_case{2, 400, 9, 1, 1, 1},
-                             dw_case{2, 500, 9, 1, 1, 1}, dw_case{2, 2, 1, 1, 1, 1}})
+                             dw_case{2, 500, 9, 1, 1, 1}, dw_case{2, 2, 1, 1, 1, 1}, dw_case{2, 7, 63, 1, 2, 2},
+                             dw_case{2, 5, 32, 0, 2, 2}, dw_case{2, 5, 64, 1, 2, 2}})
         for (const k::activation act : {k::activation::none, k::activation::relu, k::activation::clip}) {
             const int64_t ho = (dc.h + 2 * dc.pad - 3) / dc.sh + 1, wo = (dc.w + 2 * dc.pad - 3) / dc.sw + 1;
             auto x = random_vector(size_t(2 * dc.ch * dc.h * dc.w), 51);
