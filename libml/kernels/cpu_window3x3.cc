@@ -84,7 +84,7 @@ inline __mmask16 inside_lanes(int64_t first, int64_t w) {
 // One vector column's loads: their masks (for a row inside the plane) and first column.
 struct column_loads {
     int64_t first;      // the column of lane 0 of the first load
-    __mmask16 mask[3];  // stride 1: taps 0..2; stride 2: columns first + {0, 16}, and column first + 32 (lane 15)
+    __mmask16 mask[3];  // stride 1: taps 0..2; stride 2: columns first + {0, 16, 17} (of the last, lane 15 is read)
     __mmask16 store;    // the output lanes inside w_out
     bool full;          // every load's every lane inside the row
 };
@@ -268,11 +268,12 @@ __attribute__((noinline)) void plane_window(const plane_args& a, const W& op_in,
             // third tap, lane 15 of a load from column 17).
             constexpr int loads = SW == 1 ? K : K == 3 ? 3 : 2;
             const int64_t off[3] = {0, SW == 1 ? 1 : 16, SW == 1 ? 2 : 17};
+            // (At stride 2 the third mask's lanes 0..14 are columns the second load covers, so
+            // `full` asks only that column first + 32 be inside too.)
             __mmask16 all = 0xffff;
             for (int q = 0; q < 3; ++q) {
-                const __mmask16 lanes = SW == 2 && q == 2 ? __mmask16(0x8000) : __mmask16(0xffff);
-                cl.mask[q] = q < loads ? __mmask16(inside_lanes(cl.first + off[q], a.w) & lanes) : __mmask16(0);
-                if (q < loads) all &= cl.mask[q] | __mmask16(~lanes);
+                cl.mask[q] = q < loads ? inside_lanes(cl.first + off[q], a.w) : __mmask16(0);
+                if (q < loads) all &= cl.mask[q];
             }
             cl.store = first_lanes(a.w_out - ox0);
             cl.full = all == 0xffff;
