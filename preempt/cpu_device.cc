@@ -36,6 +36,12 @@
 // outside it skips the stream in its scan, and while any stream is bound a new runnable launch
 // wakes every sleeping worker, since the ones a partial wake-up reaches may not be allowed.
 //
+// Pinning: where the creating thread may run on at least as many CPUs as there are units, each
+// unit stays on one of its own (the last ones; cpu_device_options::pin_units). Unpinned, the two
+// units of a 2-CPU machine woken together after an idle spell of a few milliseconds were often
+// placed on one CPU and left there for the whole run: MobileNet-v2 at batch 1 then took as long
+// as on one unit (8.3 against 5.2 ms), for series of runs at a time.
+//
 // Streams are never freed before the device: stream_destroy drains the stream, takes it out of
 // the dispatch list and keeps it for reuse by a later stream_create. Its indices keep growing,
 // so events recorded on it stay valid. The dispatch list is copy-on-write; a replaced list is
@@ -60,6 +66,7 @@
 #include <sched.h>
 #if defined(__linux__)
 #include <linux/futex.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #endif
@@ -129,6 +136,19 @@ bool spin_until(Pred&& pred, int64_t ns) {
         if (t > ns) return false;
         if (t > kPureSpinNs) sched_yield();
     }
+}
+
+// The CPUs the calling thread may run on, in order; empty where that cannot be known.
+std::vector<int> allowed_cpus() {
+    std::vector<int> cpus;
+#if defined(__linux__)
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (pthread_getaffinity_np(pthread_self(), sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &set)) cpus.push_back(c);
+#endif
+    return cpus;
 }
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
@@ -237,6 +257,7 @@ struct alignas(64) worker {
     uint32_t id = 0;
     uint32_t unit_bit = 0;               // its bit in a unit set: id / unit_group(units), once
     uint32_t rotate = 0;                 // round-robin among equal priorities
+    int cpu = -1;                        // the CPU it is pinned to (cpu_device_options::pin_units)
     std::atomic<uint64_t> epoch{0};      // odd while it reads the stream list
     void* scratch = nullptr;
     std::thread thread;
@@ -583,6 +604,14 @@ void worker_main(cpu_device_state* d, worker& w) {
     _mm_setcsr(_mm_getcsr() | 0x8040);
 #endif
     if (d->options.scratch_per_unit != 0) w.scratch = aligned_bytes(d->options.scratch_per_unit);
+#if defined(__linux__)
+    if (w.cpu >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(w.cpu, &one);
+        (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one);  // unpinned if refused
+    }
+#endif
     claimed c{};
     while (!d->stop.load(std::memory_order_acquire)) {
         if (scan(d, w, c)) {
@@ -1054,8 +1083,10 @@ std::unique_ptr<device> make_cpu_device(const cpu_device_options& options) {
     d->pads = std::make_unique<pad_entry[]>(kPadPool);
     for (uint32_t i = kPadPool; i-- > 0;) d->free_pads.push_back(i);
     auto dev = std::make_unique<device>(&cpu_ops, d);  // its destructor stops what started
+    const std::vector<int> cpus = options.pin_units ? allowed_cpus() : std::vector<int>{};
     for (uint32_t i = 0; i < units; ++i) {
         d->workers[i].id = i;
+        if (cpus.size() >= units) d->workers[i].cpu = cpus[cpus.size() - units + i];
         d->workers[i].unit_bit = i / unit_group(units);
         d->workers[i].thread = std::thread(worker_main, d, std::ref(d->workers[i]));
     }

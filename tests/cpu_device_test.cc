@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,8 @@
 #include <random>
 #include <thread>
 #include <vector>
+
+#include <sched.h>
 
 namespace {
 
@@ -347,6 +350,87 @@ TEST(CpuDevice, ScratchPerComputeUnit) {
     EXPECT_THROW(d->launch(s, make_launch(k_huge, a, 1)), std::invalid_argument);
     // So is a slice outside the grid.
     EXPECT_THROW(d->launch(s, launch{&k_scratch, &a, sizeof a, 10, 5, 6, nullptr, 0}), std::invalid_argument);
+}
+
+// Each unit on a CPU of its own where the creating thread's CPUs suffice (the last of them),
+// as the scheduler is not trusted to spread two units woken together; unpinned when asked to
+// be or when the units outnumber the CPUs.
+struct affinity_args {
+    std::atomic<int>* cpu_of;        // per worker: the only CPU it may run on, or -(CPUs it may)
+    std::atomic<uint32_t>* blocks;   // per worker
+};
+bool affinity_block(const void* a, const block_context& ctx) {
+    auto& p = *static_cast<const affinity_args*>(a);
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    int first = -1;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE && first < 0; ++c)
+            if (CPU_ISSET(c, &set)) first = c;
+    p.cpu_of[ctx.worker].store(CPU_COUNT(&set) == 1 ? first : -CPU_COUNT(&set));
+    p.blocks[ctx.worker].fetch_add(1);
+    std::this_thread::sleep_for(100us);
+    return true;
+}
+const kernel_info k_affinity = kernel("affinity", affinity_block);
+
+std::vector<int> thread_cpus() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    std::vector<int> cpus;
+    if (sched_getaffinity(0, sizeof set, &set) == 0)
+        for (int c = 0; c < CPU_SETSIZE; ++c)
+            if (CPU_ISSET(c, &set)) cpus.push_back(c);
+    return cpus;
+}
+
+// Where each of the device's units ran a block of a launch spread over all of them.
+std::vector<int> unit_cpus(const cpu_device_options& o) {
+    auto d = make_cpu_device(o);
+    stream* s = d->create_stream(0);
+    std::vector<std::atomic<int>> cpu_of(o.compute_units);
+    std::vector<std::atomic<uint32_t>> blocks(o.compute_units);
+    for (auto& c : cpu_of) c = INT32_MIN;
+    affinity_args a{cpu_of.data(), blocks.data()};
+    d->launch(s, make_launch(k_affinity, a, 40 * o.compute_units));
+    d->synchronize(s);
+    std::vector<int> out;
+    for (uint32_t u = 0; u < o.compute_units; ++u) {
+        EXPECT_GT(blocks[u].load(), 0u) << "unit " << u << " ran no block";
+        out.push_back(cpu_of[u].load());
+    }
+    return out;
+}
+
+TEST(CpuDevice, ComputeUnitsPinnedToCpusOfTheirOwn) {
+    const std::vector<int> cpus = thread_cpus();
+    ASSERT_FALSE(cpus.empty());
+    const int n = int(cpus.size());
+    cpu_device_options o;
+    o.scratch_per_unit = 0;
+    o.compute_units = uint32_t(std::min(n, 2));
+    const std::vector<int> pinned = unit_cpus(o);
+    for (size_t u = 0; u < pinned.size(); ++u)
+        EXPECT_EQ(pinned[u], cpus[size_t(n) - pinned.size() + u]) << "unit " << u;
+
+    o.pin_units = false;
+    for (int c : unit_cpus(o)) EXPECT_EQ(c, n == 1 ? cpus[0] : -n) << "pinned though asked not to be";
+
+    o.pin_units = true;
+    o.compute_units = uint32_t(n + 1);  // more units than CPUs: the scheduler spreads them
+    for (int c : unit_cpus(o)) EXPECT_EQ(c, n == 1 ? cpus[0] : -n);
+
+    // A creating thread confined to one CPU (the main lcore's after DPDK's EAL init): there.
+    cpu_set_t one, all;
+    CPU_ZERO(&one);
+    CPU_ZERO(&all);
+    CPU_SET(cpus.front(), &one);
+    for (int c : cpus) CPU_SET(c, &all);
+    ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
+    o.compute_units = 1;
+    const std::vector<int> confined = unit_cpus(o);
+    ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
+    EXPECT_EQ(confined[0], cpus.front());
 }
 
 // ---- ordering and concurrency -----------------------------------------------------------------
