@@ -36,11 +36,14 @@
 // outside it skips the stream in its scan, and while any stream is bound a new runnable launch
 // wakes every sleeping worker, since the ones a partial wake-up reaches may not be allowed.
 //
-// Pinning: where the creating thread may run on at least as many CPUs as there are units, each
-// unit stays on one of its own (the last ones; cpu_device_options::pin_units). Unpinned, the two
-// units of a 2-CPU machine woken together after an idle spell of a few milliseconds were often
-// placed on one CPU and left there for the whole run: MobileNet-v2 at batch 1 then took as long
-// as on one unit (8.3 against 5.2 ms), for series of runs at a time.
+// Pinning: where the units are as many as the CPUs the creating thread may run on, each stays on
+// one of its own (cpu_device_options::pin_units). Unpinned, the two units of a 2-CPU machine
+// woken together after an idle spell of a few milliseconds were often placed on one CPU and left
+// there for the whole run: MobileNet-v2 at batch 1 then took as long as on one unit (8.3 against
+// 5.2 ms), for series of runs at a time. Fewer units than CPUs stay unpinned: the scheduler can
+// move one off a CPU that another thread or process keeps busy, which a pinned unit cannot
+// leave (one unit pinned on a 2-CPU machine ran Abacus groups at 1.7x their prediction while
+// other test processes ran).
 //
 // Streams are never freed before the device: stream_destroy drains the stream, takes it out of
 // the dispatch list and keeps it for reuse by a later stream_create. Its indices keep growing,
@@ -1086,7 +1089,7 @@ std::unique_ptr<device> make_cpu_device(const cpu_device_options& options) {
     const std::vector<int> cpus = options.pin_units ? allowed_cpus() : std::vector<int>{};
     for (uint32_t i = 0; i < units; ++i) {
         d->workers[i].id = i;
-        if (cpus.size() >= units) d->workers[i].cpu = cpus[cpus.size() - units + i];
+        if (cpus.size() == units) d->workers[i].cpu = cpus[i];
         d->workers[i].unit_bit = i / unit_group(units);
         d->workers[i].thread = std::thread(worker_main, d, std::ref(d->workers[i]));
     }

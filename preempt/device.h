@@ -229,11 +229,11 @@ struct cpu_device_options {
     uint32_t compute_units = 0;    // 0: cores - 1, at least 1
     uint32_t queue_depth = 64;     // device-queue capacity per stream
     size_t scratch_per_unit = 64u << 20;
-    // Each compute unit on a CPU of its own, where the CPUs the creating thread may run on are
-    // at least as many as the units: the last ones of them, so that the first stay for the
-    // threads that launch (after DPDK's EAL init that set excludes the worker lcores' CPUs).
-    // Left to the kernel's scheduler, two units woken together after an idle spell often
-    // landed on one CPU and stayed there for a whole run.
+    // Each compute unit on a CPU of its own where the units are as many as the CPUs the
+    // creating thread may run on (after DPDK's EAL init that set excludes the worker lcores'
+    // CPUs). Left to the kernel's scheduler, two units woken together after an idle spell often
+    // landed on one CPU and stayed there for a whole run. With fewer units than CPUs they stay
+    // unpinned, free to leave a CPU that something else keeps busy.
     bool pin_units = true;
 };
 

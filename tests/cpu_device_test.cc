@@ -352,9 +352,9 @@ TEST(CpuDevice, ScratchPerComputeUnit) {
     EXPECT_THROW(d->launch(s, launch{&k_scratch, &a, sizeof a, 10, 5, 6, nullptr, 0}), std::invalid_argument);
 }
 
-// Each unit on a CPU of its own where the creating thread's CPUs suffice (the last of them),
-// as the scheduler is not trusted to spread two units woken together; unpinned when asked to
-// be or when the units outnumber the CPUs.
+// Each unit on a CPU of its own where the units are as many as the creating thread's CPUs, as
+// the scheduler is not trusted to spread units woken together; unpinned when asked to be, and
+// when the units are fewer (free to leave a busy CPU) or more than the CPUs.
 struct affinity_args {
     std::atomic<int>* cpu_of;        // per worker: the only CPU it may run on, or -(CPUs it may)
     std::atomic<uint32_t>* blocks;   // per worker
@@ -406,31 +406,33 @@ TEST(CpuDevice, ComputeUnitsPinnedToCpusOfTheirOwn) {
     const std::vector<int> cpus = thread_cpus();
     ASSERT_FALSE(cpus.empty());
     const int n = int(cpus.size());
+    const int unpinned = n == 1 ? cpus[0] : -n;  // what a unit reads where nothing pinned it
     cpu_device_options o;
     o.scratch_per_unit = 0;
-    o.compute_units = uint32_t(std::min(n, 2));
-    const std::vector<int> pinned = unit_cpus(o);
-    for (size_t u = 0; u < pinned.size(); ++u)
-        EXPECT_EQ(pinned[u], cpus[size_t(n) - pinned.size() + u]) << "unit " << u;
+    o.compute_units = uint32_t(n);
+    EXPECT_EQ(unit_cpus(o), cpus);
 
     o.pin_units = false;
-    for (int c : unit_cpus(o)) EXPECT_EQ(c, n == 1 ? cpus[0] : -n) << "pinned though asked not to be";
+    for (int c : unit_cpus(o)) EXPECT_EQ(c, unpinned) << "pinned though asked not to be";
 
     o.pin_units = true;
-    o.compute_units = uint32_t(n + 1);  // more units than CPUs: the scheduler spreads them
-    for (int c : unit_cpus(o)) EXPECT_EQ(c, n == 1 ? cpus[0] : -n);
+    for (const uint32_t units : {uint32_t(n + 1), uint32_t(n - 1)}) {
+        if (units == 0) continue;
+        o.compute_units = units;
+        for (int c : unit_cpus(o)) EXPECT_EQ(c, unpinned) << units << " units on " << n << " CPUs";
+    }
 
     // A creating thread confined to one CPU (the main lcore's after DPDK's EAL init): there.
     cpu_set_t one, all;
     CPU_ZERO(&one);
     CPU_ZERO(&all);
-    CPU_SET(cpus.front(), &one);
+    CPU_SET(cpus.back(), &one);
     for (int c : cpus) CPU_SET(c, &all);
     ASSERT_EQ(sched_setaffinity(0, sizeof one, &one), 0);
     o.compute_units = 1;
     const std::vector<int> confined = unit_cpus(o);
     ASSERT_EQ(sched_setaffinity(0, sizeof all, &all), 0);
-    EXPECT_EQ(confined[0], cpus.front());
+    EXPECT_EQ(confined[0], cpus.back());
 }
 
 // ---- ordering and concurrency -----------------------------------------------------------------
