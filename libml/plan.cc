@@ -183,9 +183,9 @@ private:
         std::string node;
         std::vector<pointer_ref> pointers;
         std::vector<int> reads, writes;  // value ids
-        // A launch for one image of a batch (interleave_images): of its [batch, ...] values it
-        // reads and writes only that image's bytes.
-        int64_t image = 0, images = 0;
+        // A launch for `image_count` images of a batch from `image` on (interleave_images): of
+        // its [batch, ...] values it reads and writes only those images' bytes.
+        int64_t image = 0, images = 0, image_count = 1;
     };
     // A storage: the memory of one or more values (aliases share one).
     struct storage {
@@ -334,16 +334,17 @@ private:
         return bytes;
     }
 
-    // Launch p as one launch per image of its batch: the batch set to 1, the grid of one image,
-    // the activations' pointers moved to that image (constants stay). False (images untouched)
-    // where the kernel's blocks do not split by image or a pointer's value is not [batch, ...].
-    bool split_by_image(const pending& p, std::vector<pending>& images) const {
+    // Launch p as one launch per `group` images of its batch: the batch set to group, the grid
+    // of that many images, the activations' pointers moved to the group's first image
+    // (constants stay). False (images untouched) where the kernel's blocks do not split by
+    // image, a pointer's value is not [batch, ...] or the batch is not a multiple of group.
+    bool split_by_image(const pending& p, int64_t group, std::vector<pending>& images) const {
         pending one = p;
         int64_t n = 0, grid = 0;
         const auto edit = [&](auto a, auto grid_of) {
             std::memcpy(&a, p.args.data(), sizeof a);
             n = a.n;
-            a.n = 1;
+            a.n = group;
             grid = grid_of(a);
             std::memcpy(one.args.data(), &a, sizeof a);
             return a;
@@ -362,15 +363,16 @@ private:
         } else {
             return false;
         }
-        if (n < 2) return false;
+        if (n < 2 * group || n % group != 0) return false;
         for (const pointer_ref& r : p.pointers)
             if (!val(r.value).is_constant() && image_bytes(r.value, n) == 0) return false;
         one.grid = uint32_t(grid);
         one.images = n;
-        images.assign(size_t(n), one);
-        for (int64_t b = 0; b < n; ++b) {
-            images[size_t(b)].image = b;
-            for (pointer_ref& r : images[size_t(b)].pointers) r.byte_offset += b * image_bytes(r.value, n);
+        one.image_count = group;
+        images.assign(size_t(n / group), one);
+        for (int64_t b = 0; b < n / group; ++b) {
+            images[size_t(b)].image = b * group;
+            for (pointer_ref& r : images[size_t(b)].pointers) r.byte_offset += b * group * image_bytes(r.value, n);
         }
         return true;
     }
@@ -380,15 +382,20 @@ private:
     // comes from the caches. Runs of consecutive per-image kernels (up to image_run, each
     // writing image_run_min_bytes or more, or reading that much from the launch before it) are
     // launched image by image instead: image 0 through the run, then image 1, ... Lifetimes
-    // and the idempotence check see each launch's own image. MobileNet-v2 at batch 8, one
-    // unit: 46 -> 43 ms (ResNet-50, DenseNet-121 and Inception-v3 within 1%). Not with several
-    // units: a launch of one image gives them fewer blocks to share and they wait for each
-    // other at every launch (MobileNet-v2 on two units 26 -> 27.5 ms), nor below 8 MB, where
-    // each launch's cost outweighed the caches' gain. A launch that writes less joins the run
-    // where it reads the launch before it (DenseNet-121's 2x2 average pools and 3x3 layers
-    // after the 1x1 layers whose 12.8 MB they read).
+    // and the idempotence check see each launch's own images. MobileNet-v2 at batch 8, one
+    // unit: 46 -> 43 ms (ResNet-50, DenseNet-121 and Inception-v3 within 1%). With several
+    // units, as many images a launch as units, where the batch is a multiple of them: a
+    // launch of one image gave them fewer blocks to share and they waited for each other at
+    // every launch (MobileNet-v2 on two units 26 -> 27.5 ms), where two images a launch are
+    // 1.008-1.025x faster at batch 8 and 1.021x at batch 4 (the plans alternated run by run;
+    // its 112x112 expansion and depthwise layers 10-15%; ResNet-50, DenseNet-121 and
+    // Inception-v3 1.005-1.009x), and batch 3 in groups of two and one 0.997x. Not below
+    // 8 MB either, where each launch's cost outweighed the caches' gain. A launch that writes
+    // less joins the run where it reads the launch before it (DenseNet-121's 2x2 average
+    // pools and 3x3 layers after the 1x1 layers whose 12.8 MB they read).
     void interleave_images() {
-        if (_o.tiles == plan_options::tiles_for::gpu || _o.image_run < 2 || _o.compute_units > 1) return;
+        if (_o.tiles == plan_options::tiles_for::gpu || _o.image_run < 2) return;
+        const int64_t group = std::max<int64_t>(1, _o.compute_units);
         std::vector<pending> out;
         out.reserve(_pending.size());
         size_t i = 0;
@@ -397,8 +404,8 @@ private:
             std::vector<std::vector<pending>> run;
             std::vector<pending> images;
             for (size_t j = i; j < _pending.size() && run.size() < size_t(_o.image_run); ++j) {
-                if (!split_by_image(_pending[j], images)) break;
-                const int64_t n = int64_t(images.size());
+                if (!split_by_image(_pending[j], group, images)) break;
+                const int64_t n = images[0].images;
                 if (!run.empty() && images.size() != run[0].size()) break;
                 const bool large = batch_bytes(_pending[j].writes, n) >= _o.image_run_min_bytes;
                 if (!large && (run.empty() || passed_bytes(_pending[j - 1], _pending[j], n) < _o.image_run_min_bytes))
@@ -1336,7 +1343,8 @@ plan planner::run() {
         auto range = [&](int v) {
             const value& x = val(v);
             const tensor_location t = location(v);
-            if (const int64_t one = image_bytes(v, q.images)) return byte_range{t.where, t.offset + q.image * one, one};
+            if (const int64_t one = image_bytes(v, q.images))
+                return byte_range{t.where, t.offset + q.image * one, one * q.image_count};
             return byte_range{t.where, t.offset, int64_t(dtype_size(x.type)) * std::max<int64_t>(1, element_count(x.shape))};
         };
         for (int v : q.reads) l.reads.push_back(range(v));

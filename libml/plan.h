@@ -64,10 +64,11 @@ struct plan_options {
     // The compute units the plan's kernels spread over (cpu tiles split small layers so that
     // each unit gets blocks). 0: the runtime takes the device's; plan::build alone reads 1.
     uint32_t compute_units = 0;
-    // cpu plans for one compute unit at batch > 1: runs of up to image_run consecutive
-    // per-image kernels (convolution, pooling, batch norm) whose outputs for the whole batch
-    // are image_run_min_bytes or more launch image by image, so each image's activations pass
-    // from one kernel to the next through the caches. image_run 0 or 1: one launch per kernel.
+    // cpu plans at batch > 1: runs of up to image_run consecutive per-image kernels
+    // (convolution, pooling, batch norm) whose outputs for the whole batch are
+    // image_run_min_bytes or more launch image by image (with N compute units, N images at a
+    // time where the batch is a multiple of N), so each image's activations pass from one
+    // kernel to the next through the caches. image_run 0 or 1: one launch per kernel.
     int image_run = 4;
     int64_t image_run_min_bytes = int64_t(8) << 20;
 };

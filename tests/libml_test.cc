@@ -108,6 +108,53 @@ TEST_F(libml_api, image_by_image_runs_give_the_kernel_by_kernel_bits) {
     for (size_t o = 0; o < ys[0].size(); ++o) EXPECT_TRUE(ys[0][o] == ys[1][o]) << "output " << o;
 }
 
+// With several compute units the runs take as many images a launch as there are units (a
+// launch of one image leaves units idle), where the batch is a multiple of them (batch 5 on two
+// units: one launch a kernel, as before); the bits are
+// the kernel-by-kernel plan's, and each grouped launch reads and writes only its images.
+TEST_F(libml_api, image_runs_on_several_units_take_that_many_images_a_launch) {
+    const ml::tensor x0 = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
+    for (const int64_t batch : {4, 5}) {
+        ml::plan_options by_group, by_kernel;
+        by_group.compute_units = by_kernel.compute_units = 2;
+        by_group.image_run_min_bytes = 0;
+        by_kernel.image_run = 0;
+        ml::runtime rt_group(*_device, by_group), rt_kernel(*_device, by_kernel);
+        std::vector<ml::tensor> images{x0};
+        for (int64_t b = 1; b < batch; ++b) images.push_back(random_like(x0, 10 + int(b)));
+        const ml::tensor x = stack(images);
+        std::vector<std::vector<ml::tensor>> ys;
+        std::vector<size_t> launches;
+        std::vector<std::vector<int64_t>> first_conv_writes;  // per plan: each launch's output bytes
+        for (ml::runtime* rt : {&rt_group, &rt_kernel}) {
+            auto in = rt->link_model(rt->load_model(_path / "model.onnx"));
+            rt->configure_batch(*in, batch);
+            EXPECT_EQ(in->current_plan().check_idempotence(), "");
+            const auto& ls = in->current_plan().launches();
+            launches.push_back(ls.size());
+            const auto first = std::find_if(ls.begin(), ls.end(), [](const ml::planned_launch& l) {
+                return l.kernel == &reefline::ml::kernels::conv2d_kernel;
+            });
+            ASSERT_NE(first, ls.end());
+            first_conv_writes.emplace_back();
+            for (const auto& l : ls)
+                if (l.node == first->node) first_conv_writes.back().push_back(l.writes.at(0).bytes);
+            ys.emplace_back();
+            rt->infer_batch(*in, std::vector<ml::tensor>{x}, ys.back());
+        }
+        ASSERT_EQ(first_conv_writes[1].size(), 1u);
+        if (batch == 4) {
+            EXPECT_GT(launches[0], launches[1] + 5) << "the plan did not run images two by two";
+            const int64_t half = first_conv_writes[1][0] / 2;
+            EXPECT_EQ(first_conv_writes[0], (std::vector<int64_t>{half, half})) << "the first conv: two launches of two images";
+        } else {
+            EXPECT_EQ(launches[0], launches[1]) << "batch 5 on two units: one launch per kernel";
+        }
+        ASSERT_EQ(ys[0].size(), ys[1].size());
+        for (size_t o = 0; o < ys[0].size(); ++o) EXPECT_TRUE(ys[0][o] == ys[1][o]) << "batch " << batch << " output " << o;
+    }
+}
+
 // A launch that writes less than image_run_min_bytes still runs image by image where it reads
 // that much from the launch before it (the first conv's batch of 3 writes ~13 MB, the max pool
 // after it ~3 MB, the squeeze layer after that reads only the pool's): the pool's input then
