@@ -109,9 +109,9 @@ TEST_F(libml_api, image_by_image_runs_give_the_kernel_by_kernel_bits) {
 }
 
 // With several compute units the runs take as many images a launch as there are units (a
-// launch of one image leaves units idle), where the batch is a multiple of them (batch 5 on two
-// units: one launch a kernel, as before); the bits are
-// the kernel-by-kernel plan's, and each grouped launch reads and writes only its images.
+// launch of one image leaves units idle), where the batch is a multiple of them (batch 5 on
+// two units: one launch a kernel, as before). The bits are the kernel-by-kernel plan's, and
+// each grouped launch writes only its images.
 TEST_F(libml_api, image_runs_on_several_units_take_that_many_images_a_launch) {
     const ml::tensor x0 = ml::read_tensor_file(_path / "test_data_set_0/input_0.pb");
     for (const int64_t batch : {4, 5}) {
