@@ -689,33 +689,40 @@ TEST(Scheduler, AbacusRtPreemptsTheRoundsBeParts) {
 // Groups end about when predicted. The predictor here is the profiles' (each launch's time
 // alone, the parts back to back), on one compute unit, where parts really do run in turn:
 // the measured group exceeds its prediction only by the device's dispatch (tens of us per
-// launch against 300-us blocks) and host noise. Bound: the median group within [0.8, 1.4] of
-// its prediction, and 90% of groups under 2x (a shared 2-core VM: a stall of the worker
-// doubles a group now and then).
+// launch against 300-us blocks) and host noise. Queries come in waves of one to three, each
+// wave served before the next arrives, so the number of groups does not depend on how fast
+// the host is (queries arriving on a timer merge into fewer groups, or miss their deadlines,
+// when other processes load the machine). Bound: the median group within [0.8, 1.4] of its
+// prediction, and 90% of groups under 2x (a shared 2-core VM: a stall of the worker doubles a
+// group now and then).
 TEST(Scheduler, AbacusGroupsEndAboutWhenPredicted) {
     auto dev = make(1);
     std::mt19937 rng(24);
     group_log log;
     scheduler s(*dev, abacus_options(&log));
-    std::vector<std::unique_ptr<chain_task>> ts;
-    std::vector<task_id> ids;
-    for (uint32_t i = 0; i < 24; ++i) {
-        ts.push_back(std::make_unique<chain_task>(rng, task_class::be, 4 + rng() % 8, 1, 256, 300));
-        ids.push_back(s.submit(profiled(*ts.back(), i, 1, 5.0 + 15.0 * double(i))));
-        std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 1500));
-    }
-    for (size_t i = 0; i < ids.size(); ++i) {
-        const task_result r = s.wait(ids[i]);
-        ASSERT_TRUE(r.status == task_status::completed || r.status == task_status::dropped) << i;
-        if (r.status == task_status::completed) {
-            EXPECT_TRUE(ts[i]->correct()) << i;
+    constexpr uint32_t waves = 16;
+    uint32_t id = 0;
+    for (uint32_t w = 0; w < waves; ++w) {
+        std::vector<std::unique_ptr<chain_task>> ts;
+        std::vector<task_id> ids;
+        const uint32_t n = 1 + rng() % 3;
+        for (uint32_t i = 0; i < n; ++i) {
+            ts.push_back(std::make_unique<chain_task>(rng, task_class::be, 4 + rng() % 8, 1, 256, 300));
+            ids.push_back(s.submit(profiled(*ts.back(), id++, 1, 40.0 + 20.0 * double(i))));
+        }
+        for (size_t i = 0; i < ids.size(); ++i) {
+            const task_result r = s.wait(ids[i]);
+            ASSERT_TRUE(r.status == task_status::completed || r.status == task_status::dropped) << w << "/" << i;
+            if (r.status == task_status::completed) {
+                EXPECT_TRUE(ts[i]->correct()) << w << "/" << i;
+            }
         }
     }
     std::lock_guard lk(log.mu);
     std::vector<double> ratio;
     for (const abacus_group& g : log.groups)
         if (!g.preempted && g.predicted_us > 0) ratio.push_back(g.measured_us / g.predicted_us);
-    ASSERT_GE(ratio.size(), 8u);
+    ASSERT_GE(ratio.size(), size_t(waves) * 3 / 4) << "each wave is at least one group unless its queries were dropped";
     std::sort(ratio.begin(), ratio.end());
     const double median = ratio[ratio.size() / 2], p90 = ratio[ratio.size() * 9 / 10];
     std::printf("[ abacus ] %zu groups: measured / predicted median %.2f p90 %.2f max %.2f\n", ratio.size(), median, p90,
