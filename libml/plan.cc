@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "libml/kernels/cpu_direct_conv.h"
+#include "libml/kernels/cpu_pointwise_depthwise.h"
 #include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/kernels.h"
 
@@ -440,7 +441,16 @@ private:
     }
 
     void lower(int ni);
-    void lower_conv(int ni);
+    // A pointwise convolution folded into the depthwise convolution after it (cpu plans,
+    // kernels::pointwise_depthwise_possible): its input, weights and bias (-1: none), its args
+    // (activation included) and its node.
+    struct folded_pointwise {
+        int x, w, b;
+        k::conv2d_args args;
+        const node* n;
+    };
+    k::conv2d_args conv_geometry(const node& n);
+    void lower_conv(int ni, const folded_pointwise* pre = nullptr);
     void lower_gemm(int ni);
     void lower_matmul(int ni);
     void lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep = {});
@@ -592,10 +602,10 @@ void planner::lower_rows(const node& n, k::row_op op, int x, int y, int64_t oute
         emit(k::row_kernel, args, k::row_grid(args), n, {{&args.x, x}, {&args.y, y}}, reads, {y});
 }
 
-void planner::lower_conv(int ni) {
-    const node& n = _g.nodes[size_t(ni)];
-    const int x = n.input(0), w = n.input(1), b = n.input(2);
-    int y = n.output(0);
+// A Conv node's geometry (shapes, strides, padding, groups): its args without tiles, pointers
+// or activation.
+k::conv2d_args planner::conv_geometry(const node& n) {
+    const int x = n.input(0), w = n.input(1), y = n.output(0);
     require_f32(n, x);
     const shape_t& xs = val(x).shape;
     const shape_t& ws = val(w).shape;
@@ -626,11 +636,23 @@ void planner::lower_conv(int ni) {
         a.h_out = val(y).shape[2];
         a.w_out = val(y).shape[3];
     }
+    return a;
+}
+
+void planner::lower_conv(int ni, const folded_pointwise* pre) {
+    const node& n = _g.nodes[size_t(ni)];
+    const int w = n.input(1), b = n.input(2);
+    // With a pointwise layer folded in, the launch reads that layer's input.
+    const int x = pre ? pre->x : n.input(0);
+    int y = n.output(0);
+    k::conv2d_args a = conv_geometry(n);
     // Fusions: Conv -> [Add(residual)] -> [activation], each step only when the intermediate
-    // has no other reader and the residual is ready before this conv runs.
+    // has no other reader and the residual is ready before this conv runs. A depthwise layer
+    // with a pointwise layer folded in takes no residual and only the activations its windows
+    // apply (depthwise3x3); the rest run as launches of their own.
     int residual = -1;
     int c = -1;
-    if (const node* next = sole_consumer(y, &c)) {
+    if (const node* next = sole_consumer(y, &c); next && !pre) {
         if ((next->op == op_type::Add) && !_done[size_t(c)]) {
             const int other = next->input(0) == y ? next->input(1) : next->input(0);
             const value& o = val(other);
@@ -643,12 +665,30 @@ void planner::lower_conv(int ni) {
         }
     }
     if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
-        if (auto ep = activation_of(*next)) {
+        const auto ep = activation_of(*next);
+        if (ep && (!pre || ep->act == k::activation::none || ep->act == k::activation::relu ||
+                   ep->act == k::activation::clip)) {
             a.ep = *ep;
             _done[size_t(c)] = true;
             y = next->output(0);
         }
     }
+    // A pointwise layer whose output (after its activation) only a 3x3 depthwise layer reads:
+    // on the cpu device the two run as one launch (kernels::pointwise_depthwise), and the
+    // pointwise output is never written to memory. MobileNet-v2's expansion and depthwise pairs.
+    if (!pre && residual < 0 && _o.tiles != plan_options::tiles_for::gpu && _o.fold_pointwise) {
+        if (const node* next = sole_consumer(y, &c); next && next->op == op_type::Conv && !_done[size_t(c)] &&
+                                                     next->input(0) == y && val(next->input(1)).is_constant()) {
+            const k::conv2d_args dw = conv_geometry(*next);
+            if (k::pointwise_depthwise_possible(a, dw)) {
+                const folded_pointwise f{x, w, b, a, &n};
+                _done[size_t(c)] = true;
+                lower_conv(c, &f);
+                return;
+            }
+        }
+    }
+    if (pre) a = k::pointwise_depthwise_args(pre->args, a);
     const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out;
     // Whether the cpu blocks will run this layer by Winograd: its filters are in the weights'
     // layout (only there for the cpu device) and it can.
@@ -768,7 +808,18 @@ void planner::lower_conv(int ni) {
     // (one cache line the units pass back and forth) than summing.
     // Planes small enough for the cpu device to take 16 channels at a time
     // (depthwise16_max_pixels) get a multiple of 16 where the channels allow.
-    if (co_g == 1 && k::conv2d_ci_per_group(a) == 1 && a.tile_pix >= npix) {
+    if (pre) {
+        // With a pointwise layer folded in: whole passes of its planes a block, about 256K
+        // multiply-adds of its sums each (MobileNet-v2's 7x7 layers: 32 channels a block,
+        // its 112x112 expansion: 8), two blocks a unit where there are units.
+        const int64_t pass = k::pointwise_depthwise_pass, hw = a.h * a.w_in;
+        const int64_t passes = std::max<int64_t>(1, (int64_t(1) << 18) / (pass * hw * a.pre_c_in));
+        a.tile_pix = int32_t(npix);
+        a.tile_groups = int32_t(std::min<int64_t>(a.groups, passes * pass));
+        if (_o.compute_units > 1)
+            while (k::conv2d_grid(a) < 2 * int64_t(_o.compute_units) && a.tile_groups > pass)
+                a.tile_groups = int32_t(std::max<int64_t>(pass, (a.tile_groups / pass + 1) / 2 * pass));
+    } else if (co_g == 1 && k::conv2d_ci_per_group(a) == 1 && a.tile_pix >= npix) {
         const bool by_16 = npix <= k::depthwise16_max_pixels && a.groups >= 16;
         const auto rounded = [&](int64_t g) {
             return by_16 && g >= 16 ? by_16_within(g, a.groups) : g;
@@ -780,18 +831,18 @@ void planner::lower_conv(int ni) {
                                                                      : (a.tile_groups + 1) / 2);
     }
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
-    std::vector<int> reads{x, w};
-    if (b >= 0) reads.push_back(b);
-    if (residual >= 0) reads.push_back(residual);
-    const size_t scratch = k::conv2d_scratch_bytes(a);
-    if (b >= 0 && residual >= 0)
-        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.bias, b}, {&a.residual, residual}, {&a.y, y}}, reads, {y}, scratch);
-    else if (b >= 0)
-        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.bias, b}, {&a.y, y}}, reads, {y}, scratch);
-    else if (residual >= 0)
-        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.residual, residual}, {&a.y, y}}, reads, {y}, scratch);
-    else
-        emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.y, y}}, reads, {y}, scratch);
+    std::vector<std::pair<const void*, int>> pointers{{&a.x, x}, {&a.w, w}, {&a.y, y}};
+    if (b >= 0) pointers.push_back({&a.bias, b});
+    if (residual >= 0) pointers.push_back({&a.residual, residual});
+    if (pre) {
+        pointers.push_back({&a.pre_w, pre->w});
+        if (pre->b >= 0) pointers.push_back({&a.pre_bias, pre->b});
+    }
+    std::vector<int> reads;
+    for (const auto& [field, v] : pointers)
+        if (v != y) reads.push_back(v);
+    emit_list(k::conv2d_kernel, a, k::conv2d_grid(a), n, pointers, reads, {y}, k::conv2d_scratch_bytes(a));
+    if (pre) _pending.back().node = pre->n->name + "+" + n.name;
     // The Winograd filters laid out after the weights (layout_weights): bound as w's bytes
     // moved to theirs.
     if (winograd)

@@ -71,6 +71,9 @@ struct plan_options {
     // kernel to the next through the caches. image_run 0 or 1: one launch per kernel.
     int image_run = 4;
     int64_t image_run_min_bytes = int64_t(8) << 20;
+    // cpu plans: a pointwise convolution whose output only a 3x3 depthwise convolution reads
+    // runs with it as one launch (kernels::pointwise_depthwise), its output never written.
+    bool fold_pointwise = true;
 };
 
 struct memory_bases {

@@ -1,5 +1,5 @@
-// Preemption never changes results, on real model kernels: the tiny zoo ResNet-50 runs as a
-// BE task under the REEF scheduler while RT tasks (another instance of the same model) arrive
+// Preemption never changes results, on real model kernels: the tiny zoo ResNet-50 (and
+// MobileNet-v2) runs as a BE task under the REEF scheduler while RT tasks (another instance of the same model) arrive
 // at random moments. Every BE and RT output must be bit-identical to an undisturbed run, with
 // exact restore and with REEF's approximate restore (which re-executes up to c kernels before
 // the interrupted one: the memory plan's restore window is what keeps their inputs intact).
@@ -37,14 +37,16 @@ protected:
     void SetUp() override {
         const char* zoo = std::getenv("REEFLINE_ZOO");
         if (!zoo) GTEST_SKIP() << "REEFLINE_ZOO not set";
-        _dir = reefline::testing::write_tiny_zoo(zoo, "libml_preempt", "resnet50_tiny,distilbert_tiny");
+        _dir = reefline::testing::write_tiny_zoo(zoo, "libml_preempt", "resnet50_tiny,mobilenet_v2_tiny,distilbert_tiny");
         ASSERT_FALSE(_dir.empty()) << "the zoo tool failed";
     }
     void TearDown() override { fs::remove_all(_dir); }
     fs::path _dir;
 };
 
-TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
+// The BE task a batch of 8 of `model`, the RT tasks batch 1 of it.
+void expect_bit_identical_under_preemption(const fs::path& dir, const std::string& model, gpu::restore_mode restore) {
+    SCOPED_TRACE(model);
     gpu::cpu_device_options dopt;
     dopt.compute_units = 1;
     auto device = gpu::make_cpu_device(dopt);
@@ -54,7 +56,7 @@ TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
     ml::plan_options po;
     po.image_run_min_bytes = 0;
     ml::runtime rt(*device, po);
-    auto m = rt.load_model((_dir / "resnet50_tiny.onnx").string());
+    auto m = rt.load_model((dir / (model + ".onnx")).string());
     auto be = rt.link_model(m);
     rt.configure_batch(*be, 8);  // a longer BE task
     auto rtin = rt.link_model(m);
@@ -66,7 +68,7 @@ TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
     rt.infer_batch(*rtin, std::vector<ml::tensor>{xr}, want_rt);
 
     gpu::scheduler_options so;
-    so.restore = GetParam();
+    so.restore = restore;
     so.vhq_capacity = 4;  // c, equal to the plans' restore window
     gpu::scheduler sched(*device, so);
     std::mt19937 rng(3);
@@ -75,7 +77,7 @@ TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
     // Twelve runs, and up to 48 in approximate mode until a kernel was re-executed: the RT
     // arrivals fall at random moments, and a run of twelve without one landing inside a
     // restore window happens (about one run of the test in ten, under load).
-    const bool want_reexecution = GetParam() == gpu::restore_mode::approximate;
+    const bool want_reexecution = restore == gpu::restore_mode::approximate;
     int trials = 0;
     for (; trials < 12 || (want_reexecution && reexecuted == 0 && trials < 48); ++trials) {
         rt.write_inputs(*be, std::vector<ml::tensor>{xb});
@@ -113,8 +115,15 @@ TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
     if (want_reexecution) {
         EXPECT_GT(reexecuted, 0u);
     }
-    std::printf("%u of %d BE runs preempted, %llu kernels re-executed\n", preempted_runs, trials,
+    std::printf("%s: %u of %d BE runs preempted, %llu kernels re-executed\n", model.c_str(), preempted_runs, trials,
                 static_cast<unsigned long long>(reexecuted));
+}
+
+// MobileNet-v2 as well: its expansion and depthwise layers run as one launch on CPUs with
+// AVX-512 (kernels::pointwise_depthwise), whose blocks stop between passes and planes.
+TEST_P(libml_preempt, outputs_bit_identical_under_preemption) {
+    for (const char* model : {"resnet50_tiny", "mobilenet_v2_tiny"})
+        expect_bit_identical_under_preemption(_dir, model, GetParam());
 }
 
 TEST_P(libml_preempt, sequence_outputs_bit_identical_under_preemption) {

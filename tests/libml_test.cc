@@ -575,4 +575,88 @@ TEST(libml_plan, wide_layers_on_small_planes_take_several_images_a_block) {
     });
 }
 
+
+// A pointwise layer whose output only a 3x3 depthwise layer reads runs inside that layer's
+// launch on CPUs with AVX-512 (kernels::pointwise_depthwise): one launch fewer, the pointwise
+// output never in the arena, and the numbers of the two layers run apart (sums in another
+// order: within 1e-5). Shapes off the kernels' tiles: 5, 20 and 300 input channels (the last
+// in two passes of the sums), 12 and 24 channels (passes of 8 and of 4), 31x29 planes (18
+// tiles of 48 pixels and one of 35), strides 1 and 2, each activation the blocks apply, with
+// and without biases; batch 3 on one and two units.
+TEST(libml_plan, a_pointwise_layer_runs_inside_the_depthwise_layer_after_it) {
+    namespace tm = reefline::ml::test_models;
+    namespace k = reefline::ml::kernels;
+    struct variant {
+        int64_t k, c, stride;
+        const char* pre_act;  // "Clip", "Relu" or "" after the pointwise layer
+        bool bias;
+    };
+    const int64_t h = 31, w = 29;
+    for (const variant v : {variant{5, 12, 1, "Clip", true}, variant{20, 12, 2, "Relu", true}, variant{300, 16, 1, "", false},
+                            variant{5, 24, 2, "Clip", false}}) {
+        tm::builder b;
+        b.input("x", {-1, v.k, h, w}).output("y");
+        std::vector<float> pw(size_t(v.c * v.k)), pb(size_t(v.c)), dw(size_t(v.c * 9)), db(size_t(v.c));
+        for (size_t i = 0; i < pw.size(); ++i) pw[i] = float(int(i * 13 % 17) - 8) / 16.0f;
+        for (size_t i = 0; i < pb.size(); ++i) pb[i] = float(int(i % 7) - 3) / 4.0f;
+        for (size_t i = 0; i < dw.size(); ++i) dw[i] = float(int(i * 7 % 11) - 5) / 8.0f;
+        for (size_t i = 0; i < db.size(); ++i) db[i] = float(int(i % 5) - 2) / 8.0f;
+        b.init_f32("pw", {v.c, v.k, 1, 1}, pw).init_f32("pb", {v.c}, pb).init_f32("dw", {v.c, 1, 3, 3}, dw);
+        b.init_f32("db", {v.c}, db).init_f32("lo", {}, {0.0f}).init_f32("hi", {}, {6.0f});
+        const std::string pre_act = v.pre_act;
+        b.node("Conv", v.bias ? std::vector<std::string>{"x", "pw", "pb"} : std::vector<std::string>{"x", "pw"},
+               {pre_act.empty() ? "e" : "e0"});
+        if (pre_act == "Clip") b.node("Clip", {"e0", "lo", "hi"}, {"e"});
+        if (pre_act == "Relu") b.node("Relu", {"e0"}, {"e"});
+        auto* conv = b.node("Conv", {"e", "dw", "db"}, {"d"});
+        tm::attr_i(conv, "group", v.c);
+        tm::attr_ints(conv, "strides", {v.stride, v.stride});
+        tm::attr_ints(conv, "pads", {1, 1, 1, 1});
+        b.node("Clip", {"d", "lo", "hi"}, {"y"});
+        const std::string bytes = b.bytes();
+        std::vector<float> xv(size_t(3 * v.k * h * w));
+        for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 29 % 31) - 15) / 8.0f;
+        ml::bytes_t xb(xv.size() * 4);
+        std::memcpy(xb.data(), xv.data(), xb.size());
+        const ml::tensor x = ml::tensor::make(ml::dtype::f32, {3, v.k, h, w}, xb);
+        for (const unsigned units : {1u, 2u}) {
+            auto device = reefline::gpu::make_cpu_device();
+            std::vector<ml::tensor> ys[2];
+            size_t convs[2] = {}, folded[2] = {};
+            int64_t arena[2] = {};
+            for (const bool fold : {true, false}) {
+                ml::plan_options o;
+                o.compute_units = units;
+                o.fold_pointwise = fold;
+                ml::runtime rt(*device, o);
+                auto in = rt.link_model(rt.load_model_buffer(bytes.data(), bytes.size(), "pointwise-depthwise"));
+                rt.configure_batch(*in, 3);
+                EXPECT_EQ(in->current_plan().check_idempotence(), "");
+                for (const auto& l : in->current_plan().launches())
+                    if (l.kernel == &k::conv2d_kernel) {
+                        k::conv2d_args a;
+                        std::memcpy(&a, l.args.data(), sizeof a);
+                        ++convs[fold];
+                        folded[fold] += a.pre_c_in > 0;
+                    }
+                arena[fold] = in->current_plan().arena_bytes();
+                rt.infer_batch(*in, std::vector<ml::tensor>{x}, ys[fold]);
+            }
+            const std::string what = "k " + std::to_string(v.k) + " c " + std::to_string(v.c) + " stride " +
+                                     std::to_string(v.stride) + " '" + pre_act + "' units " + std::to_string(units);
+            EXPECT_EQ(folded[false], 0u) << what;
+            if (k::cpu_has_avx512()) {
+                EXPECT_GE(folded[true], 1u) << what;
+                EXPECT_EQ(convs[true] * 2, convs[false]) << what << ": one launch for the two layers";
+                EXPECT_LT(arena[true], arena[false]) << what << ": the pointwise output has no place in the arena";
+            }
+            ASSERT_EQ(ys[0][0].elements(), ys[1][0].elements());
+            for (int64_t i = 0; i < ys[0][0].elements(); ++i) {
+                const double ref = ys[false][0].as_f64(i);
+                ASSERT_NEAR(ys[true][0].as_f64(i), ref, 1e-5 * std::max(1.0, std::abs(ref))) << what << " at " << i;
+            }
+        }
+    }
+}
+
 }  // namespace

@@ -108,18 +108,19 @@ __attribute__((target("avx512f"), always_inline)) inline void direct_rows(const 
     else if (left > 0) direct_tile<MR, 1, true>(x + j, off, kk, w, ldw, out + j, ldo, left, accumulate, fin, m0);
 }
 
-// MR output channels over a K chunk's nci input channels, in passes of channels_per_pass;
-// the last pass applies fin (the K chunk's caller passes it for the last chunk only).
+// MR output channels over a K chunk's nci input channels, in passes of `pass` channels (off
+// holds a pass's reads); the last pass applies fin (the K chunk's caller passes it for the
+// last chunk only).
 template <int MR>
 __attribute__((target("avx512f"), always_inline)) inline void direct_slice(const float* x, int64_t chan,
                                                                           const int32_t* off, int64_t taps,
-                                                                          int64_t nci, const float* w, int64_t ldw,
-                                                                          float* out, int64_t ldo, int64_t n,
-                                                                          bool accumulate, const direct_finish* fin,
-                                                                          int64_t m0) {
-    for (int64_t p = 0; p < nci; p += channels_per_pass)
-        direct_rows<MR>(x + p * chan, off, std::min(channels_per_pass, nci - p) * taps, w + p * taps, ldw, out, ldo, n,
-                        accumulate || p > 0, p + channels_per_pass >= nci ? fin : nullptr, m0);
+                                                                          int64_t nci, int64_t pass, const float* w,
+                                                                          int64_t ldw, float* out, int64_t ldo,
+                                                                          int64_t n, bool accumulate,
+                                                                          const direct_finish* fin, int64_t m0) {
+    for (int64_t p = 0; p < nci; p += pass)
+        direct_rows<MR>(x + p * chan, off, std::min(pass, nci - p) * taps, w + p * taps, ldw, out, ldo, n,
+                        accumulate || p > 0, p + pass >= nci ? fin : nullptr, m0);
 }
 
 // A K chunk over every output of a tile: 8 output channels at a time (8 x 3 vectors: 24
@@ -128,20 +129,22 @@ __attribute__((target("avx512f"), always_inline)) inline void direct_slice(const
 // prefetches (the layer's weights are rarely in cache: Inception's 8x8 layers have 1.7 MB),
 // while the input planes, read once per slice, stay in L2.
 __attribute__((target("avx512f"))) void direct_chunk(const float* x, int64_t chan, const int32_t* off, int64_t taps,
-                                                     int64_t nci, const float* w, int64_t ldw, int64_t nco, float* out,
-                                                     int64_t ldo, int64_t n, bool accumulate, const direct_finish* fin) {
+                                                     int64_t nci, int64_t pass, const float* w, int64_t ldw,
+                                                     int64_t nco, float* out, int64_t ldo, int64_t n, bool accumulate,
+                                                     const direct_finish* fin) {
     int64_t m = 0;
     for (; m + 8 <= nco; m += 8)
-        direct_slice<8>(x, chan, off, taps, nci, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
+        direct_slice<8>(x, chan, off, taps, nci, pass, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
     if (nco - m >= 4) {
-        direct_slice<4>(x, chan, off, taps, nci, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
+        direct_slice<4>(x, chan, off, taps, nci, pass, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
         m += 4;
     }
     if (nco - m >= 2) {
-        direct_slice<2>(x, chan, off, taps, nci, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
+        direct_slice<2>(x, chan, off, taps, nci, pass, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
         m += 2;
     }
-    if (nco - m >= 1) direct_slice<1>(x, chan, off, taps, nci, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
+    if (nco - m >= 1)
+        direct_slice<1>(x, chan, off, taps, nci, pass, w + m * ldw, ldw, out + m * ldo, ldo, n, accumulate, fin, m);
 }
 #endif
 
@@ -237,8 +240,8 @@ bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, c
     for (int64_t c0 = 0; c0 < ci; c0 += chunk) {
         if (ctx.preempted()) return false;
         const int64_t c1 = std::min(ci, c0 + chunk);
-        direct_chunk(scratch + c0 * chan, chan, off, taps, c1 - c0, w + c0 * taps, K, nco, wide, n, n, c0 > 0,
-                     c1 == ci && finishes ? &fin : nullptr);
+        direct_chunk(scratch + c0 * chan, chan, off, taps, c1 - c0, channels_per_pass, w + c0 * taps, K, nco, wide, n,
+                     n, c0 > 0, c1 == ci && finishes ? &fin : nullptr);
     }
     // The tile's pixels [p0, p1) out of the wide rows.
     for (int64_t m = 0; m < nco; ++m)
@@ -251,6 +254,21 @@ bool conv2d_direct(const conv2d_args& c, const conv2d_tile& t, const float* x, c
 #else
     (void)c, (void)t, (void)x, (void)w, (void)y, (void)scratch, (void)ctx;
     return false;  // never called: conv2d_direct_possible is false without AVX-512
+#endif
+}
+
+void pointwise_direct(const float* x, int64_t hw, int64_t nci, const float* w, int64_t ldw, int64_t nco, float* out,
+                      const direct_finish& fin) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    // One pass of every input channel (up to 256): with one tap per channel a register tile's
+    // input is K x 48 floats, which L1 holds, and passes of 16 stored and reloaded the
+    // accumulators K / 16 times.
+    constexpr int64_t pass = 256;
+    int32_t off[pass];  // a pass's channels, from its first: one plane each
+    for (int64_t k = 0; k < std::min(nci, pass); ++k) off[k] = int32_t(k * hw);
+    direct_chunk(x, hw, off, 1, nci, pass, w, ldw, nco, out, hw, hw, false, &fin);
+#else
+    (void)x, (void)hw, (void)nci, (void)w, (void)ldw, (void)nco, (void)out, (void)fin;
 #endif
 }
 

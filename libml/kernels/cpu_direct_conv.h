@@ -44,6 +44,12 @@ struct direct_finish {
     float lo, hi;
 };
 direct_finish direct_finish_of(const conv2d_args& c, const float* bias);
+// A pointwise convolution's sums by the direct tiles: out[m * hw + p] = fin(the sum over
+// k < nci, in order, from 0, of w[m * ldw + k] * x[k * hw + p]) for m < nco, p < hw, with
+// fin.bias from the first of the nco channels. For pointwise_depthwise (cpu_pointwise_depthwise.h),
+// whose planes of the sums stay in the caches. AVX-512 only.
+void pointwise_direct(const float* x, int64_t hw, int64_t nci, const float* w, int64_t ldw, int64_t nco, float* out,
+                      const direct_finish& fin);
 // One group's tile into y (the tile's first output, rows of output channels h_out * w_out
 // apart) from x (the group's first input channel), w (the tile's first output channel's
 // weights) and bias (its first output channel's, or null): the sums, and where

@@ -19,6 +19,7 @@
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/cpu_planes16.h"
+#include "libml/kernels/cpu_pointwise_depthwise.h"
 #include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/kernels.h"
@@ -283,11 +284,14 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     return true;
 }
 
-// One image's tile: its groups (several only for depthwise tiles): 3x3 depthwise planes by
-// depthwise3x3 (cpu_window3x3.h), other small depthwise planes 16 at a time where depthwise16
-// takes them (cpu_planes16.h), the rest one after the other.
+// One image's tile: its groups (several only for depthwise tiles): a depthwise layer with its
+// pointwise layer folded in by pointwise_depthwise (cpu_pointwise_depthwise.h), 3x3 depthwise
+// planes by depthwise3x3 (cpu_window3x3.h), other small depthwise planes 16 at a time where
+// depthwise16 takes them (cpu_planes16.h), the rest one after the other.
 bool conv2d_tile_cpu(const conv2d_args& c, const conv2d_tile& t, const gpu::block_context& ctx) {
     int64_t group = t.group;
+    if (c.pre_c_in > 0)
+        return pointwise_depthwise(c, t.image, t.group, t.group1, static_cast<float*>(ctx.scratch), ctx);
     const bool whole_planes = t.p0 == 0 && t.p1 == c.h_out * c.w_out;
     if (whole_planes && depthwise3x3_possible(c)) return depthwise3x3(c, t.image, t.group, t.group1, ctx);
     if (whole_planes && t.group1 - t.group >= 16 && depthwise16_possible(c) &&
@@ -430,6 +434,7 @@ bool conv2d_is_pointwise(const conv2d_args& c) {
 }
 
 size_t conv2d_scratch_bytes(const conv2d_args& c) {
+    if (c.pre_c_in > 0) return pointwise_depthwise_scratch_bytes(c);
     // Depthwise: one output row's strided input columns copied to unit stride, or the padded
     // plane of a whole-plane block at stride 1.
     if (conv2d_is_depthwise(c)) {

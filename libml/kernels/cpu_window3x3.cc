@@ -377,13 +377,18 @@ void plane_window_strided(const plane_args& a, const W& op, int64_t h_out, int64
 }  // namespace
 
 bool depthwise3x3(const conv2d_args& c, int64_t image, int64_t g0, int64_t g1, const gpu::block_context& ctx) {
+    return depthwise3x3_planes(c, c.x + (image * c.c_in + g0) * c.h * c.w_in, image, g0, g1, ctx);
+}
+
+bool depthwise3x3_planes(const conv2d_args& c, const float* x, int64_t image, int64_t g0, int64_t g1,
+                         const gpu::block_context& ctx) {
     const bool flat = flat_fits(c.h, c.w_in, c.h_out, c.w_out, c.stride_h, c.stride_w, c.pad_top, c.pad_left);
     flat_geometry fg;
     if (flat) flat_geometry_of(c.h, c.w_in, fg);
     for (int64_t group = g0; group < g1; ++group) {
         if (group > g0 && ctx.preempted()) return false;
-        const plane_args a{c.x + (image * c.c_in + group) * c.h * c.w_in,
-                           c.y + (image * c.c_out + group) * c.h_out * c.w_out, c.h, c.w_in, c.w_out, c.pad_top};
+        const plane_args a{x + (group - g0) * c.h * c.w_in, c.y + (image * c.c_out + group) * c.h_out * c.w_out, c.h,
+                           c.w_in, c.w_out, c.pad_top};
         depthwise_sum op;
         const float* w = c.w + group * 9;
         for (int t = 0; t < 9; ++t) op.wt[t] = _mm512_set1_ps(w[t]);
@@ -433,6 +438,9 @@ bool pool_window(const pool2d_args& p, int64_t p0, int64_t p1, const float* colu
 #else
 // Never called: the *_possible checks are false.
 bool depthwise3x3(const conv2d_args&, int64_t, int64_t, int64_t, const gpu::block_context&) { return false; }
+bool depthwise3x3_planes(const conv2d_args&, const float*, int64_t, int64_t, int64_t, const gpu::block_context&) {
+    return false;
+}
 bool pool_window(const pool2d_args&, int64_t, int64_t, const float*, const gpu::block_context&) { return false; }
 #endif
 

@@ -17,6 +17,10 @@ bool depthwise3x3_possible(const conv2d_args& c);
 // depthwise16), so the same results bit for bit. Needs no scratch. Checks for preemption
 // between planes: false if preempted.
 bool depthwise3x3(const conv2d_args& c, int64_t image, int64_t g0, int64_t g1, const gpu::block_context& ctx);
+// The same with the input planes of channels [g0, g1) at x, one after the other (h x w_in
+// each), instead of in c.x: the planes a block has just computed (pointwise_depthwise).
+bool depthwise3x3_planes(const conv2d_args& c, const float* x, int64_t image, int64_t g0, int64_t g1,
+                         const gpu::block_context& ctx);
 
 // 3x3 and 2x2 max and average pools that pool_plane_separable takes, at strides 1 and 2.
 bool pool_window_possible(const pool2d_args& a);

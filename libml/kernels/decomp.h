@@ -95,6 +95,14 @@ struct conv2d_args {
     // The cpu device's Winograd filters of w (winograd_filters, cpu_winograd.h), laid out with
     // the weights at load time, or null: the blocks then compute the layer another way.
     const float* w_winograd;
+    // A pointwise convolution computed block by block as this depthwise layer's input, where
+    // pre_c_in > 0 (cpu plans only): x is then that layer's input [n, pre_c_in, h, w_in],
+    // pre_w its weights [c_in, pre_c_in], pre_bias its bias [c_in] or null and pre_ep its
+    // activation; its output, c_in planes per image, is never written to memory.
+    const float* pre_w;
+    const float* pre_bias;
+    int64_t pre_c_in;
+    epilogue pre_ep;
 };
 
 RL_HD inline int64_t conv2d_co_per_group(const conv2d_args& c) { return c.c_out / c.groups; }
