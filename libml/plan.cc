@@ -9,6 +9,7 @@
 
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_pointwise_depthwise.h"
+#include "libml/kernels/cpu_rows.h"
 #include "libml/kernels/cpu_winograd.h"
 #include "libml/kernels/kernels.h"
 
@@ -666,8 +667,7 @@ void planner::lower_conv(int ni, const folded_pointwise* pre) {
     }
     if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
         const auto ep = activation_of(*next);
-        if (ep && (!pre || ep->act == k::activation::none || ep->act == k::activation::relu ||
-                   ep->act == k::activation::clip)) {
+        if (ep && (!pre || k::bias_activation_applies(*ep))) {
             a.ep = *ep;
             _done[size_t(c)] = true;
             y = next->output(0);
@@ -810,8 +810,8 @@ void planner::lower_conv(int ni, const folded_pointwise* pre) {
     // (depthwise16_max_pixels) get a multiple of 16 where the channels allow.
     if (pre) {
         // With a pointwise layer folded in: whole passes of its planes a block, about 256K
-        // multiply-adds of its sums each (MobileNet-v2's 7x7 layers: 32 channels a block,
-        // its 112x112 expansion: 8), two blocks a unit where there are units.
+        // multiply-adds of its sums or more each (MobileNet-v2's, 112x112 to 28x28: one pass
+        // of 8 channels), two blocks a unit where there are units.
         const int64_t pass = k::pointwise_depthwise_pass, hw = a.h * a.w_in;
         const int64_t passes = std::max<int64_t>(1, (int64_t(1) << 18) / (pass * hw * a.pre_c_in));
         a.tile_pix = int32_t(npix);

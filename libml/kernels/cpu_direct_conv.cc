@@ -200,12 +200,12 @@ bool conv2d_direct_chosen(const conv2d_args& c) {
     return wins && (double(c.w_out) >= 0.85 * double(wp) || small);
 }
 
-direct_finish direct_finish_of(const conv2d_args& c, const float* bias) {
-    return {bias, c.ep.act == activation::relu, c.ep.act == activation::clip, c.ep.alpha, c.ep.beta};
+direct_finish direct_finish_of(const epilogue& ep, const float* bias) {
+    return {bias, ep.act == activation::relu, ep.act == activation::clip, ep.alpha, ep.beta};
 }
 
 bool conv2d_direct_finishes(const conv2d_args& c) {
-    return !c.residual && (c.ep.act == activation::none || c.ep.act == activation::relu || c.ep.act == activation::clip);
+    return !c.residual && bias_activation_applies(c.ep);
 }
 
 size_t conv2d_direct_scratch_bytes(const conv2d_args& c) {

@@ -43,7 +43,8 @@ struct direct_finish {
     bool relu, clip;
     float lo, hi;
 };
-direct_finish direct_finish_of(const conv2d_args& c, const float* bias);
+direct_finish direct_finish_of(const epilogue& ep, const float* bias);
+inline direct_finish direct_finish_of(const conv2d_args& c, const float* bias) { return direct_finish_of(c.ep, bias); }
 // A pointwise convolution's sums by the direct tiles: out[m * hw + p] = fin(the sum over
 // k < nci, in order, from 0, of w[m * ldw + k] * x[k * hw + p]) for m < nco, p < hw, with
 // fin.bias from the first of the nco channels. For pointwise_depthwise (cpu_pointwise_depthwise.h),

@@ -38,9 +38,8 @@ plane16 plane16_of(int64_t h_out, int64_t w_out, int64_t kh, int64_t kw, int64_t
 }  // namespace
 
 bool depthwise16_possible(const conv2d_args& c) {
-    const bool act = c.ep.act == activation::none || c.ep.act == activation::relu || c.ep.act == activation::clip;
     return cpu_has_avx512() && conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1 && c.groups >= 16 &&
-           c.dil_h == 1 && c.dil_w == 1 && c.h_out * c.w_out <= depthwise16_max_pixels && !c.residual && act &&
+           c.dil_h == 1 && c.dil_w == 1 && c.h_out * c.w_out <= depthwise16_max_pixels && !c.residual && bias_activation_applies(c.ep) &&
            c.kh * c.kw <= 64 && c.h_out >= 1 && c.w_out >= 1;
 }
 

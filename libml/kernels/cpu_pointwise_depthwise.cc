@@ -25,14 +25,10 @@ constexpr int64_t max_pass_bytes = int64_t(512) << 10;
 // between the two launches anyway. 28x28 to 112x112: 0.63-0.88x the time of the two launches.
 constexpr int64_t min_pixels = 28 * 28;
 
-bool fused_activation(const epilogue& ep) {
-    return ep.act == activation::none || ep.act == activation::relu || ep.act == activation::clip;
-}
-
 }  // namespace
 
 bool pointwise_depthwise_possible(const conv2d_args& pw, const conv2d_args& dw) {
-    if (!cpu_has_avx512() || !conv2d_is_pointwise(pw) || pw.groups != 1 || pw.residual || !fused_activation(pw.ep))
+    if (!cpu_has_avx512() || !conv2d_is_pointwise(pw) || pw.groups != 1 || pw.residual || !bias_activation_applies(pw.ep))
         return false;
     if (dw.groups != dw.c_in || dw.c_out != dw.c_in || dw.c_in != pw.c_out || dw.n != pw.n || dw.h != pw.h_out ||
         dw.w_in != pw.w_out || !depthwise3x3_possible(dw))
@@ -58,11 +54,10 @@ bool pointwise_depthwise(const conv2d_args& c, int64_t image, int64_t g0, int64_
                          const gpu::block_context& ctx) {
     const int64_t hw = c.h * c.w_in, k = c.pre_c_in;
     const float* x = c.x + image * k * hw;
-    const bool relu = c.pre_ep.act == activation::relu, clip = c.pre_ep.act == activation::clip;
     for (int64_t c0 = g0; c0 < g1; c0 += pointwise_depthwise_pass) {
         if (c0 > g0 && ctx.preempted()) return false;
         const int64_t c1 = std::min(g1, c0 + pointwise_depthwise_pass);
-        const direct_finish fin{c.pre_bias ? c.pre_bias + c0 : nullptr, relu, clip, c.pre_ep.alpha, c.pre_ep.beta};
+        const direct_finish fin = direct_finish_of(c.pre_ep, c.pre_bias ? c.pre_bias + c0 : nullptr);
         pointwise_direct(x, hw, k, c.pre_w + c0 * k, k, c1 - c0, scratch, fin);
         if (!depthwise3x3_planes(c, scratch, image, c0, c1, ctx)) return false;
     }

@@ -3,11 +3,19 @@
 
 #include <cstdint>
 
+#include "libml/kernels/decomp.h"
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
 namespace reefline::ml::kernels {
+
+// Whether bias_activation (below) applies this activation in the register: none, ReLU or Clip.
+// The vector paths that finish their outputs themselves take only those.
+inline bool bias_activation_applies(const epilogue& ep) {
+    return ep.act == activation::none || ep.act == activation::relu || ep.act == activation::clip;
+}
 
 // Whether this CPU runs AVX-512F: the row passes' vector paths are chosen by it at run time.
 bool cpu_has_avx512();

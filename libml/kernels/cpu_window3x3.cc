@@ -45,8 +45,8 @@ bool window_fits(int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t dh, int
 
 bool depthwise3x3_possible(const conv2d_args& c) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    const bool act = c.ep.act == activation::none || c.ep.act == activation::relu || c.ep.act == activation::clip;
-    return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1 && !c.residual && act && c.kh == 3 &&
+    return conv2d_ci_per_group(c) == 1 && conv2d_co_per_group(c) == 1 && !c.residual && bias_activation_applies(c.ep) &&
+           c.kh == 3 &&
            window_fits(c.kh, c.kw, c.stride_h, c.stride_w, c.dil_h, c.dil_w, c.pad_top, c.pad_left, c.h_out,
                           c.w_out);
 #else
