@@ -35,6 +35,7 @@
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
+#include "libml/c16_layout.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
@@ -224,6 +225,10 @@ int main(int argc, char** argv) {
     app.add_option("--conv", conv, "how reefline runs convolutions other than pointwise and depthwise: direct or Winograd where measured faster (auto), direct wherever it can, Winograd F(2x2, 3x3) wherever it can (3x3 at stride 1), or im2col and the GEMM")
         ->check(CLI::IsMember({"auto", "direct", "winograd", "im2col"}))
         ->capture_default_str();
+    std::string layout = "auto";
+    app.add_option("--layout", layout, "reefline's activation layout: channel-blocked (c16) where its kernels run and it pays (auto), or NCHW throughout")
+        ->check(CLI::IsMember({"auto", "nchw"}))
+        ->capture_default_str();
     app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
     CLI11_PARSE(app, argc, argv);
     // A child ONNX Runtime that dies leaves a closed pipe: the write fails and says so
@@ -279,13 +284,15 @@ int main(int argc, char** argv) {
         auto device = reefline::gpu::make_cpu_device(o);
         ml::kernels::use_openblas_only(gemm == "openblas");
         ml::kernels::use_conv_method(ml::kernels::conv_method_named(conv));
+        ml::use_c16_layout(layout == "auto");
         ml::runtime rt(*device);
         std::printf("%u compute unit(s) for reefline, %u intra-op thread(s) for ONNX Runtime, %d timed runs each, the "
                     "sides taking turns; medians of the times and of the pairs' ratios\n",
                     units, units, repeat);
         // The GEMM library, and OpenBLAS's kernel set where it runs (Haswell's AVX2 on an AVX-512
         // core is worth ~1.6x on the convolution models), so the figures say what ran.
-        std::printf("GEMM: %s; convolutions: %s\n\n", ml::kernels::cpu_gemm_library().c_str(), conv.c_str());
+        std::printf("GEMM: %s; convolutions: %s; layout: %s\n\n", ml::kernels::cpu_gemm_library().c_str(), conv.c_str(),
+                    ml::c16_layout_in_use() ? "c16 where it pays" : "NCHW");
         std::printf("%-13s %5s %14s %14s %8s\n", "model", "batch", "reefline ms", "ORT ms", "ratio");
         std::vector<double> ratio_b1(chosen.size(), 0.0);
         for (size_t mi = 0; mi < chosen.size(); ++mi) {

@@ -7,6 +7,8 @@
 #include <numeric>
 #include <optional>
 
+#include "libml/c16_layout.h"
+#include "libml/kernels/cpu_c16.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_pointwise_depthwise.h"
 #include "libml/kernels/cpu_rows.h"
@@ -123,21 +125,52 @@ std::optional<k::elem> elem_of(dtype t) {
 
 // ---- weights ----------------------------------------------------------------------------
 
-plan::weight_layout plan::layout_weights(const graph& g, bool winograd_filters) {
+plan::weight_layout plan::layout_weights(const graph& g, bool cpu_filters) {
     weight_layout w;
-    for (const value& v : g.values) {
-        if (!v.is_constant() || w.offset.count(v.data.get())) continue;
+    // The convolutions on the channel-blocked layout, and the constants only they read (as
+    // their weights): those are laid out packed (below) instead.
+    const c16_layout blocked = cpu_filters ? choose_c16_layout(g) : c16_layout{};
+    std::vector<char> packed_only(g.values.size(), 0);
+    if (blocked.any()) {
+        const auto consumers = g.consumers();
+        for (size_t vi = 0; vi < g.values.size(); ++vi)
+            packed_only[vi] = g.values[vi].is_constant() && !consumers[vi].empty() && !g.is_output(int(vi)) &&
+                              std::all_of(consumers[vi].begin(), consumers[vi].end(), [&](const auto& c) {
+                                  return c.second == 1 && blocked.conv[size_t(c.first)];
+                              });
+    }
+    for (size_t vi = 0; vi < g.values.size(); ++vi) {
+        const value& v = g.values[vi];
+        if (!v.is_constant() || packed_only[vi] || w.offset.count(v.data.get())) continue;
         w.offset[v.data.get()] = w.bytes;
         w.data.push_back(v.data);
         w.bytes = align_up(w.bytes + int64_t(v.data->size()));
     }
-    if (!winograd_filters) return w;
+    if (!cpu_filters) return w;
+    for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
+        if (!blocked.conv[ni]) continue;
+        const node& n = g.nodes[ni];
+        const value& wv = g.values[size_t(n.input(1))];
+        if (w.c16.count(wv.data.get())) continue;
+        const bool x_c16 = blocked.value[size_t(n.input(0))];
+        const auto geometry = conv2d_geometry(g, n);
+        // 3x3 layers at stride 1 between c16 tensors by Winograd where it pays.
+        const bool winograd = x_c16 && blocked.value[size_t(n.output(0))] && geometry &&
+                              k::c16_winograd_possible(*geometry) &&
+                              k::c16_winograd_wanted(geometry->c_out, geometry->c_in, geometry->h_out, geometry->w_out);
+        w.c16[wv.data.get()] = {w.bytes, x_c16, winograd};
+        w.c16_sources.push_back({w.bytes, wv.data, wv.shape[0], wv.shape[1], wv.shape[2], wv.shape[3], x_c16, winograd});
+        const int64_t floats = winograd ? k::conv2d_c16_winograd_floats(wv.shape[0], wv.shape[1])
+                                        : k::conv2d_c16_filter_floats(wv.shape[0], wv.shape[1], wv.shape[2], wv.shape[3]);
+        w.bytes = align_up(w.bytes + floats * int64_t(sizeof(float)));
+    }
     for (const node& n : g.nodes) {
         if (n.op != op_type::Conv || n.inputs.size() < 2 || n.outputs.empty()) continue;
         const value& x = g.values[size_t(n.input(0))];
         const value& wv = g.values[size_t(n.input(1))];
         const value& y = g.values[size_t(n.output(0))];
-        if (!wv.is_constant() || wv.type != dtype::f32 || w.winograd.count(wv.data.get())) continue;
+        if (!wv.is_constant() || wv.type != dtype::f32 || w.winograd.count(wv.data.get()) || w.c16.count(wv.data.get()))
+            continue;
         if (x.shape.size() != 4 || wv.shape.size() != 4 || y.shape.size() != 4 || wv.shape[2] != 3 || wv.shape[3] != 3)
             continue;
         const auto ones = [](const ints& v) { return std::all_of(v.begin(), v.end(), [](int64_t s) { return s == 1; }); };
@@ -160,6 +193,12 @@ void plan::fill_weights(const weight_layout& layout, std::byte* weights) {
     for (const auto& f : layout.winograd_sources)
         k::winograd_filters(reinterpret_cast<const float*>(f.weights->data()), f.c_out, f.ci_per_group, f.co_per_group,
                             reinterpret_cast<float*>(weights + f.offset));
+    for (const auto& f : layout.c16_sources) {
+        const auto* w = reinterpret_cast<const float*>(f.weights->data());
+        auto* out = reinterpret_cast<float*>(weights + f.offset);
+        if (f.winograd) k::conv2d_c16_winograd_filters(w, f.c_out, f.c_in, out);
+        else k::conv2d_c16_filters(w, f.c_out, f.c_in, f.kh, f.kw, f.x_c16, out);
+    }
 }
 
 // ---- the planner --------------------------------------------------------------------------
@@ -174,7 +213,7 @@ public:
 private:
     struct pointer_ref {
         size_t args_offset;
-        int value;
+        int value;            // -1: the weights region at byte_offset (packed filters)
         int64_t byte_offset;
     };
     struct pending {
@@ -357,6 +396,12 @@ private:
             // Blocks of several images run them as one GEMM on purpose (conv2d_images_cpu).
             if (k::conv2d_image_tile(c) > 1) return false;
             edit(c, [](const k::conv2d_args& a) { return k::conv2d_grid(a); });
+        } else if (p.kernel == &k::conv2d_c16_kernel) {
+            edit(k::conv2d_c16_args{}, [](const k::conv2d_c16_args& a) { return k::conv2d_c16_grid(a); });
+        } else if (p.kernel == &k::batchnorm_c16_kernel) {
+            edit(k::batchnorm_args{}, [](const k::batchnorm_args& a) { return k::batchnorm_c16_grid(a); });
+        } else if (p.kernel == &k::pool2d_c16_kernel) {
+            edit(k::pool2d_args{}, [](const k::pool2d_args& a) { return k::pool2d_c16_grid(a); });
         } else if (p.kernel == &k::batchnorm_kernel) {
             edit(k::batchnorm_args{}, [](const k::batchnorm_args& a) { return k::batchnorm_grid(a); });
         } else if (p.kernel == &k::pool2d_kernel) {
@@ -367,14 +412,15 @@ private:
         }
         if (n < 2 * group || n % group != 0) return false;
         for (const pointer_ref& r : p.pointers)
-            if (!val(r.value).is_constant() && image_bytes(r.value, n) == 0) return false;
+            if (r.value >= 0 && !val(r.value).is_constant() && image_bytes(r.value, n) == 0) return false;
         one.grid = uint32_t(grid);
         one.images = n;
         one.image_count = group;
         images.assign(size_t(n / group), one);
         for (int64_t b = 0; b < n / group; ++b) {
             images[size_t(b)].image = b * group;
-            for (pointer_ref& r : images[size_t(b)].pointers) r.byte_offset += b * group * image_bytes(r.value, n);
+            for (pointer_ref& r : images[size_t(b)].pointers)
+                if (r.value >= 0) r.byte_offset += b * group * image_bytes(r.value, n);
         }
         return true;
     }
@@ -442,6 +488,16 @@ private:
     }
 
     void lower(int ni);
+    void lower_node(const node& n, int ni);
+    // The channel-blocked layout (c16_layout.h): whether value v is stored so, and a copy of a
+    // value in the other layout for a reader that takes only that one (made once per value).
+    bool blocked(int v) const { return v >= 0 && size_t(v) < _c16.value.size() && _c16.value[size_t(v)]; }
+    int reordered(int v, bool to_c16, const node& reader);
+    void copy_layout(const node& n, int from, int to, bool to_c16);
+    // Whether node ni reads c16 inputs itself: the ops of a class (c16_layout.h), convolutions
+    // on the layout and global poolings.
+    bool takes_c16(const node& n, int ni) const;
+    void lower_conv_c16(const node& n, int x, int w, int b, int residual, int y, k::conv2d_args a);
     // A pointwise convolution folded into the depthwise convolution after it (cpu plans,
     // kernels::pointwise_depthwise_possible): its input, weights and bias (-1: none), its args
     // (activation included) and its node.
@@ -451,9 +507,9 @@ private:
         const node* n;
     };
     k::conv2d_args conv_geometry(const node& n);
-    void lower_conv(int ni, const folded_pointwise* pre = nullptr);
-    void lower_gemm(int ni);
-    void lower_matmul(int ni);
+    void lower_conv(const node& n, int ni, const folded_pointwise* pre = nullptr);
+    void lower_gemm(const node& n);
+    void lower_matmul(const node& n);
     void lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep = {});
     void lower_unary(const node& n, k::unary_op op, int x, int y, k::epilogue ep = {}, float alpha = 0);
     void lower_copy_view(const node& n, int x, int y, const shape_t& shape, int64_t x_offset,
@@ -493,6 +549,8 @@ private:
     std::vector<storage> _storages;
     std::vector<pending> _pending;
     std::vector<bool> _done;  // nodes consumed by a fusion
+    c16_layout _c16;
+    std::map<std::pair<int, bool>, int> _reordered;  // (value, to c16) -> its copy
     std::vector<value> _temps;
     int64_t _extra_at = 0;    // next free byte for specialization constants (inputs region)
     std::vector<std::pair<int64_t, std::shared_ptr<const bytes_t>>> _extra;
@@ -592,6 +650,9 @@ void planner::lower_rows(const node& n, k::row_op op, int x, int y, int64_t oute
     args.epsilon = eps;
     const int64_t per_unit = op == k::row_op::layer_norm ? axis * inner : axis;
     args.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, per_unit));
+    // A c16 tensor's global pool reduces 16 lines at once where a block holds whole pixels' worth.
+    if (inner == k::c16 && op != k::row_op::layer_norm && op != k::row_op::softmax && op != k::row_op::log_softmax)
+        args.rows_per_block = (args.rows_per_block + k::c16 - 1) / k::c16 * k::c16;
     std::vector<int> reads{x};
     if (scale >= 0) reads.push_back(scale);
     if (bias >= 0) reads.push_back(bias);
@@ -606,42 +667,17 @@ void planner::lower_rows(const node& n, k::row_op op, int x, int y, int64_t oute
 // A Conv node's geometry (shapes, strides, padding, groups): its args without tiles, pointers
 // or activation.
 k::conv2d_args planner::conv_geometry(const node& n) {
-    const int x = n.input(0), w = n.input(1), y = n.output(0);
+    const int x = n.input(0), w = n.input(1);
     require_f32(n, x);
     const shape_t& xs = val(x).shape;
-    const shape_t& ws = val(w).shape;
     if (xs.size() != 4 && xs.size() != 3) unsupported(n, "only 1-D (NCL) and 2-D (NCHW) convolution is implemented");
     require_f32(n, w);
-    const ints pads = n.is("pads"), strides = n.is("strides"), dil = n.is("dilations");
-    k::conv2d_args a{};
-    a.n = xs[0]; a.c_in = xs[1];
-    a.c_out = ws[0];
-    a.groups = n.i("group", 1);
-    if (xs.size() == 3) {
-        // 1-D: a 2-D convolution of height 1 (a temporal convolution over sensor windows).
-        // Only the begin pads matter: the output length comes from shape inference, and
-        // reads past the input's end are zeros, which the end pads are.
-        a.h = 1; a.w_in = xs[2];
-        a.kh = 1; a.kw = ws[2];
-        a.stride_h = 1; a.stride_w = strides.at(0);
-        a.pad_top = 0; a.pad_left = pads.at(0);
-        a.dil_h = 1; a.dil_w = dil.at(0);
-        a.h_out = 1;
-        a.w_out = val(y).shape[2];
-    } else {
-        a.h = xs[2]; a.w_in = xs[3];
-        a.kh = ws[2]; a.kw = ws[3];
-        a.stride_h = strides.at(0); a.stride_w = strides.at(1);
-        a.pad_top = pads.at(0); a.pad_left = pads.at(1);
-        a.dil_h = dil.at(0); a.dil_w = dil.at(1);
-        a.h_out = val(y).shape[2];
-        a.w_out = val(y).shape[3];
-    }
-    return a;
+    const auto a = conv2d_geometry(n, val(x), val(w), val(n.output(0)));
+    if (!a) unsupported(n, "weights of shape " + shape_str(val(w).shape) + " for an input of shape " + shape_str(xs));
+    return *a;
 }
 
-void planner::lower_conv(int ni, const folded_pointwise* pre) {
-    const node& n = _g.nodes[size_t(ni)];
+void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
     const int w = n.input(1), b = n.input(2);
     // With a pointwise layer folded in, the launch reads that layer's input.
     const int x = pre ? pre->x : n.input(0);
@@ -665,14 +701,16 @@ void planner::lower_conv(int ni, const folded_pointwise* pre) {
             }
         }
     }
+    const bool on_c16 = _c16.conv[size_t(ni)] != 0 && !pre;
     if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
         const auto ep = activation_of(*next);
-        if (ep && (!pre || k::bias_activation_applies(*ep))) {
+        if (ep && ((!pre && !on_c16) || k::bias_activation_applies(*ep))) {
             a.ep = *ep;
             _done[size_t(c)] = true;
             y = next->output(0);
         }
     }
+    if (on_c16) return lower_conv_c16(n, x, w, b, residual, y, a);
     // A pointwise layer whose output (after its activation) only a 3x3 depthwise layer reads:
     // on the cpu device the two run as one launch (kernels::pointwise_depthwise), and the
     // pointwise output is never written to memory. MobileNet-v2's expansion and depthwise pairs.
@@ -683,7 +721,7 @@ void planner::lower_conv(int ni, const folded_pointwise* pre) {
             if (k::pointwise_depthwise_possible(a, dw)) {
                 const folded_pointwise f{x, w, b, a, &n};
                 _done[size_t(c)] = true;
-                lower_conv(c, &f);
+                lower_conv(_g.nodes[size_t(c)], c, &f);
                 return;
             }
         }
@@ -850,8 +888,76 @@ void planner::lower_conv(int ni, const folded_pointwise* pre) {
                                             _w.winograd.at(val(w).data.get()) - _w.offset.at(val(w).data.get())});
 }
 
-void planner::lower_gemm(int ni) {
-    const node& n = _g.nodes[size_t(ni)];
+// A convolution on the channel-blocked layout (kernels::conv2d_c16): its packed filters from
+// the weights' layout, its input in the layout they were packed for.
+void planner::lower_conv_c16(const node& n, int x, int w, int b, int residual, int y, k::conv2d_args a) {
+    const plan::weight_layout::c16_filters& f = _w.c16.at(val(w).data.get());
+    if (blocked(x) != f.x_c16) x = reordered(x, f.x_c16, n);
+    k::conv2d_c16_args c{};
+    c.n = a.n; c.c_in = a.c_in; c.h = a.h; c.w_in = a.w_in; c.c_out = a.c_out; c.kh = a.kh; c.kw = a.kw;
+    c.stride_h = a.stride_h; c.stride_w = a.stride_w; c.pad_top = a.pad_top; c.pad_left = a.pad_left;
+    c.h_out = a.h_out; c.w_out = a.w_out;
+    c.ep = a.ep;
+    c.x_c16 = f.x_c16;
+    c.y_c16 = blocked(y);
+    // Winograd filters write c16 only: an NCHW output (a plan whose layouts differ from the
+    // weights' choice) goes through a c16 copy.
+    const int final_y = y;
+    if (f.winograd && !c.y_c16) {
+        y = temp(dtype::f32, val(final_y).shape);
+        c.y_c16 = true;
+    }
+    if (residual >= 0 && blocked(residual) != c.y_c16) residual = reordered(residual, c.y_c16, n);
+    const int64_t taps = c.kh * c.kw;
+    // Chunks of input channels between check points: 128 at 1x1, one block of 16 for larger
+    // windows (NCHW inputs: 128 / taps channels), so that a group's filters for a chunk (32-36
+    // KB) stay in L1 as its rows go by. (MobileNet-v2's 576 -> 96 projections from NCHW in one
+    // chunk streamed 147 KB of filters from L2 for every tile: 1.5x the GEMM's time.)
+    c.chunk = int32_t(c.x_c16 ? std::max<int64_t>(k::c16, 128 / taps / k::c16 * k::c16) : std::max<int64_t>(1, 128 / taps));
+    // Row tiles whose output for a group of 64 channels (accumulated chunk by chunk) stays
+    // within 512 KB of L2, and whose padded input rows within 2 MB of scratch.
+    const int64_t wp = std::max(c.w_in + c.pad_left, (c.w_out - 1) * c.stride_w + c.kw);
+    const int64_t by_output = std::max<int64_t>(1, 2048 / c.w_out);
+    const int64_t by_input = std::max<int64_t>(1, ((int64_t(2) << 20) / (4 * c.c_in * wp) - c.kh) / c.stride_h + 1);
+    c.tile_co = int32_t(c.c_out);
+    c.tile_rows = int32_t(std::min({c.h_out, by_output, by_input}));
+    // Several units: two blocks a unit or more, splitting the output channels where the
+    // layer's filters outweigh its input (each block reads the filters of its channels for
+    // its rows), its rows otherwise.
+    if (_o.compute_units > 1) {
+        const int64_t want = 2 * int64_t(_o.compute_units);
+        const int64_t filter_bytes = c.c_out * c.c_in * taps, input_bytes = c.c_in * c.h * c.w_in;
+        while (k::conv2d_c16_grid(c) < want) {
+            const bool by_co = (filter_bytes > input_bytes || c.tile_rows <= 1) && c.tile_co > 64;
+            if (by_co) c.tile_co = int32_t((k::ceil_div(c.tile_co, 2) + 63) / 64 * 64);
+            else if (c.tile_rows > 1) c.tile_rows = int32_t(k::ceil_div(c.tile_rows, 2));
+            else break;
+        }
+    }
+    c.tile_rows = int32_t(k::ceil_div(c.h_out, k::ceil_div(c.h_out, c.tile_rows)));  // equal tiles
+    // Winograd: blocks of whole 2x2 tiles (an even row count).
+    const bool winograd = f.winograd;
+    if (winograd) c.tile_rows = int32_t(std::min<int64_t>((c.tile_rows + 1) / 2 * 2, (c.h_out + 1) / 2 * 2));
+    std::vector<std::pair<const void*, int>> pointers{{&c.x, x}, {&c.y, y}};
+    std::vector<int> reads{x};
+    if (b >= 0) {
+        pointers.push_back({&c.bias, b});
+        reads.push_back(b);
+    }
+    if (residual >= 0) {
+        pointers.push_back({&c.residual, residual});
+        reads.push_back(residual);
+    }
+    if (winograd) c.w_winograd = reinterpret_cast<const float*>(1);  // set below, for the scratch's size
+    const size_t scratch = k::conv2d_c16_scratch_bytes(c);
+    c.w_winograd = nullptr;
+    emit_list(k::conv2d_c16_kernel, c, k::conv2d_c16_grid(c), n, pointers, reads, {y}, scratch);
+    _pending.back().pointers.push_back(
+        {winograd ? offsetof(k::conv2d_c16_args, w_winograd) : offsetof(k::conv2d_c16_args, w), -1, f.offset});
+    if (y != final_y) copy_layout(n, y, final_y, false);
+}
+
+void planner::lower_gemm(const node& n) {
     const int A = n.input(0), B = n.input(1), C = n.input(2);
     int y = n.output(0);
     require_f32(n, A);
@@ -900,8 +1006,7 @@ void planner::lower_gemm(int ni) {
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.c, y}}, {A, B}, {y});
 }
 
-void planner::lower_matmul(int ni) {
-    const node& n = _g.nodes[size_t(ni)];
+void planner::lower_matmul(const node& n) {
     int A = n.input(0), B = n.input(1);
     int y = n.output(0);
     require_f32(n, A);
@@ -1003,8 +1108,10 @@ void planner::lower_pool(const node& n, bool global, int x, int y) {
     const size_t spatial = xs.size() - 2;
     if (xs.size() < 3 || spatial > 3) unsupported(n, "only 1-D, 2-D and 3-D pooling (NCW, NCHW, NCDHW)");
     if (global) {
+        // A c16 input: rows of 16 channels per pixel, reduced over the pixels into [n, c].
+        const int64_t inner = blocked(x) ? k::c16 : 1;
         lower_rows(n, n.op == op_type::GlobalMaxPool ? k::row_op::reduce_max : k::row_op::reduce_mean, x, y,
-                   xs[0] * xs[1], product(xs, 2), 1);
+                   xs[0] * xs[1] / inner, product(xs, 2), inner);
         return;
     }
     if (idx >= 0 && val(idx).type != dtype::i64) unsupported(n, "Indices output other than int64");
@@ -1035,6 +1142,11 @@ void planner::lower_pool(const node& n, bool global, int x, int y) {
     a.column_major = n.i("storage_order", 0) != 0;
     a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block /
                                                   std::max<int64_t>(1, a.d_out * a.h_out * a.w_out * a.kd * a.kh * a.kw / 4));
+    if (blocked(x)) {
+        if (!k::pool2d_c16_possible(a) || !blocked(y)) unsupported(n, "a c16 pooling the kernels cannot run");
+        a.planes_per_block = std::max<int64_t>(1, a.planes_per_block / k::c16);
+        return emit(k::pool2d_c16_kernel, a, k::pool2d_c16_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+    }
     // Planes the cpu device max-pools 16 at a time (pool16_max_pixels): a multiple of 16 per block.
     if (a.op == k::pool_op::max && a.d_out <= 1 && a.h_out * a.w_out <= k::pool16_max_pixels && a.n * a.c >= 16)
         a.planes_per_block = by_16_within(a.planes_per_block, a.n * a.c);
@@ -1044,13 +1156,52 @@ void planner::lower_pool(const node& n, bool global, int x, int y) {
          k::pool2d_is_separable(a) ? k::pool2d_scratch_bytes(a) : 0);
 }
 
+bool planner::takes_c16(const node& n, int ni) const {
+    if (n.op == op_type::Conv) return _c16.conv[size_t(ni)] != 0;
+    if (n.op == op_type::GlobalAveragePool || n.op == op_type::GlobalMaxPool) return true;
+    // The ops of a class read and write one layout: c16 where their output is.
+    return !n.outputs.empty() && blocked(n.output(0));
+}
+
+int planner::reordered(int v, bool to_c16, const node& reader) {
+    const auto key = std::make_pair(v, to_c16);
+    if (const auto it = _reordered.find(key); it != _reordered.end()) return it->second;
+    const int t = temp(dtype::f32, val(v).shape);
+    copy_layout(reader, v, t, to_c16);
+    return _reordered[key] = t;
+}
+
+void planner::copy_layout(const node& n, int from, int to, bool to_c16) {
+    const shape_t& s = val(from).shape;  // [n, c, h, w], c a multiple of 16
+    const int64_t c = s[1], hw = s[2] * s[3];
+    // The c16 tensor as [n][c / 16][hw][16], the NCHW one as [n][c / 16][16][hw]: the copy's
+    // shape is the destination's.
+    const shape_t blocked{c * hw, k::c16 * hw, 1, k::c16}, plain{c * hw, k::c16 * hw, hw, 1};
+    if (to_c16)
+        lower_copy_view(n, from, to, {s[0], c / k::c16, hw, k::c16}, 0, {c * hw, k::c16 * hw, 1, hw}, 0,
+                        {c * hw, k::c16 * hw, k::c16, 1});
+    else
+        lower_copy_view(n, from, to, {s[0], c / k::c16, k::c16, hw}, 0, blocked, 0, plain);
+}
+
 void planner::lower(int ni) {
     const node& n = _g.nodes[size_t(ni)];
+    // A reader of c16 values that takes only NCHW reads them reordered.
+    if (!takes_c16(n, ni) && std::any_of(n.inputs.begin(), n.inputs.end(), [&](int v) { return blocked(v); })) {
+        node copy = n;
+        for (int& v : copy.inputs)
+            if (blocked(v)) v = reordered(v, false, n);
+        return lower_node(copy, ni);
+    }
+    lower_node(n, ni);
+}
+
+void planner::lower_node(const node& n, int ni) {
     const int x = n.input(0), y = n.output(0);
     switch (n.op) {
-    case op_type::Conv: return lower_conv(ni);
-    case op_type::Gemm: return lower_gemm(ni);
-    case op_type::MatMul: return lower_matmul(ni);
+    case op_type::Conv: return lower_conv(n, ni);
+    case op_type::Gemm: return lower_gemm(n);
+    case op_type::MatMul: return lower_matmul(n);
     case op_type::MaxPool:
     case op_type::AveragePool: return lower_pool(n, false);
     case op_type::GlobalAveragePool:
@@ -1274,6 +1425,12 @@ void planner::lower(int ni) {
         }
         a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw));
         const int s_ = n.input(1), b_ = n.input(2), m_ = n.input(3), v_ = n.input(4);
+        if (blocked(x)) {
+            a.planes_per_block = std::max<int64_t>(1, a.planes_per_block / k::c16);
+            return emit(k::batchnorm_c16_kernel, a, k::batchnorm_c16_grid(a), n,
+                        {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
+                        {x, s_, b_, m_, v_}, {out});
+        }
         return emit(k::batchnorm_kernel, a, k::batchnorm_grid(a), n,
                     {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
                     {x, s_, b_, m_, v_}, {out});
@@ -1301,6 +1458,18 @@ void planner::lower(int ni) {
 plan planner::run() {
     _consumers = _g.consumers();
     _done.assign(_g.nodes.size(), false);
+    // The channel-blocked layout where the weights have the packed filters of its
+    // convolutions (layout_weights made the same choice on this graph's structure; a
+    // convolution whose filters were packed for the other input layout reads its input
+    // reordered).
+    if (_o.tiles != plan_options::tiles_for::gpu && !_w.c16.empty())
+        _c16 = choose_c16_layout(_g, [&](int ni, bool) {
+            const node& n = _g.nodes[size_t(ni)];
+            return n.inputs.size() >= 2 && n.input(1) >= 0 && val(n.input(1)).is_constant() &&
+                   _w.c16.count(val(n.input(1)).data.get()) && conv2d_geometry(_g, n).has_value();
+        });
+    else
+        _c16 = c16_layout{std::vector<char>(_g.values.size(), 0), std::vector<char>(_g.nodes.size(), 0)};
     plan p;
     p._restore_window = _o.restore_window;
 
@@ -1387,6 +1556,10 @@ plan planner::run() {
         l.scratch_bytes = q.scratch;
         l.node = q.node;
         for (auto& ptr : q.pointers) {
+            if (ptr.value < 0) {
+                p._fixups.push_back({li, ptr.args_offset, region::weights, ptr.byte_offset});
+                continue;
+            }
             const tensor_location t = location(ptr.value);
             p._fixups.push_back({li, ptr.args_offset, t.where, t.offset + ptr.byte_offset});
         }

@@ -102,10 +102,28 @@ public:
             int64_t c_out, ci_per_group, co_per_group;
         };
         std::vector<winograd_source> winograd_sources;
+        // The filters of the convolutions that run on the channel-blocked layout
+        // (c16_layout.h, kernels::conv2d_c16_filters), after those: where each weights' data
+        // has them and for which input layout. A constant only such convolutions read is not
+        // laid out itself.
+        struct c16_filters {
+            int64_t offset;
+            bool x_c16;
+            bool winograd;  // kernels::conv2d_c16_winograd_filters (3x3 at stride 1) instead
+        };
+        std::map<const bytes_t*, c16_filters> c16;
+        struct c16_source {
+            int64_t offset;
+            std::shared_ptr<const bytes_t> weights;  // [c_out, c_in, kh, kw]
+            int64_t c_out, c_in, kh, kw;
+            bool x_c16, winograd;
+        };
+        std::vector<c16_source> c16_sources;
     };
-    // With winograd_filters (the cpu device with AVX-512), the convolutions the cpu blocks run
-    // by Winograd (kernels::winograd_filters_wanted) get their transformed filters too.
-    static weight_layout layout_weights(const graph& g, bool winograd_filters = false);
+    // With cpu_filters (the cpu device with AVX-512), the convolutions the cpu blocks run by
+    // Winograd (kernels::winograd_filters_wanted) get their transformed filters, and those
+    // that run on the channel-blocked layout (c16_layout.h) their packed ones.
+    static weight_layout layout_weights(const graph& g, bool cpu_filters = false);
     // Copies the constants into a weights region laid out by `layout`.
     static void fill_weights(const weight_layout& layout, std::byte* weights);
 

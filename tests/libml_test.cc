@@ -12,6 +12,7 @@
 
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_rows.h"
+#include "libml/kernels/cpu_c16.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
 #include "tests/onnx_builder.h"
@@ -133,7 +134,7 @@ TEST_F(libml_api, image_runs_on_several_units_take_that_many_images_a_launch) {
             const auto& ls = in->current_plan().launches();
             launches.push_back(ls.size());
             const auto first = std::find_if(ls.begin(), ls.end(), [](const ml::planned_launch& l) {
-                return l.kernel == &reefline::ml::kernels::conv2d_kernel;
+                return l.kernel == &reefline::ml::kernels::conv2d_kernel || l.kernel == &reefline::ml::kernels::conv2d_c16_kernel;
             });
             ASSERT_NE(first, ls.end());
             first_conv_writes.emplace_back();
@@ -173,10 +174,13 @@ TEST_F(libml_api, a_launch_reading_a_large_output_joins_the_image_run) {
         rt->configure_batch(*in, 3);
         EXPECT_EQ(in->current_plan().check_idempotence(), "");
         const auto& launches = in->current_plan().launches();
-        const auto launches_of = [&](const reefline::gpu::kernel_info& k, int64_t* bytes) {
-            // The first launch of kernel k: how many launches its node has, what it writes.
-            const auto first = std::find_if(launches.begin(), launches.end(),
-                                            [&](const ml::planned_launch& l) { return l.kernel == &k; });
+        const auto launches_of = [&](const reefline::gpu::kernel_info& k, const reefline::gpu::kernel_info& k16,
+                                     int64_t* bytes) {
+            // The first launch of kernel k (or its c16 form): how many launches its node has,
+            // what it writes.
+            const auto first = std::find_if(launches.begin(), launches.end(), [&](const ml::planned_launch& l) {
+                return l.kernel == &k || l.kernel == &k16;
+            });
             EXPECT_NE(first, launches.end());
             if (first == launches.end()) return int64_t(0);
             *bytes = 0;
@@ -187,8 +191,10 @@ TEST_F(libml_api, a_launch_reading_a_large_output_joins_the_image_run) {
                                          [&](const ml::planned_launch& l) { return l.node == first->node; }));
         };
         int64_t conv_bytes = 0, pool_bytes = 0;
-        const int64_t convs = launches_of(reefline::ml::kernels::conv2d_kernel, &conv_bytes),
-                      pools = launches_of(reefline::ml::kernels::pool2d_kernel, &pool_bytes);
+        const int64_t convs = launches_of(reefline::ml::kernels::conv2d_kernel, reefline::ml::kernels::conv2d_c16_kernel,
+                                          &conv_bytes),
+                      pools = launches_of(reefline::ml::kernels::pool2d_kernel, reefline::ml::kernels::pool2d_c16_kernel,
+                                          &pool_bytes);
         EXPECT_GE(conv_bytes, by_image.image_run_min_bytes);
         EXPECT_LT(pool_bytes, by_image.image_run_min_bytes);
         EXPECT_EQ(convs, rt == &rt_image ? 3 : 1);

@@ -330,6 +330,15 @@ bool row_block(const void* p, const gpu::block_context& ctx) {
         }
         return true;
     }
+    // Lines 16 apart (global pools of c16 tensors: each pixel's 16 channels), a block of 16 at
+    // a time where the block's units hold whole ones.
+    if ((a.op == row_op::reduce_mean || a.op == row_op::reduce_sum || a.op == row_op::reduce_max) && a.inner == 16) {
+        for (; u + 16 <= u1 && u % 16 == 0; u += 16) {
+            if (ctx.preempted()) return false;
+            if (!reduce_lines16(a.x + u * a.axis, a.axis, a.op == row_op::reduce_max, a.op == row_op::reduce_mean, a.y + u))
+                break;
+        }
+    }
     if ((a.op == row_op::reduce_mean || a.op == row_op::reduce_sum) && a.inner == 1) {
         // Contiguous rows (global average pools: 49 values a channel) eight at a time: each
         // row's sum runs in its own order as below, and the eight chains of dependent double

@@ -136,6 +136,45 @@ bool cpu_fma512_half_rate() {
 #endif
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) static void reduce_lines16_avx512(const float* x, int64_t n, bool max, bool mean,
+                                                                      float* y) {
+    if (max) {
+        __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t i = 0; i < n; ++i) {
+            const __m512 v = _mm512_loadu_ps(x + 16 * i);
+            m = _mm512_mask_mov_ps(m, _mm512_cmp_ps_mask(m, v, _CMP_LT_OQ), v);  // std::max(m, v)
+        }
+        _mm512_storeu_ps(y, m);
+        return;
+    }
+    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; ++i) {
+        const __m512 v = _mm512_loadu_ps(x + 16 * i);
+        lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(v)));
+        hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1))));
+    }
+    if (mean) {
+        const __m512d d = _mm512_set1_pd(double(n));
+        lo = _mm512_div_pd(lo, d);
+        hi = _mm512_div_pd(hi, d);
+    }
+    _mm256_storeu_ps(y, _mm512_cvtpd_ps(lo));
+    _mm256_storeu_ps(y + 8, _mm512_cvtpd_ps(hi));
+}
+#endif
+
+bool reduce_lines16(const float* x, int64_t n, bool max, bool mean, float* y) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (!cpu_has_avx512()) return false;
+    reduce_lines16_avx512(x, n, max, mean, y);
+    return true;
+#else
+    (void)x, (void)n, (void)max, (void)mean, (void)y;
+    return false;
+#endif
+}
+
 void copy_stride2(float* o, const float* in, int64_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
     if (cpu_has_avx512()) return copy_stride2_avx512(o, in, n);
@@ -267,16 +306,6 @@ __attribute__((target("avx512f"))) static void divide_row_avx512(float* y, float
 
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// a * b and a + b on 16 lanes as separate roundings. GCC contracts _mm512_mul_ps followed by
-// _mm512_add_ps into one FMA (they are plain vector operators, and C++ contracts by default),
-// which the scalar loops, built for baseline x86-64, never do. The masked builtins are left
-// alone; all lanes are selected, and maskz_ keeps GCC 12's "may be used uninitialized" quiet.
-__attribute__((target("avx512f"), always_inline)) inline __m512 mul_exact(__m512 a, __m512 b) {
-    return _mm512_maskz_mul_round_ps(0xffff, a, b, _MM_FROUND_CUR_DIRECTION);
-}
-__attribute__((target("avx512f"), always_inline)) inline __m512 add_exact(__m512 a, __m512 b) {
-    return _mm512_maskz_add_round_ps(0xffff, a, b, _MM_FROUND_CUR_DIRECTION);
-}
 __attribute__((target("avx512f"), always_inline)) inline __m512 max_ps(__m512 a, __m512 b) {
     return _mm512_maskz_max_ps(0xffff, a, b);
 }

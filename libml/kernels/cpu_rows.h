@@ -37,6 +37,16 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 max_first(__m512
 __attribute__((target("avx512f"), always_inline)) inline __m512 divide_by_count(__m512 v, __m512 d) {
     return _mm512_maskz_div_ps(_mm512_cmp_ps_mask(d, _mm512_setzero_ps(), _CMP_NEQ_OQ), v, d);
 }
+// a * b and a + b on 16 lanes as separate roundings. GCC contracts _mm512_mul_ps followed by
+// _mm512_add_ps into one FMA (they are plain vector operators, and C++ contracts by default),
+// which the scalar loops, built for baseline x86-64, never do. The masked builtins are left
+// alone; all lanes are selected, and maskz_ keeps GCC 12's "may be used uninitialized" quiet.
+__attribute__((target("avx512f"), always_inline)) inline __m512 mul_exact(__m512 a, __m512 b) {
+    return _mm512_maskz_mul_round_ps(0xffff, a, b, _MM_FROUND_CUR_DIRECTION);
+}
+__attribute__((target("avx512f"), always_inline)) inline __m512 add_exact(__m512 a, __m512 b) {
+    return _mm512_maskz_add_round_ps(0xffff, a, b, _MM_FROUND_CUR_DIRECTION);
+}
 // A depthwise output's epilogue as the blocks' passes apply it (epilogue_row, clip_row): bias
 // then ReLU, bias then Clip [lo, hi], or else the bias only where it is not 0 (has_bias).
 __attribute__((target("avx512f"), always_inline)) inline __m512 bias_activation(__m512 v, __m512 bias,
@@ -62,6 +72,11 @@ bool dot_rows(int64_t n, int64_t k, float alpha, const float* a, const float* b,
 // 40 ns a row of 64 (Inception-v3's 2048 rows alone: 0.088 ms, so 0.019; ONNX Runtime 0.017).
 // Returns false (and writes nothing) without AVX-512.
 bool row_sum_lanes(const float* x, int64_t n, double& sum);
+// y[l] = the sum (in double, in order; divided by n where mean) or the maximum (as std::max
+// keeps it) over i < n of x[16 i + l], for the 16 interleaved lines l of a c16 tensor's pixels
+// (a global pooling of one channel block): the bits of the one-line loop for each. Returns
+// false (and writes nothing) without AVX-512.
+bool reduce_lines16(const float* x, int64_t n, bool max, bool mean, float* y);
 // o[i] = in[2 * i] for i < n.
 void copy_stride2(float* o, const float* in, int64_t n);
 // acc[j] += w * x[j] for j < n.

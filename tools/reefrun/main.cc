@@ -10,6 +10,7 @@
 
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
+#include "libml/c16_layout.h"
 #include "libml/libml.h"
 
 namespace ml = reefline::ml;
@@ -60,6 +61,12 @@ int main(int argc, char** argv) {
                    "it can (3x3 at stride 1, AVX-512), or im2col and the GEMM")
         ->check(CLI::IsMember({"auto", "direct", "winograd", "im2col"}))
         ->capture_default_str();
+    std::string layout = "auto";
+    app.add_option("--layout", layout,
+                   "the cpu device's activation layout, for comparisons: channel-blocked (c16) where its kernels "
+                   "run and it pays (auto), or NCHW throughout")
+        ->check(CLI::IsMember({"auto", "nchw"}))
+        ->capture_default_str();
     uint32_t units = 0;
     app.add_option("--compute-units", units, "the cpu device's compute units (default: cores - 1, at least 1)");
     CLI11_PARSE(app, argc, argv);
@@ -69,6 +76,7 @@ int main(int argc, char** argv) {
         auto device = reefline::gpu::make_cpu_device(device_options);
         ml::kernels::use_openblas_only(gemm == "openblas");
         ml::kernels::use_conv_method(ml::kernels::conv_method_named(conv));
+        ml::use_c16_layout(layout == "auto");
         ml::runtime rt(*device);
         if (footprint) {
             // The sizes a lane plans (the powers of two below max_batch, and max_batch).
