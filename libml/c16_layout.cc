@@ -160,9 +160,23 @@ c16_layout choose_c16_layout(const graph& g, const std::function<bool(int, bool)
                 pays[size_t(root)] = 1;
         }
     }
-    for (size_t vi = 0; vi < g.values.size(); ++vi) {
-        const int root = cls.find(int(vi));
-        out.value[vi] = !g.values[vi].is_constant() && allowed[size_t(root)] && pays[size_t(root)];
+    // A convolution writes c16 only from the input layouts it takes (a depthwise one: c16
+    // only): where its input's class stayed NCHW, its output's class is NCHW too, until
+    // nothing changes.
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t vi = 0; vi < g.values.size(); ++vi) {
+            const int root = cls.find(int(vi));
+            out.value[vi] = !g.values[vi].is_constant() && allowed[size_t(root)] && pays[size_t(root)];
+        }
+        for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
+            const node& n = g.nodes[ni];
+            if (n.op != op_type::Conv || n.input(0) < 0 || n.output(0) < 0 || !out.value[size_t(n.output(0))]) continue;
+            if (!conv_ok(int(ni), out.value[size_t(n.input(0))])) {
+                allowed[size_t(cls.find(n.output(0)))] = 0;
+                changed = true;
+            }
+        }
     }
     for (size_t ni = 0; ni < g.nodes.size(); ++ni) {
         const node& n = g.nodes[ni];

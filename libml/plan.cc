@@ -158,8 +158,10 @@ plan::weight_layout plan::layout_weights(const graph& g, bool cpu_filters) {
         const bool winograd = x_c16 && blocked.value[size_t(n.output(0))] && geometry &&
                               k::c16_winograd_possible(*geometry) &&
                               k::c16_winograd_wanted(geometry->c_out, geometry->c_in, geometry->h_out, geometry->w_out);
+        const bool depthwise = geometry && k::conv2d_c16_depthwise(*geometry);
         w.c16[wv.data.get()] = {w.bytes, x_c16, winograd};
-        w.c16_sources.push_back({w.bytes, wv.data, wv.shape[0], wv.shape[1], wv.shape[2], wv.shape[3], x_c16, winograd});
+        w.c16_sources.push_back(
+            {w.bytes, wv.data, wv.shape[0], wv.shape[1], wv.shape[2], wv.shape[3], x_c16, winograd, depthwise});
         const int64_t floats = winograd ? k::conv2d_c16_winograd_floats(wv.shape[0], wv.shape[1])
                                         : k::conv2d_c16_filter_floats(wv.shape[0], wv.shape[1], wv.shape[2], wv.shape[3]);
         w.bytes = align_up(w.bytes + floats * int64_t(sizeof(float)));
@@ -197,6 +199,7 @@ void plan::fill_weights(const weight_layout& layout, std::byte* weights) {
         const auto* w = reinterpret_cast<const float*>(f.weights->data());
         auto* out = reinterpret_cast<float*>(weights + f.offset);
         if (f.winograd) k::conv2d_c16_winograd_filters(w, f.c_out, f.c_in, out);
+        else if (f.depthwise) k::conv2d_c16_depthwise_filters(w, f.c_out, f.kh, f.kw, out);
         else k::conv2d_c16_filters(w, f.c_out, f.c_in, f.kh, f.kw, f.x_c16, out);
     }
 }
@@ -900,10 +903,11 @@ void planner::lower_conv_c16(const node& n, int x, int w, int b, int residual, i
     c.ep = a.ep;
     c.x_c16 = f.x_c16;
     c.y_c16 = blocked(y);
-    // Winograd filters write c16 only: an NCHW output (a plan whose layouts differ from the
-    // weights' choice) goes through a c16 copy.
+    c.depthwise = k::conv2d_c16_depthwise(a);
+    // Winograd and depthwise layers write c16 only: an NCHW output (a plan whose layouts
+    // differ from the weights' choice) goes through a c16 copy.
     const int final_y = y;
-    if (f.winograd && !c.y_c16) {
+    if ((f.winograd || c.depthwise) && !c.y_c16) {
         y = temp(dtype::f32, val(final_y).shape);
         c.y_c16 = true;
     }
@@ -924,7 +928,11 @@ void planner::lower_conv_c16(const node& n, int x, int w, int b, int residual, i
     // Several units: two blocks a unit or more, splitting the output channels where the
     // layer's filters outweigh its input (each block reads the filters of its channels for
     // its rows), its rows otherwise.
-    if (_o.compute_units > 1) {
+    if (c.depthwise && _o.compute_units > 1) {
+        // Depthwise: blocks of whole channel blocks (each reads only its own channels).
+        const int64_t want = 2 * int64_t(_o.compute_units);
+        c.tile_co = int32_t(std::max<int64_t>(k::c16, k::ceil_div(k::ceil_div(c.c_out, want), k::c16) * k::c16));
+    } else if (_o.compute_units > 1) {
         const int64_t want = 2 * int64_t(_o.compute_units);
         const int64_t filter_bytes = c.c_out * c.c_in * taps, input_bytes = c.c_in * c.h * c.w_in;
         while (k::conv2d_c16_grid(c) < want) {

@@ -115,8 +115,8 @@ public:
         struct c16_source {
             int64_t offset;
             std::shared_ptr<const bytes_t> weights;  // [c_out, c_in, kh, kw]
-            int64_t c_out, c_in, kh, kw;
-            bool x_c16, winograd;
+            int64_t c_out, c_in, kh, kw;  // c_in per group (1 for a depthwise layer)
+            bool x_c16, winograd, depthwise;
         };
         std::vector<c16_source> c16_sources;
     };

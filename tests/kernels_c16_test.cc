@@ -210,6 +210,77 @@ INSTANTIATE_TEST_SUITE_P(
         conv_case{1, 32, 5, 9, 48, 1, 1, 1, 1, 0, 0, 0, 0, true, false, false, A::clip},
         conv_case{1, 5, 6, 6, 32, 3, 3, 1, 1, 1, 1, 1, 1, false, false, false, A::relu}));
 
+// Depthwise convolutions of c16 tensors: the 3x3 and 5x5 paths (filters in registers, the
+// inside in tiles of 4 pixels, borders clipped) and the general one, against a double
+// reference; the same bits whatever the channel and row tiles.
+TEST(depthwise_c16, matches_the_reference_at_every_border) {
+    if (!k::cpu_has_avx512()) GTEST_SKIP() << "the c16 kernels need AVX-512";
+    struct dw_case {
+        int64_t n, c, h, w, kh, kw, s, pt, pl, pb, pr;
+        bool residual;
+        k::activation act;
+    };
+    const dw_case cases[] = {
+        {1, 32, 13, 11, 3, 3, 1, 1, 1, 1, 1, false, k::activation::clip},  // MobileNet's, ReLU6
+        {2, 16, 14, 14, 3, 3, 2, 1, 1, 1, 1, true, k::activation::relu},
+        {1, 48, 9, 7, 3, 3, 2, 0, 0, 1, 1, false, k::activation::none},     // reaches past the end
+        {1, 16, 10, 12, 5, 5, 1, 2, 2, 2, 2, false, k::activation::relu},
+        {1, 32, 4, 5, 5, 5, 2, 2, 2, 2, 2, false, k::activation::none},     // windows wider than the plane
+        {1, 16, 9, 9, 7, 7, 1, 3, 3, 3, 3, false, k::activation::relu},     // the general path
+        {1, 16, 6, 8, 3, 1, 1, 1, 0, 1, 0, true, k::activation::none},
+    };
+    for (const dw_case& c : cases) {
+        const int64_t ho = (c.h + c.pt + c.pb - c.kh) / c.s + 1, wo = (c.w + c.pl + c.pr - c.kw) / c.s + 1;
+        const int64_t hw = c.h * c.w, hwo = ho * wo, taps = c.kh * c.kw;
+        SCOPED_TRACE(std::to_string(c.h) + "x" + std::to_string(c.w) + " k" + std::to_string(c.kh) + "x" +
+                     std::to_string(c.kw) + " s" + std::to_string(c.s));
+        const auto x = random_vector(size_t(c.n * c.c * hw), 12), w = random_vector(size_t(c.c * taps), 13);
+        const auto bias = random_vector(size_t(c.c), 14), res = random_vector(size_t(c.n * c.c * hwo), 15);
+        std::vector<float> want(size_t(c.n * c.c * hwo));
+        for (int64_t b = 0; b < c.n; ++b)
+            for (int64_t ch = 0; ch < c.c; ++ch)
+                for (int64_t oy = 0; oy < ho; ++oy)
+                    for (int64_t ox = 0; ox < wo; ++ox) {
+                        double sum = bias[size_t(ch)];
+                        for (int64_t i = 0; i < c.kh; ++i)
+                            for (int64_t j = 0; j < c.kw; ++j) {
+                                const int64_t iy = oy * c.s - c.pt + i, ix = ox * c.s - c.pl + j;
+                                if (iy < 0 || iy >= c.h || ix < 0 || ix >= c.w) continue;
+                                sum += double(x[size_t((b * c.c + ch) * hw + iy * c.w + ix)]) * w[size_t(ch * taps + i * c.kw + j)];
+                            }
+                        const size_t at = size_t((b * c.c + ch) * hwo + oy * wo + ox);
+                        if (c.residual) sum += res[at];
+                        if (c.act == k::activation::relu) sum = std::max(sum, 0.0);
+                        if (c.act == k::activation::clip) sum = std::min(std::max(sum, 0.0), 6.0);
+                        want[at] = float(sum);
+                    }
+        aligned_floats xin(x.size()), filt(size_t(c.c * taps)), resin(res.size());
+        to_c16(x, c.n, c.c, hw, xin.p);
+        to_c16(res, c.n, c.c, hwo, resin.p);
+        k::conv2d_c16_depthwise_filters(w.data(), c.c, c.kh, c.kw, filt.p);
+        k::conv2d_c16_args a{};
+        a.x = xin.p; a.w = filt.p; a.bias = bias.data(); a.residual = c.residual ? resin.p : nullptr;
+        a.n = c.n; a.c_in = a.c_out = c.c; a.h = c.h; a.w_in = c.w; a.kh = c.kh; a.kw = c.kw;
+        a.stride_h = a.stride_w = c.s; a.pad_top = c.pt; a.pad_left = c.pl; a.h_out = ho; a.w_out = wo;
+        a.ep.act = c.act;
+        a.ep.alpha = 0.0f;
+        a.ep.beta = 6.0f;
+        a.x_c16 = a.y_c16 = a.depthwise = true;
+        std::vector<float> first;
+        for (const auto& [tile_co, tile_rows] : {std::pair<int64_t, int64_t>{c.c, ho}, {16, 1}, {16, 3}}) {
+            a.tile_co = int32_t(tile_co);
+            a.tile_rows = int32_t(tile_rows);
+            aligned_floats y(want.size());
+            a.y = y.p;
+            ASSERT_TRUE(run_blocks(k::conv2d_c16_kernel, &a, k::conv2d_c16_grid(a), k::conv2d_c16_scratch_bytes(a)));
+            const std::vector<float> got = from_c16(y.p, c.n, c.c, hwo);
+            for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << "at " << i;
+            if (first.empty()) first = got;
+            else ASSERT_EQ(first, got) << "bits differ by tiling";
+        }
+    }
+}
+
 // Max and average pools of c16 tensors give the NCHW kernel's results (max: its bits).
 TEST(pool_c16, matches_the_nchw_kernel) {
     if (!k::cpu_has_avx512()) GTEST_SKIP() << "the c16 kernels need AVX-512";

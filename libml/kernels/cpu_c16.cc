@@ -422,6 +422,134 @@ __attribute__((target("avx512f"))) bool c16_winograd_block(const conv2d_c16_args
 }
 #endif
 
+// ---- depthwise ----------------------------------------------------------------------------
+
+#if defined(__x86_64__) && defined(__GNUC__)
+RL_C16 __m512 c16_finish(__m512 v, const conv2d_c16_args& a, const c16_out& act, __m512 vb, const float* res) {
+    if (a.bias) v = _mm512_add_ps(v, vb);
+    if (res) v = _mm512_add_ps(v, _mm512_loadu_ps(res));
+    return c16_activate(v, act);
+}
+
+// PX output pixels of one row whose windows lie inside the input, from x (the first pixel's
+// tap (0, 0)): KH x KW taps a pixel from the filters held in registers, the pixels
+// independent chains.
+template <int KH, int KW, int S, int PX>
+RL_C16 void c16_depthwise_tile(const float* x, int64_t row, const __m512 (&w)[KH * KW], const conv2d_c16_args& a,
+                               const c16_out& act, __m512 vb, float* y, const float* res) {
+    __m512 acc[PX];
+#pragma GCC unroll 8
+    for (int p = 0; p < PX; ++p) acc[p] = _mm512_setzero_ps();
+#pragma GCC unroll 11
+    for (int i = 0; i < KH; ++i)
+#pragma GCC unroll 11
+        for (int j = 0; j < KW; ++j)
+#pragma GCC unroll 8
+            for (int p = 0; p < PX; ++p)
+                acc[p] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * row + (p * S + j) * c16), w[i * KW + j], acc[p]);
+#pragma GCC unroll 8
+    for (int p = 0; p < PX; ++p)
+        _mm512_storeu_ps(y + p * c16, c16_finish(acc[p], a, act, vb, res ? res + p * c16 : nullptr));
+}
+
+// Output rows [oy0, oy1) of one channel block: windows clipped to the input at the borders
+// (a pixel at a time), the inside in tiles of 4 pixels. Taps in order i, then j, from 0.
+template <int KH, int KW, int S>
+__attribute__((target("avx512f"))) void c16_depthwise_rows(const conv2d_c16_args& a, const float* x, const float* wt,
+                                                           const float* bias, float* y, const float* res, int64_t oy0,
+                                                           int64_t oy1) {
+    __m512 w[KH * KW];
+#pragma GCC unroll 11
+    for (int t = 0; t < KH * KW; ++t) w[t] = _mm512_loadu_ps(wt + t * c16);
+    c16_out act{};
+    act.relu = a.ep.act == activation::relu;
+    act.clip = a.ep.act == activation::clip;
+    act.lo = a.ep.alpha;
+    act.hi = a.ep.beta;
+    const __m512 vb = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    const int64_t row = a.w_in * c16;
+    // Output columns whose windows lie inside the input: [ox_lo, ox_hi).
+    const int64_t ox_lo = std::min(a.w_out, ceil_div(a.pad_left, S));
+    const int64_t ox_hi = std::max(ox_lo, std::min(a.w_out, (a.w_in + a.pad_left - KW) / S + 1));
+    for (int64_t oy = oy0; oy < oy1; ++oy) {
+        const int64_t iy = oy * S - a.pad_top;
+        const int64_t i0 = std::max<int64_t>(0, -iy), i1 = std::min<int64_t>(KH, a.h - iy);
+        float* yr = y + oy * a.w_out * c16;
+        const float* rr = res ? res + oy * a.w_out * c16 : nullptr;
+        // One pixel, its taps clipped to the input.
+        const auto edge = [&](int64_t ox) __attribute__((target("avx512f"))) {
+            const int64_t ix = ox * S - a.pad_left;
+            const int64_t j0 = std::max<int64_t>(0, -ix), j1 = std::min<int64_t>(KW, a.w_in - ix);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = i0; i < i1; ++i)
+                for (int64_t j = j0; j < j1; ++j)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + (iy + i) * row + (ix + j) * c16), w[i * KW + j], acc);
+            _mm512_storeu_ps(yr + ox * c16, c16_finish(acc, a, act, vb, rr ? rr + ox * c16 : nullptr));
+        };
+        if (i0 > 0 || i1 < KH) {  // a row whose window reaches past the top or bottom
+            for (int64_t ox = 0; ox < a.w_out; ++ox) edge(ox);
+            continue;
+        }
+        int64_t ox = 0;
+        for (; ox < ox_lo; ++ox) edge(ox);
+        const float* xr = x + iy * row - a.pad_left * c16;
+        for (; ox + 4 <= ox_hi; ox += 4)
+            c16_depthwise_tile<KH, KW, S, 4>(xr + ox * S * c16, row, w, a, act, vb, yr + ox * c16, rr ? rr + ox * c16 : nullptr);
+        for (; ox < ox_hi; ++ox)
+            c16_depthwise_tile<KH, KW, S, 1>(xr + ox * S * c16, row, w, a, act, vb, yr + ox * c16, rr ? rr + ox * c16 : nullptr);
+        for (; ox < a.w_out; ++ox) edge(ox);
+    }
+}
+
+// Other windows: every pixel's taps clipped to the input, the filters from L1.
+__attribute__((target("avx512f"))) void c16_depthwise_any(const conv2d_c16_args& a, const float* x, const float* wt,
+                                                          const float* bias, float* y, const float* res, int64_t oy0,
+                                                          int64_t oy1) {
+    c16_out act{};
+    act.relu = a.ep.act == activation::relu;
+    act.clip = a.ep.act == activation::clip;
+    act.lo = a.ep.alpha;
+    act.hi = a.ep.beta;
+    const __m512 vb = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+    for (int64_t oy = oy0; oy < oy1; ++oy) {
+        const int64_t iy = oy * a.stride_h - a.pad_top;
+        const int64_t i0 = std::max<int64_t>(0, -iy), i1 = std::min<int64_t>(a.kh, a.h - iy);
+        for (int64_t ox = 0; ox < a.w_out; ++ox) {
+            const int64_t ix = ox * a.stride_w - a.pad_left;
+            const int64_t j0 = std::max<int64_t>(0, -ix), j1 = std::min<int64_t>(a.kw, a.w_in - ix);
+            __m512 acc = _mm512_setzero_ps();
+            for (int64_t i = i0; i < i1; ++i)
+                for (int64_t j = j0; j < j1; ++j)
+                    acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + ((iy + i) * a.w_in + ix + j) * c16),
+                                          _mm512_loadu_ps(wt + (i * a.kw + j) * c16), acc);
+            const int64_t at = (oy * a.w_out + ox) * c16;
+            _mm512_storeu_ps(y + at, c16_finish(acc, a, act, vb, res ? res + at : nullptr));
+        }
+    }
+}
+
+// Channels [co0, co1) (whole blocks) and output rows [oy0, oy1) of one image, a block of 16
+// channels at a time with a check point before each.
+bool c16_depthwise_block(const conv2d_c16_args& a, const gpu::block_context& ctx, const float* x, float* y,
+                         const float* res, int64_t oy0, int64_t oy1, int64_t co0, int64_t co1) {
+    const int64_t hw_in = a.h * a.w_in, hw_out = a.h_out * a.w_out, taps = a.kh * a.kw;
+    using rows_fn = void (*)(const conv2d_c16_args&, const float*, const float*, const float*, float*, const float*,
+                             int64_t, int64_t);
+    rows_fn rows = c16_depthwise_any;
+    if (a.kh == 3 && a.kw == 3 && a.stride_h == a.stride_w)
+        rows = a.stride_w == 1 ? c16_depthwise_rows<3, 3, 1> : c16_depthwise_rows<3, 3, 2>;
+    else if (a.kh == 5 && a.kw == 5 && a.stride_h == a.stride_w)
+        rows = a.stride_w == 1 ? c16_depthwise_rows<5, 5, 1> : c16_depthwise_rows<5, 5, 2>;
+    for (int64_t c0 = co0; c0 < co1; c0 += c16) {
+        if (ctx.preempted()) return false;
+        const int64_t b = c0 / c16;
+        rows(a, x + b * hw_in * c16, a.w + b * taps * c16, a.bias ? a.bias + c0 : nullptr, y + b * hw_out * c16,
+             res ? res + b * hw_out * c16 : nullptr, oy0, oy1);
+    }
+    return true;
+}
+#endif
+
 bool conv2d_c16_block(const void* p, const gpu::block_context& ctx) {
 #if defined(__x86_64__) && defined(__GNUC__)
     const auto& a = *static_cast<const conv2d_c16_args*>(p);
@@ -437,6 +565,9 @@ bool conv2d_c16_block(const void* p, const gpu::block_context& ctx) {
     if (a.w_winograd)
         return c16_winograd_block(a, ctx, x, a.y + image * a.c_out * hw_out,
                                   a.residual ? a.residual + image * a.c_out * hw_out : nullptr, oy0, oy1, co0, co1);
+    if (a.depthwise)
+        return c16_depthwise_block(a, ctx, x, a.y + image * a.c_out * hw_out,
+                                   a.residual ? a.residual + image * a.c_out * hw_out : nullptr, oy0, oy1, co0, co1);
     const c16_rows r = c16_rows_of(a, oy0, oy1);
     // The input as (base, stride between channel blocks, stride between rows), base at the
     // block's first input row and the padded row's column 0.
@@ -638,7 +769,8 @@ bool batchnorm_c16_block(const void* p, const gpu::block_context& ctx) {
 }  // namespace
 
 bool conv2d_c16_possible(const conv2d_args& g, bool x_c16) {
-    if (!cpu_has_avx512() || g.groups != 1 || g.dil_h != 1 || g.dil_w != 1) return false;
+    if (!cpu_has_avx512() || g.dil_h != 1 || g.dil_w != 1) return false;
+    if (g.groups != 1 && !(conv2d_c16_depthwise(g) && x_c16)) return false;
     if (g.stride_w < 1 || g.stride_w > 2 || g.stride_h < 1 || g.stride_h > 2) return false;
     if (g.kh < 1 || g.kw < 1 || g.kh > max_window || g.kw > max_window || g.pad_top < 0 || g.pad_left < 0) return false;
     if (g.c_out % c16 != 0 || g.c_out < c16 || (x_c16 && g.c_in % c16 != 0) || g.c_in < 1) return false;
@@ -646,6 +778,12 @@ bool conv2d_c16_possible(const conv2d_args& g, bool x_c16) {
 }
 
 int64_t conv2d_c16_filter_floats(int64_t c_out, int64_t c_in, int64_t kh, int64_t kw) { return c_out * c_in * kh * kw; }
+
+void conv2d_c16_depthwise_filters(const float* w, int64_t c, int64_t kh, int64_t kw, float* out) {
+    const int64_t taps = kh * kw;
+    for (int64_t ch = 0; ch < c; ++ch)
+        for (int64_t t = 0; t < taps; ++t) out[(ch / c16 * taps + t) * c16 + ch % c16] = w[ch * taps + t];
+}
 
 void conv2d_c16_filters(const float* w, int64_t c_out, int64_t c_in, int64_t kh, int64_t kw, bool x_c16, float* out) {
     const int64_t cb = x_c16 ? c16 : 1, taps = kh * kw;
@@ -666,6 +804,7 @@ void conv2d_c16_filters(const float* w, int64_t c_out, int64_t c_in, int64_t kh,
 
 size_t conv2d_c16_scratch_bytes(const conv2d_c16_args& a) {
     if (a.w_winograd) return size_t(c16_winograd_scratch_floats(a)) * sizeof(float);
+    if (a.depthwise) return 0;
     size_t most = 0;
     for (int64_t oy0 = 0; oy0 < a.h_out; oy0 += a.tile_rows) {
         const int64_t oy1 = std::min(a.h_out, oy0 + a.tile_rows);
@@ -678,8 +817,8 @@ size_t conv2d_c16_scratch_bytes(const conv2d_c16_args& a) {
 }
 
 bool c16_winograd_possible(const conv2d_args& g) {
-    return conv2d_c16_possible(g, true) && g.kh == 3 && g.kw == 3 && g.stride_h == 1 && g.stride_w == 1 &&
-           g.c_in % c16 == 0;
+    return g.groups == 1 && conv2d_c16_possible(g, true) && g.kh == 3 && g.kw == 3 && g.stride_h == 1 &&
+           g.stride_w == 1 && g.c_in % c16 == 0;
 }
 
 bool c16_winograd_wanted(int64_t c_out, int64_t c_in, int64_t h_out, int64_t w_out) {

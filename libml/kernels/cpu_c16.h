@@ -42,19 +42,26 @@ struct conv2d_c16_args {
     // The Winograd filters of a 3x3 layer at stride 1 (conv2d_c16_winograd_filters), or null:
     // the blocks then run F(2x2, 3x3) instead of the direct sums (c16 input and output only).
     const float* w_winograd;
+    // A depthwise convolution (groups = c_in = c_out; c16 input and output): each channel's
+    // window over its own plane, 16 channels to a vector, filters [c / 16][kh][kw][16].
+    bool depthwise;
 };
 RL_HD inline int64_t conv2d_c16_grid(const conv2d_c16_args& a) {
     return a.n * ceil_div(a.c_out, a.tile_co) * ceil_div(a.h_out, a.tile_rows);
 }
 
-// Whether conv2d_c16 can run this convolution (groups 1, no dilation, strides 1 or 2, windows
-// up to 11 x 11, c_out a multiple of 16, c_in too for a c16 input) on this CPU.
+// Whether conv2d_c16 can run this convolution (groups 1, or depthwise from a c16 input; no
+// dilation, strides 1 or 2, windows up to 11 x 11, c_out a multiple of 16, c_in too for a c16
+// input) on this CPU.
 bool conv2d_c16_possible(const conv2d_args& geometry, bool x_c16);
+inline bool conv2d_c16_depthwise(const conv2d_args& g) { return g.groups > 1 && g.groups == g.c_in && g.groups == g.c_out; }
 // The filters [c_out, c_in, kh, kw] packed for conv2d_c16: output channels in groups of four
 // blocks of 16 (the last group the rest), each group [c_in / cb][kh][kw][cb][blocks][16] with
 // cb = 16 for a c16 input and 1 for an NCHW one; group g starts at 64 g c_in kh kw floats.
 int64_t conv2d_c16_filter_floats(int64_t c_out, int64_t c_in, int64_t kh, int64_t kw);
 void conv2d_c16_filters(const float* w, int64_t c_out, int64_t c_in, int64_t kh, int64_t kw, bool x_c16, float* out);
+// A depthwise layer's weights [c, 1, kh, kw] as [c / 16][kh][kw][16] (c * kh * kw floats).
+void conv2d_c16_depthwise_filters(const float* w, int64_t c, int64_t kh, int64_t kw, float* out);
 // Scratch one block needs: its input rows, zero-padded, where the window reaches past the
 // input; an NCHW output's partial sums; Winograd's transformed inputs and products.
 size_t conv2d_c16_scratch_bytes(const conv2d_c16_args& a);
