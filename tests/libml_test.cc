@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_rows.h"
+#include "libml/c16_layout.h"
 #include "libml/kernels/cpu_c16.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
@@ -458,6 +460,93 @@ TEST(libml_plan, winograd_filters_are_laid_out_at_load_and_used) {
         differ = std::max(differ, std::fabs(got - want));
     }
     EXPECT_GT(differ, 0.0);  // another way of summing: Winograd really ran
+}
+
+// The channel-blocked layout through one small CNN: a stem from the NCHW input, a c16 max pool,
+// a Winograd layer, a residual, a batch norm, a depthwise layer whose reader (a Flatten) takes
+// NCHW, a concatenation, a global pool, and a c16 value that a Transpose reads reordered. The
+// plan keeps its invariant at batches 1 and 3 (images one by one), runs the c16 kernels, and
+// gives the NCHW plan's outputs.
+TEST(libml_plan, the_channel_blocked_layout_gives_the_nchw_plans_results) {
+    if (!ml::kernels::cpu_has_avx512()) GTEST_SKIP() << "the c16 kernels need AVX-512";
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {-1, 3, 20, 20}).output("flat").output("pool").output("nhwc");
+    const auto weights = [](size_t n, int seed) {
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = float(int((i * 7 + size_t(seed) * 13) % 17) - 8) / 24.0f;
+        return v;
+    };
+    b.init_f32("w0", {32, 3, 3, 3}, weights(32 * 27, 1)).init_f32("b0", {32}, weights(32, 2));
+    b.init_f32("w1", {64, 32, 3, 3}, weights(64 * 32 * 9, 3)).init_f32("w2", {64, 64, 3, 3}, weights(64 * 64 * 9, 4));
+    b.init_f32("wd", {64, 1, 3, 3}, weights(64 * 9, 5)).init_f32("w3", {32, 64, 1, 1}, weights(32 * 64, 6));
+    std::vector<float> var = weights(64, 9);
+    for (float& v : var) v = std::fabs(v) + 0.5f;
+    b.init_f32("s", {64}, weights(64, 7)).init_f32("bb", {64}, weights(64, 8)).init_f32("m", {64}, weights(64, 10));
+    b.init_f32("v", {64}, var);
+    tm::attr_ints(b.node("Conv", {"x", "w0", "b0"}, {"c0"}), "pads", {1, 1, 1, 1});
+    b.node("Relu", {"c0"}, {"r0"});
+    auto* pool = b.node("MaxPool", {"r0"}, {"p0"});
+    tm::attr_ints(pool, "kernel_shape", {3, 3});
+    tm::attr_ints(pool, "strides", {2, 2});
+    tm::attr_ints(pool, "pads", {1, 1, 1, 1});
+    tm::attr_ints(b.node("Conv", {"p0", "w1"}, {"c1"}), "pads", {1, 1, 1, 1});  // 64 channels, 25 tiles: Winograd
+    b.node("Relu", {"c1"}, {"r1"});
+    tm::attr_ints(b.node("Conv", {"r1", "w2"}, {"c2"}), "pads", {1, 1, 1, 1});
+    b.node("Add", {"c2", "r1"}, {"a2"});
+    b.node("Relu", {"a2"}, {"r2"});
+    b.node("BatchNormalization", {"r2", "s", "bb", "m", "v"}, {"bn"});
+    b.node("Relu", {"bn"}, {"rb"});
+    auto* dw = b.node("Conv", {"rb", "wd"}, {"d1"});
+    tm::attr_ints(dw, "pads", {1, 1, 1, 1});
+    tm::attr_i(dw, "group", 64);
+    b.node("Flatten", {"d1"}, {"flat"});
+    b.node("Conv", {"rb", "w3"}, {"c3"});
+    tm::attr_i(b.node("Concat", {"c3", "rb"}, {"cat"}), "axis", 1);
+    b.node("GlobalAveragePool", {"cat"}, {"pool"});
+    tm::attr_ints(b.node("Transpose", {"r2"}, {"nhwc"}), "perm", {0, 2, 3, 1});
+    const std::string bytes = b.bytes();
+
+    auto device = reefline::gpu::make_cpu_device();
+    std::vector<std::vector<ml::tensor>> results;  // c16, NCHW
+    for (const bool c16 : {true, false}) {
+        ml::use_c16_layout(c16);
+        ml::plan_options o;
+        o.compute_units = 1;
+        o.image_run_min_bytes = 0;  // batch 3: images one by one through the runs
+        ml::runtime rt(*device, o);
+        auto in = rt.link_model(rt.load_model_buffer(bytes.data(), bytes.size(), "c16"));
+        for (const int64_t batch : {1, 3}) {
+            rt.configure_batch(*in, batch);
+            EXPECT_EQ(in->current_plan().check_idempotence(), "");
+            std::map<std::string, int> kernels;
+            for (const auto& l : in->current_plan().launches()) ++kernels[l.kernel->name];
+            if (c16) {
+                EXPECT_GE(kernels["conv2d_c16"], 5);  // every convolution, the depthwise one too
+                EXPECT_GE(kernels["pool2d_c16"], 1);
+                EXPECT_GE(kernels["batchnorm_c16"], 1);
+                EXPECT_EQ(kernels["conv2d"], 0);
+            } else {
+                EXPECT_EQ(kernels["conv2d_c16"], 0);
+            }
+            std::vector<float> xv(size_t(batch * 3 * 20 * 20));
+            for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 37 % 23) - 11) / 7.0f;
+            ml::bytes_t xb(xv.size() * 4);
+            std::memcpy(xb.data(), xv.data(), xb.size());
+            results.emplace_back();
+            rt.infer_batch(*in, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {batch, 3, 20, 20}, xb)},
+                           results.back());
+        }
+    }
+    ml::use_c16_layout(true);
+    for (size_t r = 0; r < 2; ++r)  // batch 1, then 3: c16 (results r) against NCHW (r + 2)
+        for (size_t o = 0; o < 3; ++o) {
+            const ml::tensor& got = results[r][o];
+            const ml::tensor& want = results[r + 2][o];
+            ASSERT_EQ(got.shape, want.shape) << "output " << o;
+            for (int64_t i = 0; i < want.elements(); ++i)
+                ASSERT_NEAR(got.as_f64(i), want.as_f64(i), 2e-4 * (1 + std::fabs(want.as_f64(i)))) << "output " << o << " at " << i;
+        }
 }
 
 // On several units a layer's output channels are split into tiles of one size: a stride-2
