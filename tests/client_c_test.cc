@@ -5,6 +5,7 @@
 // loopback responder that answers like the daemon (crc32, top-k, tensors, errors).
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -22,12 +23,95 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <new>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "clients/c/reefline_client.h"
+
+// ---- live heap bytes ---------------------------------------------------------------------
+// Every operator new and delete of the process goes through these (the shared library's
+// too: the executable's definitions take its calls), adding or taking the block's usable
+// size, so that the assembler's memory tests weigh what is really allocated against the
+// bounds. The peak is what was live at most since heap_watch::start().
+namespace heap_watch {
+
+std::atomic<int64_t> live{0};
+std::atomic<int64_t> peak{0};
+
+void allocated(void* p) {
+    if (!p) return;
+    const auto n = int64_t(malloc_usable_size(p));
+    const int64_t now = live.fetch_add(n, std::memory_order_relaxed) + n;
+    int64_t seen = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+}
+
+void freed(void* p) {
+    if (p) live.fetch_sub(int64_t(malloc_usable_size(p)), std::memory_order_relaxed);
+}
+
+// Starts a watch: returns the bytes live now, from which the peak is measured.
+int64_t start() {
+    const int64_t now = live.load();
+    peak.store(now);
+    return now;
+}
+
+void* allocate(size_t n, size_t alignment = 0) {
+    void* p = alignment > alignof(std::max_align_t)
+                  ? std::aligned_alloc(alignment, (std::max<size_t>(n, 1) + alignment - 1) / alignment * alignment)
+                  : std::malloc(std::max<size_t>(n, 1));
+    allocated(p);
+    return p;
+}
+
+void release(void* p) {
+    freed(p);
+    std::free(p);
+}
+
+}  // namespace heap_watch
+
+void* operator new(size_t n) {
+    if (void* p = heap_watch::allocate(n)) return p;
+    throw std::bad_alloc();
+}
+void* operator new[](size_t n) {
+    if (void* p = heap_watch::allocate(n)) return p;
+    throw std::bad_alloc();
+}
+void* operator new(size_t n, std::align_val_t a) {
+    if (void* p = heap_watch::allocate(n, size_t(a))) return p;
+    throw std::bad_alloc();
+}
+void* operator new[](size_t n, std::align_val_t a) {
+    if (void* p = heap_watch::allocate(n, size_t(a))) return p;
+    throw std::bad_alloc();
+}
+void* operator new(size_t n, const std::nothrow_t&) noexcept { return heap_watch::allocate(n); }
+void* operator new[](size_t n, const std::nothrow_t&) noexcept { return heap_watch::allocate(n); }
+void* operator new(size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+    return heap_watch::allocate(n, size_t(a));
+}
+void* operator new[](size_t n, std::align_val_t a, const std::nothrow_t&) noexcept {
+    return heap_watch::allocate(n, size_t(a));
+}
+void operator delete(void* p) noexcept { heap_watch::release(p); }
+void operator delete[](void* p) noexcept { heap_watch::release(p); }
+void operator delete(void* p, size_t) noexcept { heap_watch::release(p); }
+void operator delete[](void* p, size_t) noexcept { heap_watch::release(p); }
+void operator delete(void* p, std::align_val_t) noexcept { heap_watch::release(p); }
+void operator delete[](void* p, std::align_val_t) noexcept { heap_watch::release(p); }
+void operator delete(void* p, size_t, std::align_val_t) noexcept { heap_watch::release(p); }
+void operator delete[](void* p, size_t, std::align_val_t) noexcept { heap_watch::release(p); }
+void operator delete(void* p, const std::nothrow_t&) noexcept { heap_watch::release(p); }
+void operator delete[](void* p, const std::nothrow_t&) noexcept { heap_watch::release(p); }
+void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { heap_watch::release(p); }
+void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { heap_watch::release(p); }
 
 namespace fs = std::filesystem;
 
@@ -406,17 +490,183 @@ TEST(ClientAssembler, BoundsDropTheOldest) {
     ASSERT_EQ(reefline_assembler_pending(by_count.a, p, 2), 2u);
     EXPECT_EQ(p[0].flow.request_id, 2u);
 
+    // max_pending_bytes counts what is allocated: pieces of 10,000 bytes cost a little more,
+    // and a message must also be able to hold its reassembled copy (30,000 bytes for three).
     o = {};
-    o.max_pending_bytes = 250;
+    o.max_pending_bytes = 50000;
     assembler_ptr by_bytes(o);
-    EXPECT_EQ(add(by_bytes.a, 1, response_header(1, 0, 3, 0, 300), piece, &m), REEFLINE_ADD_ACCEPTED);
-    EXPECT_EQ(add(by_bytes.a, 2, response_header(2, 0, 3, 0, 300), piece, &m), REEFLINE_ADD_ACCEPTED);
-    EXPECT_EQ(add(by_bytes.a, 2, response_header(2, 1, 3, 100, 300), piece, &m), REEFLINE_ADD_ACCEPTED);
+    const bytes big(10000, 0x5a);
+    EXPECT_EQ(add(by_bytes.a, 1, response_header(1, 0, 3, 0, 30000), big, &m), REEFLINE_ADD_ACCEPTED);
+    EXPECT_GT(reefline_assembler_pending_bytes(by_bytes.a), 10000u);
+    EXPECT_LT(reefline_assembler_pending_bytes(by_bytes.a), 10600u);
+    EXPECT_EQ(add(by_bytes.a, 2, response_header(2, 0, 3, 0, 30000), big, &m), REEFLINE_ADD_ACCEPTED);
+    EXPECT_EQ(reefline_assembler_evicted(by_bytes.a), 0u);
+    // Two pieces and their 20,000-byte copy fit alone, not beside message 1.
+    EXPECT_EQ(add(by_bytes.a, 2, response_header(2, 1, 3, 10000, 30000), big, &m), REEFLINE_ADD_ACCEPTED);
     EXPECT_EQ(reefline_assembler_evicted(by_bytes.a), 1u);
-    EXPECT_LE(reefline_assembler_pending_bytes(by_bytes.a), 250u);
-    EXPECT_EQ(add(by_bytes.a, 2, response_header(2, 2, 3, 200, 300), piece, &m), REEFLINE_ADD_TOO_LARGE);
+    ASSERT_EQ(reefline_assembler_pending(by_bytes.a, p, 2), 1u);
+    EXPECT_EQ(p[0].flow.request_id, 2u);
+    EXPECT_LE(reefline_assembler_pending_bytes(by_bytes.a), 50000u);
+    // Three pieces and a 30,000-byte copy do not fit at all.
+    EXPECT_EQ(add(by_bytes.a, 2, response_header(2, 2, 3, 20000, 30000), big, &m), REEFLINE_ADD_TOO_LARGE);
+    EXPECT_EQ(reefline_assembler_evicted(by_bytes.a), 2u);
     EXPECT_EQ(reefline_assembler_pending(by_bytes.a, nullptr, 0), 0u);
     EXPECT_EQ(reefline_assembler_pending_bytes(by_bytes.a), 0u);
+
+    // With room for both, the message completes; its copy is held until the next add.
+    o.max_pending_bytes = 70000;
+    assembler_ptr roomy(o);
+    for (uint16_t i = 0; i < 2; ++i)
+        EXPECT_EQ(add(roomy.a, 3, response_header(3, i, 3, i * 10000u, 30000), big, &m), REEFLINE_ADD_ACCEPTED);
+    ASSERT_EQ(add(roomy.a, 3, response_header(3, 2, 3, 20000, 30000), big, &m), REEFLINE_ADD_COMPLETED);
+    EXPECT_TRUE(m.tiles);
+    EXPECT_EQ(m.length, 30000u);
+    EXPECT_GT(reefline_assembler_pending_bytes(roomy.a), 30000u);
+    EXPECT_LT(reefline_assembler_pending_bytes(roomy.a), 30100u);
+    const reefline_flow three{0, 0, 3};
+    EXPECT_EQ(reefline_assembler_forget(roomy.a, &three), 0);
+    EXPECT_EQ(reefline_assembler_pending_bytes(roomy.a), 0u) << "forget releases the copy too";
+}
+
+// Live heap bytes against max_pending_bytes (heap_watch counts every operator new of the
+// process): what the issue measured, 20,000 one-byte fragments of distinct messages that each
+// claim 1024 fragments of 8 MiB, took 555 MiB under a 1 MiB bound when entries were sized by
+// the claims.
+namespace {
+
+constexpr size_t memory_bound = size_t(1) << 20;
+// The assembler object itself, outside the bound, and what gtest may keep.
+constexpr int64_t memory_slack = 4096;
+
+}  // namespace
+
+TEST(ClientAssemblerMemory, ClaimsOfManyFragmentsCostOnlyWhatArrived) {
+    const int64_t base = heap_watch::start();
+    {
+        reefline_assembler_options o{};
+        o.max_pending_bytes = memory_bound;
+        assembler_ptr asmb(o);
+        const uint8_t one = 0x42;
+        for (uint64_t i = 0; i < 20000; ++i) {
+            const uint16_t index = uint16_t(i % 1024);
+            const reefline_header h = response_header(i, index, 1024, index * 8192u, 8u << 20);
+            const reefline_flow flow{0x0a000001, uint16_t(40000 + i % 7), i};
+            reefline_message m;
+            ASSERT_EQ(reefline_assembler_add(asmb.a, &flow, &h, &one, 1, &m), REEFLINE_ADD_ACCEPTED) << i;
+            ASSERT_LE(reefline_assembler_pending_bytes(asmb.a), memory_bound);
+            ASSERT_LE(heap_watch::live.load() - base, int64_t(memory_bound) + memory_slack) << i;
+        }
+        const size_t pending = reefline_assembler_pending(asmb.a, nullptr, 0);
+        EXPECT_GT(pending, 2000u) << "the bound holds thousands of such fragments";
+        EXPECT_EQ(reefline_assembler_evicted(asmb.a), 20000u - pending);
+        std::printf("20000 one-byte fragments claiming 1024: peak %lld live bytes, %zu pending, bound %zu\n",
+                    static_cast<long long>(heap_watch::peak.load() - base), pending, memory_bound);
+    }
+    EXPECT_LE(heap_watch::peak.load() - base, int64_t(memory_bound) + memory_slack);
+    EXPECT_EQ(heap_watch::live.load(), base) << "everything freed";
+}
+
+TEST(ClientAssemblerMemory, AHostileStreamOfOneFlowStaysWithinTheBound) {
+    uint64_t outcomes[REEFLINE_ADD_TOO_LARGE + 1] = {};
+    const int64_t base = heap_watch::start();
+    {
+        reefline_assembler_options o{};
+        o.max_pending_bytes = memory_bound;
+        assembler_ptr asmb(o);
+        std::mt19937_64 rng(99);
+        const bytes chunk(REEFLINE_MTU_FRAGMENT_SIZE, 0x17);
+        for (int i = 0; i < 50000; ++i) {
+            // Mostly 1024 fragments of 8 MiB, sometimes another claim (inconsistent), sometimes
+            // the whole message in one piece after all.
+            const uint16_t count = rng() % 50 == 0 ? uint16_t(1 + rng() % 1024) : 1024;
+            const uint16_t index = uint16_t(rng() % count);
+            const size_t length = rng() % 4 == 0 ? 1 : chunk.size();
+            const reefline_header h =
+                response_header(7, index, count, uint32_t(index) * REEFLINE_MTU_FRAGMENT_SIZE, 8u << 20);
+            const reefline_flow flow{0x0a000001, 40000, 7};
+            reefline_message m;
+            const int rc = reefline_assembler_add(asmb.a, &flow, &h, chunk.data(), length, &m);
+            ASSERT_GE(rc, 0);
+            ASSERT_LE(rc, REEFLINE_ADD_TOO_LARGE);
+            ++outcomes[rc];
+            ASSERT_LE(reefline_assembler_pending_bytes(asmb.a), memory_bound);
+            ASSERT_LE(heap_watch::peak.load() - base, int64_t(memory_bound) + memory_slack) << i;
+        }
+        std::printf("50000 fragments of one flow: peak %lld live bytes, bound %zu\n",
+                    static_cast<long long>(heap_watch::peak.load() - base), memory_bound);
+    }
+    EXPECT_GT(outcomes[REEFLINE_ADD_TOO_LARGE], 10u) << "the message outgrows the bound again and again";
+    EXPECT_GT(outcomes[REEFLINE_ADD_ACCEPTED], 10000u);
+    EXPECT_GT(outcomes[REEFLINE_ADD_DUPLICATE], 0u);
+    EXPECT_GT(outcomes[REEFLINE_ADD_INCONSISTENT], 0u);
+    EXPECT_EQ(heap_watch::live.load(), base);
+}
+
+TEST(ClientAssemblerMemory, RememberedCompletionsAreBoundedAndCounted) {
+    const auto complete_all = [](reefline_assembler* a, uint64_t n) {
+        const bytes payload(16, 3);
+        for (uint64_t id = 0; id < n; ++id) {
+            reefline_message m;
+            ASSERT_EQ(add(a, id, response_header(id, 0, 1, 0, 16), payload, &m), REEFLINE_ADD_COMPLETED) << id;
+            ASSERT_EQ(m.length, 16u);
+        }
+    };
+    const auto remembered = [](reefline_assembler* a, uint64_t id) {
+        const reefline_flow f{0, 0, id};
+        return reefline_assembler_is_completed(a, &f) == 1;
+    };
+    constexpr uint64_t n = 300000;
+    const bytes payload(16, 3);
+    reefline_message m;
+
+    // Within a bound: a quarter of it for the most recent completed flows.
+    int64_t base = heap_watch::start();
+    {
+        reefline_assembler_options o{};
+        o.max_pending_bytes = memory_bound;
+        o.remember_completed = 1;
+        assembler_ptr asmb(o);
+        complete_all(asmb.a, n);
+        EXPECT_LE(reefline_assembler_pending_bytes(asmb.a), memory_bound / 4 + 64);
+        uint64_t kept = 0;
+        while (kept < n && remembered(asmb.a, n - 1 - kept)) ++kept;
+        EXPECT_GT(kept, 5000u) << "about 28 bytes a flow";
+        EXPECT_LT(kept, memory_bound / 4 / 24);
+        EXPECT_FALSE(remembered(asmb.a, 0));
+        EXPECT_EQ(add(asmb.a, n - 1, response_header(n - 1, 0, 1, 0, 16), payload, &m), REEFLINE_ADD_AFTER_COMPLETION);
+        // Forgotten: a late copy is a message again.
+        EXPECT_EQ(add(asmb.a, 0, response_header(0, 0, 1, 0, 16), payload, &m), REEFLINE_ADD_COMPLETED);
+        std::printf("%llu completions, bound %zu: %llu remembered, peak %lld live bytes\n",
+                    static_cast<unsigned long long>(n), memory_bound, static_cast<unsigned long long>(kept),
+                    static_cast<long long>(heap_watch::peak.load() - base));
+    }
+    EXPECT_LE(heap_watch::peak.load() - base, int64_t(memory_bound) + memory_slack);
+    EXPECT_EQ(heap_watch::live.load(), base);
+
+    // Without a byte bound: 65536 flows at most (28 bytes each; 1.5 times that while the ring
+    // doubles, the old one beside the new).
+    base = heap_watch::start();
+    {
+        reefline_assembler_options o{};
+        o.remember_completed = 1;
+        assembler_ptr asmb(o);
+        complete_all(asmb.a, n);
+        EXPECT_TRUE(remembered(asmb.a, n - 65536));
+        EXPECT_FALSE(remembered(asmb.a, n - 65537));
+        EXPECT_LE(reefline_assembler_pending_bytes(asmb.a), size_t(65536) * 32);
+    }
+    EXPECT_LE(heap_watch::peak.load() - base, int64_t(65536) * 28 * 3 / 2 + 65536);
+
+    // As many as asked for.
+    {
+        reefline_assembler_options o{};
+        o.remember_completed = 1000;
+        o.max_pending_bytes = memory_bound;
+        assembler_ptr asmb(o);
+        complete_all(asmb.a, 5000);
+        EXPECT_TRUE(remembered(asmb.a, 4000));
+        EXPECT_FALSE(remembered(asmb.a, 3999));
+    }
 }
 
 // Random and mutated datagrams through the parser into a bounded assembler: nothing crashes

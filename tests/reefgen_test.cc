@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <pcap/pcap.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -896,19 +897,133 @@ TEST(ReefgenAssembler, LimitsDropTheOldestIncompleteMessages) {
     EXPECT_EQ(by_count.add({0, 0, 3}, response_fields(3, 1, 2, 200), piece, done),
               message_assembler::outcome::completed);
     EXPECT_EQ(done.payload.size(), 200u);
-    EXPECT_EQ(by_count.pending_bytes(), 100u);
+    // Message 2's piece and its bookkeeping, and message 3's copy until the next add.
+    EXPECT_GT(by_count.pending_bytes(), 300u);
+    EXPECT_LT(by_count.pending_bytes(), 1024u);
 
-    // At most 250 fragment bytes: the oldest others make room, a message larger alone is dropped.
-    message_assembler by_bytes(false, assembler_limits{.max_pending_bytes = 250});
-    EXPECT_EQ(by_bytes.add({0, 0, 1}, response_fields(1, 0, 3, 300), piece, done), message_assembler::outcome::accepted);
-    EXPECT_EQ(by_bytes.add({0, 0, 2}, response_fields(2, 0, 3, 300), piece, done), message_assembler::outcome::accepted);
-    EXPECT_EQ(by_bytes.add({0, 0, 2}, response_fields(2, 1, 3, 300), piece, done), message_assembler::outcome::accepted);
+    // At most 50,000 bytes of memory: pieces of 10,000 cost a little more, and a message must
+    // be able to hold its reassembled copy beside them. The oldest others make room, a message
+    // larger alone is dropped.
+    const std::vector<uint8_t> big(10000, 0x5a);
+    const auto big_fields = [](uint64_t id, uint16_t index) {
+        wire::fields f = response_fields(id, index, 3, 30000);
+        f.payload_offset = index * 10000u;
+        return f;
+    };
+    message_assembler by_bytes(false, assembler_limits{.max_pending_bytes = 50000});
+    EXPECT_EQ(by_bytes.add({0, 0, 1}, big_fields(1, 0), big, done), message_assembler::outcome::accepted);
+    EXPECT_EQ(by_bytes.add({0, 0, 2}, big_fields(2, 0), big, done), message_assembler::outcome::accepted);
+    EXPECT_EQ(by_bytes.add({0, 0, 2}, big_fields(2, 1), big, done), message_assembler::outcome::accepted);
     EXPECT_EQ(by_bytes.evicted(), 1u);  // message 1 made room for message 2's second piece
-    EXPECT_LE(by_bytes.pending_bytes(), 250u);
-    EXPECT_EQ(by_bytes.add({0, 0, 2}, response_fields(2, 2, 3, 300), piece, done),
-              message_assembler::outcome::too_large);
+    EXPECT_LE(by_bytes.pending_bytes(), 50000u);
+    EXPECT_EQ(by_bytes.add({0, 0, 2}, big_fields(2, 2), big, done), message_assembler::outcome::too_large);
     EXPECT_EQ(by_bytes.pending().size(), 0u);
     EXPECT_EQ(by_bytes.pending_bytes(), 0u);
+}
+
+namespace {
+
+// What the issue measured (1.9 MB of such frames took 563 MiB to check): one-byte fragments
+// of distinct messages that each claim 1024 fragments of 8 MiB, as requests (kind request,
+// from the camera) or responses (to it).
+void write_hostile_capture(const std::string& path, wire::kind kind, uint32_t frames) {
+    pcap_t* dead = pcap_open_dead(DLT_EN10MB, 65535);
+    pcap_dumper_t* d = pcap_dump_open(dead, path.c_str());
+    ASSERT_NE(d, nullptr);
+    const std::vector<uint8_t> one{0x42};
+    for (uint32_t i = 0; i < frames; ++i) {
+        wire::fields f;
+        f.kind = uint8_t(kind);
+        f.format = uint8_t(wire::format::raw);
+        f.request_id = 1000 + i;
+        f.frag_index = uint16_t(i % 1024);
+        f.frag_count = 1024;
+        f.payload_offset = f.frag_index * 8192u;
+        f.total_length = 8u << 20;
+        std::vector<uint8_t> udp;
+        append_udp_payload(udp, f, one);
+        frame_addresses a;
+        a.src_ip = 0xc6120001;
+        a.dst_ip = 0xc6120002;
+        a.src_port = 40000;
+        a.dst_port = 9000;
+        if (kind != wire::kind::request) {
+            std::swap(a.src_ip, a.dst_ip);
+            std::swap(a.src_port, a.dst_port);
+        }
+        const std::vector<uint8_t> frame = build_frame(a, uint16_t(i), udp);
+        pcap_pkthdr h{};
+        h.caplen = h.len = bpf_u_int32(frame.size());
+        pcap_dump(reinterpret_cast<u_char*>(d), &h, frame.data());
+    }
+    pcap_dump_close(d);
+    pcap_close(dead);
+}
+
+}  // namespace
+
+TEST(ReefgenCheck, AHostileCaptureIsCheckedInBoundedMemoryAndReported) {
+    temp_dir dir;
+    const std::string req = dir.file("req.pcap"), resp = dir.file("resp.pcap");
+    write_hostile_capture(req, wire::kind::request, 20000);
+    write_hostile_capture(resp, wire::kind::response, 20000);
+    ASSERT_GT(fs::file_size(resp), 1900000u);
+
+    // The default bound (64 MiB) in a child process, whose peak RSS is its own: what the
+    // issue measured took 563 MiB for the responses alone.
+    int fds[2];
+    ASSERT_EQ(::pipe(fds), 0);
+    const pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        ::close(fds[0]);
+        rusage before{}, after{};
+        ::getrusage(RUSAGE_SELF, &before);
+        std::ostringstream log;
+        check_options o;
+        o.requests = req;
+        o.responses = resp;
+        const check_result r = run_check(o, log);
+        ::getrusage(RUSAGE_SELF, &after);
+        const long grown_kib = after.ru_maxrss - before.ru_maxrss;
+        const long report[3] = {grown_kib, long(r.requests), long(r.evicted)};
+        const bool sent = ::write(fds[1], report, sizeof report) == ssize_t(sizeof report);
+        ::_exit(sent ? 0 : 3);
+    }
+    ::close(fds[1]);
+    long report[3] = {-1, -1, -1};
+    const ssize_t got = ::read(fds[0], report, sizeof report);
+    ::close(fds[0]);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    ASSERT_EQ(got, ssize_t(sizeof report));
+    EXPECT_EQ(report[1], 20000) << "requests seen";
+    EXPECT_EQ(report[2], 0) << "20,000 such fragments fit 64 MiB";
+    EXPECT_LT(report[0], 48 << 10) << "peak RSS grew by " << report[0] << " KiB";
+    std::printf("reefgen check of 2 x 20000 hostile fragments (%ju bytes of responses): peak RSS +%ld KiB\n",
+                uintmax_t(fs::file_size(resp)), report[0]);
+
+    // Within 1 MiB most of them are evicted, and the check says so and fails.
+    std::ostringstream log;
+    check_options o;
+    o.requests = req;
+    o.responses = resp;
+    o.max_pending_bytes = 1 << 20;
+    const check_result r = run_check(o, log);
+    EXPECT_EQ(r.requests, 20000u);
+    EXPECT_EQ(r.complete, 0u);
+    EXPECT_GT(r.evicted, 2 * 10000u) << log.str();
+    EXPECT_FALSE(r.passed());
+    EXPECT_NE(log.str().find(" incomplete requests dropped to stay within --max-pending-bytes=1048576"),
+              std::string::npos)
+        << log.str();
+    EXPECT_NE(log.str().find(" incomplete responses dropped to stay within --max-pending-bytes=1048576"),
+              std::string::npos)
+        << log.str();
+    EXPECT_NE(log.str().find("requests: frames=20000 good=20000 duplicate=0 inconsistent=0 evicted="),
+              std::string::npos)
+        << log.str();
 }
 
 TEST(ReefgenResponses, DatagramsAndFramesAreCheckedAlike) {
@@ -1315,6 +1430,19 @@ TEST(ReefgenCli, ExitStatusesAndHelp) {
     });
     EXPECT_EQ(run_tool("check --requests " + req + " --responses " + dir.file("bad.pcap"), &out), 1)
         << out;
+    // A bound on reassembly that evicts fails the check and says why.
+    const std::string hostile = dir.file("hostile.pcap");
+    write_hostile_capture(hostile, wire::kind::response, 3000);
+    EXPECT_EQ(run_tool("check --requests " + req + " --responses " + hostile + " --max-pending-bytes 64KiB", &out), 1)
+        << out;
+    EXPECT_NE(out.find("evicted: "), std::string::npos) << out;
+    EXPECT_NE(out.find("--max-pending-bytes=65536"), std::string::npos) << out;
+    EXPECT_EQ(run_tool("check --requests " + req + " --responses " + dir.file("good.pcap") + " --max-pending-bytes 64KiB",
+                       &out),
+              0)
+        << out;
+    EXPECT_EQ(run_tool("check --help", &out), 0) << out;
+    EXPECT_NE(out.find("--max-pending-bytes"), std::string::npos) << out;
 
     for (const char* sub : {"", "pcap ", "check ", "send "})
         EXPECT_EQ(run_tool(std::string(sub) + "--help", &out), 0) << sub << out;

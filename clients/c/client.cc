@@ -5,8 +5,9 @@
 // through reefline_client_fd().
 //
 // What the client keeps is bounded whatever arrives: fragments are filed only for requests
-// that await an answer (at most max_outstanding), partial responses hold at most
-// max_pending_bytes, and answers not yet collected at most max_outstanding.
+// that await an answer (at most max_outstanding), reassembling responses allocates at most
+// max_pending_bytes (every byte the assembler allocates: entries, pieces, the completed copy;
+// 64 MiB by default), and answers not yet collected are at most max_outstanding.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -453,6 +454,7 @@ int reefline_client_create(const reefline_client_options* options, reefline_clie
                              24)
                             << 16) +
                                1;
+        // A byte bound on the assembler's memory (never 0 here: unbounded is for captures).
         const reefline_assembler_options ao{o.max_outstanding, o.max_pending_bytes, 0};
         c->assembler = reefline_assembler_create(&ao);
         if (!c->assembler) {

@@ -208,12 +208,26 @@ typedef struct reefline_flow {
 } reefline_flow;
 
 typedef struct reefline_assembler_options {
-    /* Bounds on incomplete messages; beyond them the oldest are dropped. 0: unbounded
-     * (for finite inputs such as a capture). */
+    /* Bounds on incomplete messages; beyond them the oldest are dropped. 0: unbounded. */
     size_t max_pending;        /* incomplete messages */
-    size_t max_pending_bytes;  /* fragment bytes they hold */
-    /* Keep the keys of completed messages, so that late duplicates are reported as such
-     * instead of opening a new message. Grows with every message: finite inputs only. */
+    /* Bytes of memory the assembler allocates, all of it, as malloc spends it: per incomplete
+     * message its entry (about 130 bytes), an array of 8 bytes per piece and each piece (its
+     * bytes plus 20 to 35); the hash table; the memory of completed flows; and the last
+     * completed message until the next add or forget. Nothing is sized by what a header
+     * claims (frag_count, total_length), only by what arrived. A message must be able to
+     * hold its pieces and its reassembled copy at once (about twice its bytes, plus the
+     * overheads): one that alone cannot is dropped (REEFLINE_ADD_TOO_LARGE); otherwise the
+     * oldest other incomplete messages make room. Live memory (beyond the assembler object
+     * itself) never exceeds it. 0: unbounded, for finite trusted inputs only. */
+    size_t max_pending_bytes;
+    /* Keep the keys of the most recent completed messages, so that late duplicates are
+     * reported as such (REEFLINE_ADD_AFTER_COMPLETION) instead of opening a new message.
+     * 0: off. 1 (or negative): as many as room allows: a quarter of max_pending_bytes
+     * (about 28 bytes a key), or 65536 keys when max_pending_bytes is 0. n > 1: at most n
+     * keys, still within that quarter. The memory grows with use; past its capacity (or
+     * when growing it would exceed max_pending_bytes) the oldest key is forgotten, and a
+     * late duplicate of that message then opens a new incomplete message like any fragment
+     * (which the bounds drop in time, or which completes and is delivered again). */
     int remember_completed;
 } reefline_assembler_options;
 
@@ -224,8 +238,8 @@ typedef enum reefline_add_outcome {
     REEFLINE_ADD_INCONSISTENT = 3,      /* disagrees with the message's first fragment, or with
                                            the protocol's limits: ignored */
     REEFLINE_ADD_AFTER_COMPLETION = 4,  /* key already completed (remember_completed only) */
-    REEFLINE_ADD_TOO_LARGE = 5          /* the message alone would exceed max_pending_bytes:
-                                           dropped whole */
+    REEFLINE_ADD_TOO_LARGE = 5          /* the message alone (its pieces and its reassembled
+                                           copy) would exceed max_pending_bytes: dropped whole */
 } reefline_add_outcome;
 
 /* "accepted", "completed", "duplicate", "inconsistent", "after_completion", "too_large". */
@@ -267,10 +281,12 @@ REEFLINE_API int reefline_assembler_forget(reefline_assembler* assembler, const 
  * when capacity is 0) and returns how many there are. */
 REEFLINE_API size_t reefline_assembler_pending(const reefline_assembler* assembler,
                                                reefline_pending* out, size_t capacity);
+/* Bytes the assembler holds now, as max_pending_bytes counts them (not only fragment bytes:
+ * see reefline_assembler_options); 0 when it holds nothing. */
 REEFLINE_API size_t reefline_assembler_pending_bytes(const reefline_assembler* assembler);
-/* Incomplete messages dropped by the bounds so far. */
+/* Incomplete messages dropped by the bounds so far (too_large ones included). */
 REEFLINE_API uint64_t reefline_assembler_evicted(const reefline_assembler* assembler);
-/* 1 if `flow` completed before (remember_completed only). */
+/* 1 if `flow` completed before and is still remembered (remember_completed only). */
 REEFLINE_API int reefline_assembler_is_completed(const reefline_assembler* assembler,
                                                  const reefline_flow* flow);
 
@@ -359,7 +375,9 @@ typedef struct reefline_client_options {
     int32_t receive_timeout_ms;
     uint64_t first_request_id;  /* 0: a fresh base from the clock, so restarts do not reuse ids */
     /* Bounds on what the client keeps, whatever arrives: requests awaiting an answer (the
-     * oldest is abandoned beyond it), and bytes of partial responses. Defaults 4096, 64 MiB. */
+     * oldest is abandoned beyond it), and bytes of memory that reassembling responses takes
+     * (reefline_assembler_options: pieces, their bookkeeping and the reassembled copy, about
+     * twice an answer's bytes). Defaults 4096, 64 MiB. */
     size_t max_outstanding;
     size_t max_pending_bytes;
     int socket_buffer_bytes;    /* SO_RCVBUF/SO_SNDBUF; default 4 MiB; 0: leave the kernel's */
@@ -443,7 +461,7 @@ typedef struct reefline_client_stats {
     uint64_t duplicates;      /* answers to requests already answered or no longer awaited */
     uint64_t rejected;        /* datagrams that failed the fragment checks or were truncated */
     uint64_t inconsistent;    /* fragments that disagreed with their message's first */
-    uint64_t evicted;         /* partial responses dropped by max_pending_bytes */
+    uint64_t evicted;         /* partial responses dropped by the bounds (max_pending_bytes) */
 } reefline_client_stats;
 
 REEFLINE_API void reefline_client_get_stats(const reefline_client* client,

@@ -174,10 +174,12 @@ std::string response_problem(const assembled_message& m, uint32_t length, uint32
 }
 
 request_capture read_request_capture(const std::string& path,
-                                     std::vector<assembled_message>* messages) {
+                                     std::vector<assembled_message>* messages,
+                                     size_t max_pending_bytes) {
     request_capture cap;
     std::unordered_map<flow_key, size_t, flow_key_hash> index;  // key -> cap.requests position
-    message_assembler assembler(/*remember_completed=*/true);
+    message_assembler assembler(/*remember_completed=*/true,
+                                assembler_limits{.max_pending_bytes = max_pending_bytes});
     assembled_message done;
     for_each_frame(path, "--requests", [&](std::span<const uint8_t> data, bool complete) {
         ++cap.frames;
@@ -220,17 +222,24 @@ request_capture read_request_capture(const std::string& path,
             break;
         case message_assembler::outcome::duplicate:
         case message_assembler::outcome::after_completion: ++cap.duplicates; break;
-        case message_assembler::outcome::inconsistent:
-        case message_assembler::outcome::too_large: ++cap.inconsistent; break;
+        case message_assembler::outcome::inconsistent: ++cap.inconsistent; break;
+        case message_assembler::outcome::too_large: break;  // counted by evicted()
         }
     });
+    cap.evicted = assembler.evicted();
     return cap;
 }
 
 check_result run_check(const check_options& o, std::ostream& out) {
-    const request_capture cap = read_request_capture(o.requests);
+    const request_capture cap = read_request_capture(o.requests, nullptr, o.max_pending_bytes);
     check_result res;
     res.requests = cap.requests.size();
+    // An eviction loses what a message would have become: say so, and fail.
+    const auto report_evicted = [&](uint64_t n, std::string_view what) {
+        if (n)
+            out << "evicted: " << n << " incomplete " << what << " dropped to stay within --max-pending-bytes="
+                << o.max_pending_bytes << " (a hostile capture, or raise the bound)\n";
+    };
 
     std::unordered_map<flow_key, size_t, flow_key_hash> by_key;
     for (size_t i = 0; i < cap.requests.size(); ++i) {
@@ -238,16 +247,19 @@ check_result run_check(const check_options& o, std::ostream& out) {
         if (cap.requests[i].complete) ++res.complete;
     }
     out << "requests: frames=" << cap.frames << " good=" << cap.good
-        << " duplicate=" << cap.duplicates << " inconsistent=" << cap.inconsistent;
+        << " duplicate=" << cap.duplicates << " inconsistent=" << cap.inconsistent
+        << " evicted=" << cap.evicted;
     uint64_t rejected = 0;
     for (const auto& [why, n] : cap.rejected) rejected += n;
     out << " rejected=" << rejected;
     for (const auto& [why, n] : cap.rejected) out << ' ' << why << '=' << n;
     out << '\n';
+    report_evicted(cap.evicted, "requests");
 
     // Responses: reassemble by the requester's address (their destination) and request id.
     std::vector<uint32_t> answered(cap.requests.size(), 0);
-    message_assembler assembler(/*remember_completed=*/false);
+    message_assembler assembler(/*remember_completed=*/false,
+                                assembler_limits{.max_pending_bytes = o.max_pending_bytes});
     assembled_message msg;
     uint64_t frames = 0, ignored = 0, duplicate_responses = 0, errors_for_incomplete = 0;
     std::map<std::string, uint64_t> response_rejected;
@@ -343,20 +355,23 @@ check_result run_check(const check_options& o, std::ostream& out) {
         const auto outcome = assembler.add(key, rf.fields, rf.fragment, msg);
         if (outcome == message_assembler::outcome::completed)
             judge(msg, rf.src_ip, rf.src_port);
-        else if (outcome == message_assembler::outcome::inconsistent ||
-                 outcome == message_assembler::outcome::too_large)
+        else if (outcome == message_assembler::outcome::inconsistent)
             ++response_rejected[std::string(to_string(outcome))];
     });
 
     uint64_t rejected_responses = 0;
     for (const auto& [why, n] : response_rejected) rejected_responses += n;
     const auto unfinished = assembler.pending();
+    const uint64_t evicted_responses = assembler.evicted();
     out << "responses: frames=" << frames << " ignored=" << ignored
-        << " incomplete=" << unfinished.size() << " duplicate=" << duplicate_responses
+        << " incomplete=" << unfinished.size() << " evicted=" << evicted_responses
+        << " duplicate=" << duplicate_responses
         << " errors_for_incomplete_requests=" << errors_for_incomplete
         << " rejected=" << rejected_responses;
     for (const auto& [why, n] : response_rejected) out << ' ' << why << '=' << n;
     out << '\n';
+    report_evicted(evicted_responses, "responses");
+    res.evicted = cap.evicted + evicted_responses;
     bad_lines.finish("bad responses");
     {
         limited_report lines(out, o.max_report);

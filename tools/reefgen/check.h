@@ -38,13 +38,22 @@ struct request_capture {
     uint64_t good = 0;                         // fragments that pass every per-packet check
     uint64_t duplicates = 0;                   // good fragments whose index was already present
     uint64_t inconsistent = 0;                 // good but disagreeing with the request's first
+    uint64_t evicted = 0;  // incomplete requests dropped to stay within max_pending_bytes
     std::map<std::string, uint64_t> rejected;  // reason -> frames (frame and header checks)
 };
 
-// Parses every frame of `path` with the receiver's per-packet rules and reassembles. When
-// `messages` is given, the payloads of completed requests are appended to it (for tests).
+// What reassembly may hold while checking a capture, by default (check --max-pending-bytes):
+// every byte the assembler allocates, so that a hostile capture (one-byte fragments of
+// distinct messages that each claim 1024 fragments, say) costs at most this much and is
+// reported through its evictions, not silently accepted.
+inline constexpr size_t default_check_pending_bytes = size_t(64) << 20;
+
+// Parses every frame of `path` with the receiver's per-packet rules and reassembles within
+// `max_pending_bytes` (0: no bound). When `messages` is given, the payloads of completed
+// requests are appended to it (for tests).
 request_capture read_request_capture(const std::string& path,
-                                     std::vector<assembled_message>* messages = nullptr);
+                                     std::vector<assembled_message>* messages = nullptr,
+                                     size_t max_pending_bytes = default_check_pending_bytes);
 
 // Why a reassembled response is not the right answer to a request whose payload had `length`
 // bytes and CRC32C `crc`; empty when it is. A result_crc32 response is always verified; with
@@ -75,6 +84,9 @@ struct check_options {
     // for reefverify); the request ids map to payload indices through the capture's seed.
     std::string results_file;
     uint64_t seed = 1;
+    // Memory for reassembling each capture (requests, then responses); beyond it the oldest
+    // incomplete messages are evicted and the check fails. 0: no bound (trusted captures).
+    size_t max_pending_bytes = default_check_pending_bytes;
 };
 
 struct check_result {
@@ -84,10 +96,15 @@ struct check_result {
     uint64_t ok = 0;
     uint64_t bad = 0;
     uint64_t missing = 0;  // complete requests without a response
-    bool passed() const { return bad == 0 && missing == 0; }
+    // Incomplete requests and responses dropped to stay within max_pending_bytes: what they
+    // would have become is unknown, so the check cannot pass.
+    uint64_t evicted = 0;
+    bool passed() const { return bad == 0 && missing == 0 && evicted == 0; }
 };
 
 // Writes detail lines and, last, "requests=N complete=C responses=R ok=K bad=B" to `out`.
+// The "requests:" and "responses:" lines count evictions (evicted=N); any eviction adds an
+// "evicted:" line and fails the check.
 check_result run_check(const check_options& options, std::ostream& out);  // throws usage_error
 
 }  // namespace reefline::reefgen

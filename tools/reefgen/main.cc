@@ -1,7 +1,7 @@
 // reefgen: reefline's traffic and pcap generator and response checker.
 //
 //   reefgen pcap  --out F ...        write request traffic to a pcap file
-//   reefgen check --requests F --responses G
+//   reefgen check --requests F --responses G [--max-pending-bytes 64MiB]
 //   reefgen send  --dst IP ...       live traffic over a UDP socket, verified, with latencies
 //
 // Exit status: 0 success, 1 the traffic or the responses failed a check, 2 bad usage, an
@@ -187,6 +187,16 @@ int main(int argc, char** argv) {
     check_cmd->add_option("--show", co.show,
                           "Print the first N good responses (crc32, top-k classes, or a tensor's dims "
                           "and first values)");
+    check_cmd
+        ->add_option("--max-pending-bytes", co.max_pending_bytes,
+                     "Memory for reassembling each capture: every byte the assembler allocates for "
+                     "incomplete messages (beyond their bytes about 200 per message and 40 per "
+                     "fragment, and twice a "
+                     "message's bytes as it completes). Beyond it the oldest incomplete messages "
+                     "are evicted, counted (evicted=N) and the check fails. 0: no bound (trusted "
+                     "captures only). Units: 64MiB, 512k ...")
+        ->transform(CLI::AsSizeValue(false))
+        ->default_str("64MiB");
 
     // send
     auto* send_cmd =

@@ -25,11 +25,14 @@ struct assembled_message {
     bool tiles = true;             // offsets tile [0, total_length) exactly, no gap or overlap
 };
 
-// Bounds on what incomplete messages may hold, for receivers that run for long (`send`):
-// beyond them the oldest incomplete messages are dropped. 0: no bound (a capture bounds it).
+// Bounds on what the assembler may hold (`send` on its socket, `check` on a capture): beyond
+// them the oldest incomplete messages are dropped (evicted()). 0: no bound, for trusted input
+// only: a hostile capture of N one-byte fragments still costs N entries.
 struct assembler_limits {
-    size_t max_pending = 0;        // incomplete messages
-    size_t max_pending_bytes = 0;  // fragment bytes they hold
+    size_t max_pending = 0;  // incomplete messages
+    // Bytes of memory the assembler allocates, all of it (entries, pieces, the reassembled
+    // copy of a completing message, remembered completions): reefline_assembler_options.
+    size_t max_pending_bytes = 0;
 };
 
 class message_assembler {
@@ -41,11 +44,12 @@ public:
         duplicate = REEFLINE_ADD_DUPLICATE,      // index already present: ignored
         inconsistent = REEFLINE_ADD_INCONSISTENT,  // disagrees with the entry's first fragment: ignored
         after_completion = REEFLINE_ADD_AFTER_COMPLETION,  // key already completed (only with remember_completed)
-        too_large = REEFLINE_ADD_TOO_LARGE,  // the message alone would hold more than max_pending_bytes: dropped
+        too_large = REEFLINE_ADD_TOO_LARGE,  // the message alone would need more than max_pending_bytes: dropped
     };
 
-    // remember_completed: keep the keys of completed messages so that late duplicates are
-    // reported as such instead of opening a new entry (what `check` wants for requests).
+    // remember_completed: keep the keys of the most recent completed messages (a quarter of
+    // max_pending_bytes, or 65536 without it) so that late duplicates are reported as such
+    // instead of opening a new entry (what `check` wants for requests).
     explicit message_assembler(bool remember_completed, assembler_limits limits = {});
 
     // `f` must describe a fragment with frag_index < frag_count and
@@ -62,7 +66,7 @@ public:
     // Messages still missing fragments, oldest first.
     std::vector<pending_info> pending() const;
     bool is_completed(const flow_key& key) const;
-    size_t pending_bytes() const { return reefline_assembler_pending_bytes(_assembler.get()); }
+    size_t pending_bytes() const { return reefline_assembler_pending_bytes(_assembler.get()); }  // as the bound counts
     uint64_t evicted() const { return reefline_assembler_evicted(_assembler.get()); }  // dropped by the limits
 
 private:

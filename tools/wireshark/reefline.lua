@@ -12,7 +12,12 @@
 -- docs/protocol.md) are expert infos of group Malformed; a flagged packet's payload is not
 -- interpreted, so a corrupt header never yields plausible-looking tokens or scores.
 --
--- Written for the Lua 5.2 that Wireshark embeds: no integer division or bit operators.
+-- Written for the Lua 5.2 that Wireshark embeds (numbers are doubles, no integer division or
+-- bit operators) and correct under the Lua 5.3/5.4 of newer Wireshark builds (64-bit integers
+-- that wrap on overflow, integer formats that refuse floats). Every header field is at most
+-- 32 bits, so sums of a few of them are exact in either; a product of dims is not (4 x 65535^4
+-- is about 2^66), so it is bounded as it is built (described_length) and never formatted
+-- with %d unbounded. A hostile header must earn an expert info, never a Lua error.
 
 local reefline = Proto("reefline", "reefline Protocol v1")
 
@@ -21,6 +26,9 @@ local VERSION = 1
 local HEADER_SIZE = 40
 local MAX_FRAGMENTS = 1024
 local MAX_TOTAL_LENGTH = 8 * 1024 * 1024
+-- What total_length (u32) can hold, plus one: a length described by dims that reaches this can
+-- never equal a total length, whatever its exact value.
+local BEYOND_U32 = 4294967296
 
 local KIND_REQUEST, KIND_RESPONSE, KIND_ERROR = 1, 2, 3
 local FMT_RAW, FMT_IMAGE, FMT_TENSOR, FMT_TOKENS = 0, 1, 2, 3
@@ -200,18 +208,34 @@ local function dims_text(d)
   return table.concat(parts, " x ")
 end
 
--- Payload bytes that dims describe for a format (wire::described_length), nil when unused.
+-- n * x for n <= BEYOND_U32 and a u16 x, saturated at BEYOND_U32: the product stays below
+-- 2^49, exact as a double (Lua 5.2) and far from wrapping as an integer (Lua 5.3+), however
+-- many dims are multiplied in.
+local function times(n, x)
+  n = n * x
+  if n > BEYOND_U32 then return BEYOND_U32 end
+  return n
+end
+
+-- Payload bytes that dims describe for a format (wire::described_length), nil when unused;
+-- BEYOND_U32 for "more than any total length", never an inexact or wrapped product.
 local function described_length(fmt, d)
-  if fmt == FMT_IMAGE then return d[1] * d[2] * d[3] end
+  if fmt == FMT_IMAGE then return times(times(d[1], d[2]), d[3]) end
   if fmt == FMT_TENSOR or fmt == FMT_RESULT_TENSOR then
     local n, any = 4, false
-    for i = 1, 4 do if d[i] ~= 0 then n, any = n * d[i], true end end
+    for i = 1, 4 do if d[i] ~= 0 then n, any = times(n, d[i]), true end end
     return any and n or 0
   end
-  if fmt == FMT_TOKENS then return 4 * d[1] end
-  if fmt == FMT_TOPK then return 8 * d[1] end
+  if fmt == FMT_TOKENS then return times(4, d[1]) end
+  if fmt == FMT_TOPK then return times(8, d[1]) end
   if fmt == FMT_CRC32 then return 8 end
   return nil
+end
+
+-- A described length as text: exact up to what a u32 holds, and no %d of a huge number.
+local function length_text(n)
+  if n >= BEYOND_U32 then return "more than 4294967295" end
+  return string.format("%d", n)
 end
 
 -- Which formats each kind may carry (validate_request for requests; responses carry results;
@@ -239,7 +263,7 @@ local function add_elements(tree, data, h, field, first_field, reader, what)
   end
   local n = math.floor(data:len() / 4)
   local shown = math.min(n, reefline.prefs.max_elements)
-  local first = h.offset / 4
+  local first = math.floor(h.offset / 4)
   tree:add(first_field, first):set_generated()
   local values = {}
   for i = 0, shown - 1 do
@@ -253,7 +277,7 @@ end
 
 local function decode_payload(tvb, tree, h, data)
   local fmt = h.format
-  local single = h.count == 1 and h.offset == 0 and h.fraglen == h.total
+  local single = h.count == 1 and h.offset == 0 and h.fraglen == h.total and h.captured == h.fraglen
   local info = ""
   if h.kind == KIND_ERROR then
     local msg = data:string(ENC_UTF_8)
@@ -276,7 +300,7 @@ local function decode_payload(tvb, tree, h, data)
       if first == 0 then info = ", tokens [" .. table.concat(s, " ", 1, math.min(#s, 8)) .. (#s > 8 and " ...]" or "]") end
     end
   elseif fmt == FMT_TENSOR or fmt == FMT_RESULT_TENSOR then
-    tree:add(pf.tensor_elements, tvb(28, 8), h.total / 4):set_generated()
+    tree:add(pf.tensor_elements, tvb(28, 8), math.floor(h.total / 4)):set_generated()
     local t = tree:add(data, "Tensor " .. dims_text(h.dims) .. " (little-endian f32)")
     local values, first = add_elements(t, data, h, pf.tensor_value, pf.tensor_first, function(r) return r:le_float() end, "values")
     if values and #values > 0 then
@@ -285,7 +309,11 @@ local function decode_payload(tvb, tree, h, data)
       if first == 0 then info = ", values [" .. table.concat(s, ", ") .. (#values > 4 and ", ...]" or "]") end
     end
   elseif fmt == FMT_CRC32 then
-    -- Protected by the result_size check: exactly 8 bytes in one datagram.
+    -- The result_size check leaves exactly 8 bytes in one datagram; the capture may hold fewer.
+    if data:len() < 8 then
+      tree:add(data, "[result_crc32: cut by the capture]")
+      return info
+    end
     tree:add(pf.crc32_length, data(0, 4))
     tree:add(pf.crc32, data(4, 4))
     info = string.format(": crc32c 0x%08x over %d bytes", data(4, 4):uint(), data(0, 4):uint())
@@ -295,7 +323,7 @@ local function decode_payload(tvb, tree, h, data)
       local n = math.floor(data:len() / 8)
       for i = 0, n - 1 do
         local r = data(i * 8, 8)
-        local rank = h.offset / 8 + i + 1
+        local rank = math.floor(h.offset / 8) + i + 1
         local cls, score = r(0, 4):uint(), r(4, 4):float()
         local e = tree:add(r, string.format("#%d: class %d, score %g", rank, cls, score))
         e:add(pf.topk_rank, rank):set_generated()
@@ -315,12 +343,22 @@ end
 ---------------------------------------------------------------------------------------------
 local function dissect(tvb, pinfo, root)
   pinfo.cols.protocol = "REEFLINE"
+  -- The datagram's length on the wire decides what reefline would do with it; only the bytes
+  -- the capture kept (fewer after a snap length) can be read. Every read below stays within
+  -- those: a range past them is a Lua error, not an expert info.
   local len = tvb:len()
+  local wire_len = tvb:reported_len()
   local tree = root:add(reefline, tvb())
-  if len < HEADER_SIZE then
-    tree:add_proto_expert_info(ef.truncated, string.format("%d bytes, the header needs %d", len, HEADER_SIZE))
-    pinfo.cols.info = string.format("reefline [truncated: %d bytes]", len)
+  if wire_len < HEADER_SIZE then
+    tree:add_proto_expert_info(ef.truncated, string.format("%d bytes, the header needs %d", wire_len, HEADER_SIZE))
+    pinfo.cols.info = string.format("reefline [truncated: %d bytes]", wire_len)
     if len > 0 then tree:add(pf.data, tvb()) end
+    return len
+  end
+  if len < HEADER_SIZE then
+    -- A whole header on the wire, of which the capture kept less: nothing to check or decode.
+    tree:add(tvb(), string.format("[Header cut by the capture: %d of %d bytes captured]", len, wire_len))
+    pinfo.cols.info = string.format("reefline [header cut by the capture: %d of %d bytes]", len, wire_len)
     return len
   end
 
@@ -330,7 +368,9 @@ local function dissect(tvb, pinfo, root)
     index = tvb(16, 2):uint(), count = tvb(18, 2):uint(), offset = tvb(20, 4):uint(),
     total = tvb(24, 4):uint(),
     dims = { tvb(28, 2):uint(), tvb(30, 2):uint(), tvb(32, 2):uint(), tvb(34, 2):uint() },
-    reserved = tvb(36, 4):uint(), fraglen = len - HEADER_SIZE,
+    reserved = tvb(36, 4):uint(),
+    fraglen = wire_len - HEADER_SIZE, -- the fragment's bytes in the datagram
+    captured = len - HEADER_SIZE,     -- of those, the bytes in the capture
   }
   local id_text = tostring(h.id)
 
@@ -396,8 +436,8 @@ local function dissect(tvb, pinfo, root)
       local want = described_length(h.format, h.dims)
       if want and want ~= h.total then
         local e = (h.format == FMT_CRC32 or h.format == FMT_TOPK) and ef.result_size or ef.dims
-        problem(it_dims, e, string.format("dims %s describe %d bytes of %s, total length is %d",
-          dims_text(h.dims), want, format_names[h.format], h.total))
+        problem(it_dims, e, string.format("dims %s describe %s bytes of %s, total length is %d",
+          dims_text(h.dims), length_text(want), format_names[h.format], h.total))
       end
     end
   end
@@ -418,8 +458,9 @@ local function dissect(tvb, pinfo, root)
   tree:add(pf.fragment, tvb(16, 4), frag_text):set_generated()
   local it_bytes
   if h.fraglen > 0 then
-    it_bytes = tree:add(pf.fragment_bytes, tvb(HEADER_SIZE), h.fraglen)
+    it_bytes = tree:add(pf.fragment_bytes, h.captured > 0 and tvb(HEADER_SIZE) or tvb(0, 0), h.fraglen)
     it_bytes:append_text(string.format(" (bytes %d..%d of %d)", first_byte, last_byte, h.total))
+    if h.captured < h.fraglen then it_bytes:append_text(string.format(", %d captured", h.captured)) end
   else
     it_bytes = tree:add(pf.fragment_bytes, tvb(0, 0), 0)
   end
@@ -436,8 +477,9 @@ local function dissect(tvb, pinfo, root)
 
   -- Tie the datagram to its message: by (source, destination, request id, kind) as reefline
   -- keys requests by (source address, source port, request id). First pass only, and only
-  -- datagrams without problems: reefline drops the others before they reach reassembly.
-  if #problems == 0 and not pinfo.visited then
+  -- datagrams without problems: reefline drops the others before they reach reassembly. Nor
+  -- a datagram quoted in an ICMP error (its first bytes, which reefline never receives).
+  if #problems == 0 and not pinfo.visited and not pinfo.in_error_pkt then
     local src, dst = tostring(pinfo.src) .. ":" .. pinfo.src_port, tostring(pinfo.dst) .. ":" .. pinfo.dst_port
     local class = h.kind == KIND_REQUEST and "q" or "r"
     local key = table.concat({ class, src, dst, id_text }, "|")
@@ -492,7 +534,7 @@ local function dissect(tvb, pinfo, root)
     end
   end
 
-  if h.fraglen > 0 then
+  if h.captured > 0 then
     local data = tvb(HEADER_SIZE)
     local dt = tree:add(pf.data, data)
     if #problems == 0 then

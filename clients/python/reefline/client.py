@@ -21,6 +21,13 @@ from typing import Callable, List, Optional, Sequence, Tuple
 from . import protocol as p
 
 DEFAULT = object()  # a timeout argument: use the client's receive_timeout
+DEFAULT_MAX_PENDING_BYTES = 64 << 20  # as the C library's
+
+# A read pass files what is waiting for at least this long, even when its deadline is nearer
+# or already past: a call with timeout 0 still gets what is there, and resends due under a
+# flood still let some datagrams in. Deadlines and resends are late by at most this (and the
+# filing of one datagram).
+_MIN_READ_S = 0.002
 
 
 class RequestTimeout(p.ReeflineError, TimeoutError):
@@ -76,7 +83,9 @@ class Client:
     receive_timeout: what receive/wait/request wait by default, seconds (None: forever).
     first_request_id: None: a fresh base from the clock, so restarts do not reuse ids.
     max_outstanding, max_pending_bytes: bounds on requests awaiting answers (the oldest is
-        abandoned beyond it) and on bytes of partial responses.
+        abandoned beyond it) and on the memory partial responses hold (their fragments and
+        the bookkeeping of each, as protocol.Assembler charges it; 0: the default, 64 MiB:
+        never unbounded, since whoever can send to the socket chooses what it holds).
     """
 
     def __init__(self, address: str, port: int, *, bind_address: str = "0.0.0.0",
@@ -84,7 +93,8 @@ class Client:
                  pace_bytes_per_s: float = 0, pace_packets_per_s: float = 0, retries: int = 0,
                  retry_timeout: float = 1.0, receive_timeout: Optional[float] = 1.0,
                  first_request_id: Optional[int] = None, max_outstanding: int = 4096,
-                 max_pending_bytes: int = 64 << 20, socket_buffer_bytes: int = 4 << 20):
+                 max_pending_bytes: int = DEFAULT_MAX_PENDING_BYTES,
+                 socket_buffer_bytes: int = 4 << 20):
         if not 1 <= port <= 65535:
             raise p.ProtocolError("port: must be 1..65535")
         if not 1 <= fragment_size <= p.MAX_FRAGMENT_SIZE:
@@ -92,8 +102,9 @@ class Client:
         for rate in (pace_bytes_per_s, pace_packets_per_s):
             if not (rate >= 0 and rate != float("inf")):
                 raise p.ProtocolError("pacing rates must be finite and >= 0")
-        if retries < 0 or retry_timeout < 0 or max_outstanding < 1:
-            raise p.ProtocolError("retries and retry_timeout >= 0, max_outstanding >= 1")
+        if retries < 0 or retry_timeout < 0 or max_outstanding < 1 or max_pending_bytes < 0:
+            raise p.ProtocolError("retries, retry_timeout and max_pending_bytes >= 0, "
+                                  "max_outstanding >= 1")
         try:  # inet_pton: dotted quads only (inet_aton would take "1" for 0.0.0.1)
             socket.inet_pton(socket.AF_INET, address)
             socket.inet_pton(socket.AF_INET, bind_address)
@@ -108,7 +119,7 @@ class Client:
         self.max_outstanding = max_outstanding
         self.stats = Stats()
         self._assembler = p.Assembler(max_pending=max_outstanding,
-                                      max_pending_bytes=max_pending_bytes)
+                                      max_pending_bytes=max_pending_bytes or DEFAULT_MAX_PENDING_BYTES)
         self._outstanding: "collections.OrderedDict[int, _Outstanding]" = collections.OrderedDict()
         self._ready: "collections.OrderedDict[int, p.Result]" = collections.OrderedDict()
         self._next_send = 0.0
@@ -279,15 +290,25 @@ class Client:
             self._ready.popitem(last=False)
             self.stats.abandoned += 1
 
-    def _drain(self) -> None:
+    def _drain(self, until: float, done: Callable[[], bool]) -> None:
+        """Files waiting datagrams until none is left, done() holds or the clock reaches
+        `until`: a peer that sends faster than they can be filed (fragments that never complete
+        a message, other requests' answers, garbage) must not hold the caller past its
+        deadline or its resends."""
+        recv, now = self._sock.recv, time.monotonic
         while True:
             try:
-                data = self._sock.recv(65536, socket.MSG_DONTWAIT)
+                data = recv(65536, socket.MSG_DONTWAIT)
             except (BlockingIOError, InterruptedError):
                 return
             except ConnectionRefusedError:
-                continue  # an ICMP error for an earlier send; that request retries or times out
+                # An ICMP error for an earlier send; that request retries or times out.
+                if now() >= until:
+                    return
+                continue
             self._file(data)
+            if done() or now() >= until:
+                return
 
     def _run_timers(self) -> None:
         now = time.monotonic()
@@ -305,24 +326,35 @@ class Client:
             self._transmit(req.datagrams)
             req.deadline = time.monotonic() + self.retry_timeout
 
+    def _next_event(self, deadline: Optional[float]) -> Optional[float]:
+        """The earlier of `deadline` and the next resend or give-up; None: neither."""
+        until = deadline
+        for r in self._outstanding.values():
+            if r.deadline is not None and (until is None or r.deadline < until):
+                until = r.deadline
+        return until
+
     def _pump(self, timeout, done: Callable[[], bool]) -> None:
+        """Reads, resends and gives up until done(), or raises RequestTimeout once `timeout`
+        seconds have passed, whatever the peer sends meanwhile."""
         if timeout is DEFAULT:
             timeout = self.receive_timeout
         deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
         while True:
-            # What already arrived is filed before timers run: an answer that came in time
-            # is never thrown away because it was read late.
-            self._drain()
+            # What already arrived is filed before timers run, so that an answer that came in
+            # time is not thrown away because it was read late. But a read pass ends at the
+            # deadline or the next resend (having read for _MIN_READ_S at least): datagrams
+            # that keep coming as fast as they are filed must delay neither.
+            until = self._next_event(deadline)
+            self._drain(float("inf") if until is None else max(until, time.monotonic() + _MIN_READ_S),
+                        done)
             self._run_timers()
             if done():
                 return
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 raise RequestTimeout(f"no answer within {timeout} s")
-            until = deadline
-            timers = [r.deadline for r in self._outstanding.values() if r.deadline is not None]
-            if timers:
-                until = min(timers) if until is None else min(until, min(timers))
+            until = self._next_event(deadline)
             select.select([self._sock], [], [], None if until is None else max(until - now, 0))
 
     def receive(self, timeout=DEFAULT) -> p.Result:

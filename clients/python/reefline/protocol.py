@@ -12,7 +12,8 @@ import collections
 import enum
 import math
 import struct
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 MAGIC = 0x52464C4E  # "RFLN"
@@ -367,33 +368,143 @@ class Message:
     tiles: bool  # offsets tile [0, total_length) exactly: no gap, no overlap
 
 
-@dataclass
+def _measure_overheads() -> Tuple[int, int, int, int, int]:
+    """What the Assembler really allocates, besides fragment bytes, per incomplete message,
+    per fragment it holds and per completed flow it remembers, and to complete a message
+    (besides its bytes: fixed and per fragment): sys.getsizeof of the very objects it keeps,
+    built here on this interpreter, each rounded up to the allocator's 16-byte blocks; for
+    its dicts and lists the worst per-item growth (the table after a resize, OrderedDict's
+    node and fast-lookup array included), twice for its two maps, so that the bound holds
+    at the peak of an add too. Conservative where that is simpler: an instance's lazily
+    made __dict__ counted as made, ints below 257 (shared) at full size, a flow at its
+    largest (a dotted-quad string, a port, a 64-bit id). On CPython 3.11: 1636, 231, 452,
+    416 and 23 bytes."""
+    if not hasattr(sys, "getsizeof") or sys.implementation.name != "cpython":
+        return 1636, 231, 452, 416, 23  # measured on CPython 3.11 (PyPy's getsizeof raises)
+    size = lambda x: (sys.getsizeof(x) + 15) & ~15  # noqa: E731
+
+    def worst_item(container, keys) -> int:
+        # Beyond 8 items: a small table's fixed part is the container's own, a few hundred
+        # bytes whatever it holds.
+        empty, worst = sys.getsizeof(container), 0.0
+        for n, k in enumerate(keys, 1):
+            if isinstance(container, list):
+                container.append(k)
+            else:
+                container[k] = None
+            if n >= 8:
+                worst = max(worst, (sys.getsizeof(container) - empty) / n)
+        return int(math.ceil(worst))
+
+    top = (1 << 64) - 1
+    h = Header.decode(Header(Kind.RESPONSE, 255, 255, top, MAX_FRAGMENTS - 1, MAX_FRAGMENTS,
+                             MAX_TOTAL_LENGTH - 1, MAX_TOTAL_LENGTH,
+                             (65535, 65534, 65533, 65532)).encode())
+    ip, port = "255.255.255.255", 65535
+    flow = (ip, port, h.request_id)
+    keys = range(1 << 20, (1 << 20) + 2048)
+    # _entries, _completed: twice, as a resize holds the old table and the new one at once;
+    # past 2**16 slots (21,846 items) a dict's index entries widen from 2 to 4 bytes: at most
+    # 6 slots per item, 12 bytes more.
+    map_slot = 2 * (worst_item(collections.OrderedDict(), keys) + 12)
+    piece_slot = worst_item({}, keys[:MAX_FRAGMENTS])  # an entry's pieces
+    flow_bytes = size(flow) + size(ip) + size(port) + size(h.request_id)
+    e = _Entry(h)
+    e.pieces[h.frag_index] = (h.payload_offset, b"")
+    header_bytes = (size(h) + size(vars(h)) + size(h.dims) + sum(size(d) for d in h.dims)
+                    + sum(size(getattr(h, f)) for f in ("kind", "format", "status", "request_id",
+                                                        "frag_index", "frag_count",
+                                                        "payload_offset", "total_length")))
+    # The entry: its slot in _entries, flow, object, pieces dict, charge and bytes ints, header.
+    entry = (map_slot + flow_bytes + size(e) + size(e.pieces) + 2 * size(MAX_TOTAL_LENGTH)
+             + header_bytes)
+    # The fragment's bytes object less its length (header, terminator, block rounding), the
+    # (offset, bytes) tuple, the offset and index ints, its slot in the pieces dict.
+    piece = (sys.getsizeof(b"") + 15 + size((0, b"")) + size(h.payload_offset)
+             + size(h.frag_index) + piece_slot)
+    completed = map_slot + flow_bytes
+    # Completing: the payload's bytes object, joined from a list of the pieces sorted by
+    # offset (8 bytes an item) and a list of their bytes (appended: over-allocated), each at
+    # most 8 items' worth above its per-item growth.
+    list_slot = worst_item([], keys[:MAX_FRAGMENTS])
+    copy = sys.getsizeof(b"") + 15 + 2 * (size([]) + 8 * list_slot)
+    copy_piece = 8 + list_slot
+    return entry, piece, completed, copy, copy_piece
+
+
 class _Entry:
-    head: Header
-    pieces: dict = field(default_factory=dict)  # index -> (offset, bytes)
-    size: int = 0
+    __slots__ = ("head", "pieces", "charge", "bytes")
+
+    def __init__(self, head: Header):
+        self.head = head  # fields of the first fragment seen
+        self.pieces = {}  # index -> (offset, bytes)
+        self.charge = 0  # bytes charged: ENTRY_OVERHEAD + per piece PIECE_OVERHEAD + length
+        self.bytes = 0  # of which fragment bytes
+
+
+# Bytes charged per incomplete message, per fragment besides its length, per remembered
+# completed flow; room needed to complete a message besides its bytes, fixed and per
+# fragment (_measure_overheads).
+(ENTRY_OVERHEAD, PIECE_OVERHEAD, COMPLETED_OVERHEAD, COMPLETION_OVERHEAD,
+ COMPLETION_PIECE_OVERHEAD) = _measure_overheads()
+# Most recent completed flows an Assembler(remember_completed=True) keeps by default.
+DEFAULT_MAX_COMPLETED = 4096
 
 
 class Assembler:
     """Reassembly with the protocol's receiver rules: fragments in any order or twice, the
     first copy of an index wins, a fragment that disagrees with its message's first is
-    ignored, complete when every index is present. Bounded: max_pending incomplete messages
-    and max_pending_bytes of their fragments (0: unbounded, for finite inputs); beyond them
-    the oldest are dropped."""
+    ignored, complete when every index is present.
+
+    Bounded: at most max_pending incomplete messages, and max_pending_bytes of memory (0:
+    unbounded, for finite inputs). Memory is charged for what is really allocated: each
+    fragment's bytes plus PIECE_OVERHEAD, ENTRY_OVERHEAD per incomplete message and
+    COMPLETED_OVERHEAD per remembered completed flow; pending_bytes + completed_bytes never
+    exceeds max_pending_bytes, nor does it with the copy that completing a message makes
+    next to its pieces (its bytes, COMPLETION_OVERHEAD and COMPLETION_PIECE_OVERHEAD per
+    fragment). Room is made by dropping the oldest other incomplete messages, then the
+    oldest completed flows; a message that alone would not fit with that copy is dropped
+    (TOO_LARGE). remember_completed keeps the max_completed most recent completed flows, so
+    that late copies of their fragments are reported as AFTER_COMPLETION."""
 
     def __init__(self, max_pending: int = 0, max_pending_bytes: int = 0,
-                 remember_completed: bool = False):
+                 remember_completed: bool = False, max_completed: int = DEFAULT_MAX_COMPLETED):
+        if max_pending < 0 or max_pending_bytes < 0 or max_completed < 1:
+            raise ValueError("max_pending, max_pending_bytes >= 0 and max_completed >= 1")
         self.max_pending = max_pending
         self.max_pending_bytes = max_pending_bytes
         self.remember_completed = remember_completed
+        self.max_completed = max_completed
         self._entries: "collections.OrderedDict[Flow, _Entry]" = collections.OrderedDict()
-        self._completed = set()
-        self.pending_bytes = 0
+        self._completed: "collections.OrderedDict[Flow, None]" = collections.OrderedDict()
+        # Most items each map held since it was last rebuilt: a dict never shrinks its table,
+        # so a map down to a quarter of that is rebuilt (the per-item charges assume a table
+        # sized for the items it holds).
+        self._entries_high = self._completed_high = 0
+        self.pending_bytes = 0  # charged for incomplete messages
+        self.completed_bytes = 0  # charged for remembered completed flows
         self.evicted = 0  # incomplete messages dropped by the bounds
+
+    @property
+    def memory_bytes(self) -> int:
+        """Everything charged: pending_bytes + completed_bytes."""
+        return self.pending_bytes + self.completed_bytes
 
     def _drop(self, flow: Flow) -> None:
         e = self._entries.pop(flow)
-        self.pending_bytes -= e.size
+        self.pending_bytes -= e.charge
+        n = len(self._entries)
+        if self._entries_high >= 64 and 4 * n < self._entries_high:
+            self._entries = collections.OrderedDict(self._entries)
+            self._entries_high = n
+
+    def _forget_oldest_completed(self) -> None:
+        self._completed.popitem(last=False)
+        self.completed_bytes -= COMPLETED_OVERHEAD
+        n = len(self._completed)
+        if self._completed_high >= 64 and 4 * n < self._completed_high:
+            self._completed = collections.OrderedDict(self._completed)
+            self._completed_high = n
 
     def add(self, flow: Flow, h: Header, fragment) -> Tuple[Outcome, Optional[Message]]:
         if self.remember_completed and flow in self._completed:
@@ -405,33 +516,54 @@ class Assembler:
                 or h.payload_offset + len(fragment) > h.total_length):
             return Outcome.INCONSISTENT, None
         e = self._entries.get(flow)
-        if e is None:
-            if self.max_pending and len(self._entries) >= self.max_pending:
-                self._drop(next(iter(self._entries)))
-                self.evicted += 1
-            e = self._entries[flow] = _Entry(h)
-        elif not e.head.same_message(h):
-            return Outcome.INCONSISTENT, None
-        if h.frag_index in e.pieces:
-            return Outcome.DUPLICATE, None
+        if e is not None:
+            if not e.head.same_message(h):
+                return Outcome.INCONSISTENT, None
+            if h.frag_index in e.pieces:
+                return Outcome.DUPLICATE, None
+        elif self.max_pending and len(self._entries) >= self.max_pending:
+            self._drop(next(iter(self._entries)))
+            self.evicted += 1
+        charge = PIECE_OVERHEAD + len(fragment) + (0 if e is not None else ENTRY_OVERHEAD)
         if self.max_pending_bytes:
-            if e.size + len(fragment) > self.max_pending_bytes:
-                self._drop(flow)
+            # Completing it copies its pieces out while they are still held (and remembers
+            # its flow): a message that cannot hold both will never be delivered, so it counts
+            # from the start.
+            pieces = (len(e.pieces) if e is not None else 0) + 1
+            completion = (COMPLETION_OVERHEAD + COMPLETION_PIECE_OVERHEAD * pieces
+                          + (e.bytes if e is not None else 0) + len(fragment)
+                          + (COMPLETED_OVERHEAD if self.remember_completed else 0))
+            if (e.charge if e is not None else 0) + charge + completion > self.max_pending_bytes:
+                if e is not None:
+                    self._drop(flow)
                 self.evicted += 1
                 return Outcome.TOO_LARGE, None
-            # The oldest other messages make room: this one fits on its own.
-            while self.pending_bytes + len(fragment) > self.max_pending_bytes:
-                victim = next(f for f in self._entries if f != flow)
+            need = charge + (completion if pieces == h.frag_count else 0)
+            # The oldest other messages make room, then the oldest completed flows: this one
+            # fits on its own, so while the total does not, there is something to drop.
+            while self.pending_bytes + self.completed_bytes + need > self.max_pending_bytes:
+                victim = next((f for f in self._entries if f != flow), None)
+                if victim is None:
+                    self._forget_oldest_completed()
+                    continue
                 self._drop(victim)
                 self.evicted += 1
+        if e is None:
+            e = self._entries[flow] = _Entry(h)
+            self._entries_high = max(self._entries_high, len(self._entries))
         e.pieces[h.frag_index] = (h.payload_offset, fragment)
-        e.size += len(fragment)
-        self.pending_bytes += len(fragment)
+        e.charge += charge
+        e.bytes += len(fragment)
+        self.pending_bytes += charge
         if len(e.pieces) < e.head.frag_count:
             return Outcome.ACCEPTED, None
         self._drop(flow)
         if self.remember_completed:
-            self._completed.add(flow)
+            self._completed[flow] = None
+            self.completed_bytes += COMPLETED_OVERHEAD
+            self._completed_high = max(self._completed_high, len(self._completed))
+            while len(self._completed) > self.max_completed:
+                self._forget_oldest_completed()
         tiles, at, parts = True, 0, []
         for offset, piece in sorted(e.pieces.values(), key=lambda p: p[0]):
             if offset != at:
@@ -455,6 +587,7 @@ class Assembler:
         return [(f, e.head, len(e.pieces)) for f, e in self._entries.items()]
 
     def is_completed(self, flow: Flow) -> bool:
+        """Whether `flow` is one of the remembered completed flows (remember_completed)."""
         return flow in self._completed
 
 

@@ -114,6 +114,93 @@ class Responder:
                              struct.pack(">II", len(m.payload), p.crc32c(m.payload)))
 
 
+class Flood:
+    """A broken or hostile peer on 127.0.0.1: from the first request datagram on, it streams
+    as fast as it can fragments of that request that never complete it (frag_count 1024,
+    index 1023 never sent, the others again and again, some disagreeing with the first), a
+    request id's worth of fragments of ids the client never used, and garbage. With
+    answer_after, the first request's own fragments are left out (the first fragment filed
+    for a request decides what its answer is: the real one would disagree), and that many
+    seconds into the stream the real answer (the crc32 IF's, of the first request's payload)
+    is mixed in every 64 datagrams; the stream goes on. It stops after `limit` seconds, so
+    that a client that never returns cannot hang the tests. `arrivals`: (time, request id)
+    of every request datagram, resends included."""
+
+    def __init__(self, answer_after=None, limit=8.0):
+        self.answer_after, self.limit = answer_after, limit
+        self.own = answer_after is None
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.setblocking(False)
+        self.port = self.sock.getsockname()[1]
+        self.arrivals = []
+        self.sent = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def close(self):
+        self._stop.set()
+        self._thread.join()
+        self.sock.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _take_requests(self):
+        """Every request datagram waiting: the first one's (peer, header, fragment)."""
+        first = None
+        while True:
+            try:
+                data, peer = self.sock.recvfrom(65536)
+            except BlockingIOError:
+                return first
+            verdict, h, frag = p.parse_request(data)
+            if verdict == p.RequestVerdict.OK:
+                self.arrivals.append((time.monotonic(), h.request_id))
+                first = first or (peer, h, frag)
+
+    def _run(self):
+        first = None
+        while first is None and not self._stop.wait(0.0005):
+            first = self._take_requests()
+        if first is None:
+            return
+        peer, h, payload = first
+        rid, mix = h.request_id, []
+        for i in range(1023):
+            if self.own:
+                mix.append(p.Header(p.Kind.RESPONSE, p.Format.RESULT_TENSOR_F32, 0, rid, i, 1024, 4 * i,
+                                    4096, (1024, 0, 0, 0)).encode() + b"\x01\x02\x03\x04")
+            mix.append(p.Header(p.Kind.RESPONSE, p.Format.RAW, 0, rid + 1000 + i, 0, 1024, 0, 1024,
+                                (0, 0, 0, 0)).encode() + b"\x05")
+            if i % 8 == 0:
+                if self.own:  # disagrees with the first
+                    mix.append(p.Header(p.Kind.RESPONSE, p.Format.RAW, 0, rid, i, 1024, 0, 999,
+                                        (0, 0, 0, 0)).encode() + b"\x06")
+                mix.append(b"\x52\x46" + bytes(50))  # not a header
+        answer = (p.Header(p.Kind.RESPONSE, p.Format.RESULT_CRC32, 0, rid, 0, 1, 0, 8, (0, 0, 0, 0)).encode()
+                  + struct.pack(">II", len(payload), p.crc32c(payload)))
+        start = time.monotonic()
+        send = self.sock.sendto
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - start > self.limit:
+                return
+            answering = self.answer_after is not None and now - start >= self.answer_after
+            for k in range(0, len(mix), 64):
+                for d in mix[k:k + 64] + ([answer] if answering else []):
+                    try:
+                        send(d, peer)
+                        self.sent += 1
+                    except OSError:  # the client's socket buffer is full, or it is closed
+                        pass
+                self._take_requests()
+
+
 def client(port, **kw):
     kw.setdefault("bind_address", "127.0.0.1")
     kw.setdefault("fragment_size", 512)
@@ -241,13 +328,102 @@ class Live(unittest.TestCase):
                 c.send_tensor([0.0] * 4, (4, 0))
             with self.assertRaises(reefline.ProtocolError):
                 c.send_tokens([])
-        for kw in ({"fragment_size": 0}, {"pace_packets_per_s": -1}, {"max_outstanding": 0}):
+        with client(9, max_pending_bytes=0) as c:  # never unbounded: whoever sends chooses what it holds
+            self.assertEqual(c._assembler.max_pending_bytes, 64 << 20)
+        for kw in ({"fragment_size": 0}, {"pace_packets_per_s": -1}, {"max_outstanding": 0},
+                   {"max_pending_bytes": -1}):
             with self.assertRaises(reefline.ProtocolError, msg=str(kw)):
                 reefline.Client("127.0.0.1", 9, **kw)
         with self.assertRaises(reefline.ProtocolError):
             reefline.Client("not-an-address", 9)
         with self.assertRaises(OSError):
             reefline.Client("127.0.0.1", 9, bind_address="192.0.2.1")  # not ours
+
+
+class Flooded(unittest.TestCase):
+    """Every call that waits returns within its timeout (and resends go out on time) whatever
+    the peer sends, however fast: the receive loop looks at the clock, not only at an empty
+    socket."""
+
+    SLACK = 0.25  # scheduling on a loaded machine; the client itself is late by ~2 ms at most
+
+    def assert_times_out(self, call, timeout=0.3):
+        start = time.monotonic()
+        with self.assertRaises(reefline.RequestTimeout):
+            call()
+        took = time.monotonic() - start
+        self.assertGreaterEqual(took, timeout - 0.01)
+        self.assertLess(took, timeout + self.SLACK)
+        return took
+
+    def test_wait_and_receive_return_on_time_under_a_stream(self):
+        for how in ("wait", "receive", "receive_now"):
+            with Flood() as f, client(f.port, retry_timeout=0) as c:
+                rid = c.send_raw(b"stream me")
+                start = time.monotonic()
+                while f.sent < 20000 and time.monotonic() - start < 5:
+                    time.sleep(0.005)
+                self.assertGreaterEqual(f.sent, 20000)  # the stream is on: more than the socket holds
+                if how == "wait":
+                    self.assert_times_out(lambda: c.wait(rid, timeout=0.3))
+                elif how == "receive":
+                    self.assert_times_out(lambda: c.receive(timeout=0.3))
+                else:
+                    self.assert_times_out(lambda: c.receive(timeout=0), 0)
+                self.assertEqual(c.outstanding, 1, how)
+                self.assertLessEqual(c._assembler.memory_bytes, 64 << 20)
+                # Filed what it could meanwhile (timeout 0: what _MIN_READ_S allows, one at least).
+                filed = c.stats.duplicates + c.stats.rejected
+                self.assertGreaterEqual(filed, 1000 if how != "receive_now" else 1, how)
+
+    def test_requests_return_on_time_under_a_stream(self):
+        calls = {
+            "request_raw": lambda c: c.request_raw(b"abc", timeout=0.3),
+            "request_image": lambda c: c.request_image(pixels(12, 1), 2, 2, 3, timeout=0.3),
+            "request_tokens": lambda c: c.request_tokens([1, 2, 3], timeout=0.3),
+            "request_tensor": lambda c: c.request_tensor([0.5, 1.5], (2,), timeout=0.3),
+            "request": lambda c: c.request(p.Format.RAW, None, b"xyz", timeout=0.3),
+        }
+        for name, call in calls.items():
+            with Flood() as f, client(f.port, retry_timeout=0) as c:
+                self.assert_times_out(lambda: call(c))
+                self.assertEqual(c.outstanding, 0, name)  # abandoned
+                self.assertGreater(c.stats.duplicates, 100, name)
+
+    def test_resends_and_give_up_on_time_under_a_stream(self):
+        with Flood() as f, client(f.port, retries=2, retry_timeout=0.1) as c:
+            start = time.monotonic()
+            with self.assertRaisesRegex(reefline.RequestTimeout, "after 3 attempts"):
+                c.request_raw(b"resend me", timeout=5)
+            took = time.monotonic() - start
+            self.assertGreaterEqual(took, 0.29)
+            self.assertLess(took, 0.3 + self.SLACK)
+            self.assertEqual((c.stats.resends, c.stats.gave_up), (2, 1))
+            time.sleep(0.05)  # the last resend reaches the flood's socket
+            f._stop.set()
+            times = [t for t, _ in f.arrivals]
+            self.assertEqual(len(times), 3)
+            for gap in (times[1] - times[0], times[2] - times[1]):
+                # The flood notes arrivals between bursts of 64 datagrams: a few ms late.
+                self.assertGreaterEqual(gap, 0.05)
+                self.assertLess(gap, 0.1 + self.SLACK)
+
+    def test_the_answer_is_found_in_the_stream(self):
+        with Flood(answer_after=0.3) as f, client(f.port, retry_timeout=0) as c:
+            start = time.monotonic()
+            a = c.request_raw(b"find me", timeout=3)
+            took = time.monotonic() - start
+            self.assertEqual(a.crc32(), (7, p.crc32c(b"find me")))
+            self.assertGreaterEqual(took, 0.29)
+            self.assertLess(took, 0.3 + self.SLACK)  # returned as soon as it was read
+            self.assertGreater(c.stats.duplicates, 1000)
+        with Flood(answer_after=0.2) as f, client(f.port, retry_timeout=0) as c:
+            rid = c.send_raw(b"and me")
+            other = c.send_raw(b"not answered")
+            a = c.receive(timeout=3)
+            self.assertEqual((a.request_id, a.crc32()[1]), (rid, p.crc32c(b"and me")))
+            self.assertEqual(c.outstanding, 1)
+            c.abandon(other)
 
 
 if __name__ == "__main__":

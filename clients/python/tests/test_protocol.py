@@ -6,12 +6,14 @@ cross-checks against the C side; without them those tests skip.
 """
 
 import ctypes
+import gc
 import os
 import random
 import struct
 import subprocess
 import sys
 import tempfile
+import tracemalloc
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -242,15 +244,56 @@ class Reassembly(unittest.TestCase):
             self.assertEqual(by_count.add((0, 0, rid), hdr(rid, 0, 2, 0, 200), b"x" * 100)[0], p.Outcome.ACCEPTED)
         self.assertEqual(by_count.evicted, 1)
         self.assertEqual(by_count.pending()[0][0], (0, 0, 2))
-        by_bytes = p.Assembler(max_pending_bytes=250)
-        piece = b"x" * 100
-        by_bytes.add((0, 0, 1), hdr(1, 0, 3, 0, 300), piece)
-        by_bytes.add((0, 0, 2), hdr(2, 0, 3, 0, 300), piece)
-        by_bytes.add((0, 0, 2), hdr(2, 1, 3, 100, 300), piece)
+        # Each message is charged ENTRY_OVERHEAD, each piece PIECE_OVERHEAD and its bytes, and
+        # a message must leave room for the copy that completes it (copy(k) for k pieces):
+        # room for two messages of one piece, or one of two pieces, not one of three.
+        n, entry = 700, p.ENTRY_OVERHEAD
+        piece, one = b"x" * n, p.PIECE_OVERHEAD + n
+
+        def copy(k):
+            return p.COMPLETION_OVERHEAD + k * (p.COMPLETION_PIECE_OVERHEAD + n)
+
+        low, high = max(2 * entry + 2 * one, entry + 2 * one + copy(2)), min(2 * entry + 3 * one, entry + 3 * one + copy(3))
+        self.assertLess(low, high)
+        by_bytes = p.Assembler(max_pending_bytes=(low + high) // 2)
+        self.assertEqual(by_bytes.add((0, 0, 1), hdr(1, 0, 3, 0, 3 * n), piece)[0], p.Outcome.ACCEPTED)
+        by_bytes.add((0, 0, 2), hdr(2, 0, 3, 0, 3 * n), piece)
+        self.assertEqual((by_bytes.pending_bytes, by_bytes.evicted), (2 * entry + 2 * one, 0))
+        by_bytes.add((0, 0, 2), hdr(2, 1, 3, n, 3 * n), piece)
         self.assertEqual(by_bytes.evicted, 1)
-        self.assertLessEqual(by_bytes.pending_bytes, 250)
-        self.assertEqual(by_bytes.add((0, 0, 2), hdr(2, 2, 3, 200, 300), piece)[0], p.Outcome.TOO_LARGE)
+        self.assertEqual(by_bytes.pending_bytes, entry + 2 * one)
+        self.assertEqual(by_bytes.add((0, 0, 2), hdr(2, 2, 3, 2 * n, 3 * n), piece)[0], p.Outcome.TOO_LARGE)
         self.assertEqual((by_bytes.pending(), by_bytes.pending_bytes), ([], 0))
+        # Its pieces alone would fit, not with the copy: refused from the first.
+        tight = p.Assembler(max_pending_bytes=entry + one + copy(1) - 1)
+        self.assertEqual(tight.add((0, 0, 1), hdr(1, 0, 1, 0, n), piece)[0], p.Outcome.TOO_LARGE)
+        tight.max_pending_bytes += 1
+        self.assertEqual(tight.add((0, 0, 1), hdr(1, 0, 1, 0, n), piece)[0], p.Outcome.COMPLETED)
+        # Completed flows: the most recent max_completed, charged.
+        few = p.Assembler(remember_completed=True, max_completed=2)
+        for rid in (5, 6, 7):
+            self.assertEqual(few.add((0, 0, rid), hdr(rid, 0, 1, 0, 3), b"abc")[0], p.Outcome.COMPLETED)
+        self.assertEqual([few.is_completed((0, 0, rid)) for rid in (5, 6, 7)], [False, True, True])
+        self.assertEqual(few.completed_bytes, 2 * p.COMPLETED_OVERHEAD)
+        self.assertEqual(few.add((0, 0, 7), hdr(7, 0, 1, 0, 3), b"abc")[0], p.Outcome.AFTER_COMPLETION)
+        self.assertEqual(few.add((0, 0, 5), hdr(5, 0, 1, 0, 3), b"abc")[0], p.Outcome.COMPLETED)
+        # Within max_pending_bytes, completed flows give way to what is pending, the oldest
+        # first, when no other incomplete message is left to drop.
+        budget = 64 << 10
+        both = p.Assembler(remember_completed=True, max_pending_bytes=budget)
+        for rid in range(1, 201):
+            self.assertEqual(both.add((0, 0, rid), hdr(rid, 0, 1, 0, 1), b"z")[0], p.Outcome.COMPLETED)
+            self.assertLessEqual(both.memory_bytes, budget)
+        kept = both.completed_bytes // p.COMPLETED_OVERHEAD
+        self.assertGreater(kept, 100)
+        big = budget // 3
+        self.assertEqual(both.add((0, 0, 999), hdr(999, 0, 2, 0, 2 * big), b"y" * big)[0], p.Outcome.ACCEPTED)
+        self.assertLessEqual(both.memory_bytes, budget)
+        left = both.completed_bytes // p.COMPLETED_OVERHEAD
+        self.assertLess(left, kept)
+        self.assertEqual([both.is_completed((0, 0, rid)) for rid in (200 - left, 201 - left, 200)],
+                         [False, True, True])
+        self.assertEqual(both.evicted, 0)
 
     def test_hostile_datagrams_stay_within_bounds(self):
         """Random and mutated datagrams through the parser into a bounded assembler: no
@@ -292,6 +335,127 @@ class Reassembly(unittest.TestCase):
         self.assertGreater(accepted, 500)
         self.assertGreater(completed, 50)
 
+    def traced_growth(self, assembler, datagrams, parsed=False):
+        """Peak of the memory traced while `datagrams` go through parse_response (unless
+        already `parsed`) into `assembler`, above what was traced before (tracemalloc: every
+        allocation of the interpreter, whatever object holds it)."""
+        gc.collect()
+        tracemalloc.start()
+        try:
+            base = tracemalloc.get_traced_memory()[0]
+            tracemalloc.reset_peak()
+            for d in datagrams:
+                verdict, h, frag = d if parsed else p.parse_response(d)
+                assembler.add((0, 0, h.request_id), h, frag)
+            return tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+
+    # Allocated but charged to no message or completed flow: the maps' own headers and
+    # tables while they hold under 8 items (the charges count their per-item growth), the
+    # Assembler and one datagram's parse (a Header, its ints): at most 2.4 KiB measured.
+    SLACK = 16 << 10
+
+    def test_memory_is_charged_for_what_is_allocated(self):
+        """Fragments of 1 byte cost their message and piece far more than that byte: the bound
+        holds for the memory really allocated, not only for fragment bytes."""
+        budget, big = 1 << 20, (1 << 63) + 12345
+        # 20,000 flows of one fragment each, each declaring 1024.
+        a = p.Assembler(max_pending_bytes=budget)
+        flows = [response(big + i, 5, 1024, 5 * 1432, 1024 * 1432, b"\x01") for i in range(20000)]
+        self.assertLessEqual(self.traced_growth(a, flows), budget + self.SLACK)
+        self.assertLessEqual(a.pending_bytes, budget)
+        self.assertGreater(a.evicted, 15000)
+        del a, flows
+        # One flow, 1023 distinct indices: dropped whole (too large) once it reaches the bound.
+        small = 64 << 10
+        a = p.Assembler(max_pending_bytes=small)
+        one = [response(7, i, 1024, i * 8192, 1024 * 8192, b"\x02") for i in range(1023)]
+        self.assertLessEqual(self.traced_growth(a, one), small + self.SLACK)
+        self.assertGreater(a.evicted, 0)
+        del a, one
+        # 6 flows of 1023 distinct indices, interleaved; 10 of 1000-byte fragments.
+        a = p.Assembler(max_pending_bytes=budget)
+        many = [response(r, i, 1024, i * 8192, 1024 * 8192, b"\x03") for i in range(1023) for r in range(6)]
+        self.assertLessEqual(self.traced_growth(a, many), budget + self.SLACK)
+        self.assertGreater(a.evicted, 0)
+        del a, many
+        a = p.Assembler(max_pending_bytes=budget)
+        fat = [response(r, i, 1024, i * 1000, 1024 * 1000, bytes([i & 0xFF]) * 1000)
+               for i in range(200) for r in range(10)]
+        self.assertLessEqual(self.traced_growth(a, fat), budget + self.SLACK)
+        self.assertLessEqual(a.pending_bytes, budget)
+        del a, fat
+        # Messages of 128 KiB that complete, 9 under way at once, in 4 rounds: each
+        # completion's copy sits next to the pieces it is made of.
+        a = p.Assembler(max_pending_bytes=budget)
+        done = [response(k * 100 + r, i, 8, i * 16384, 8 * 16384, bytes([r]) * 16384)
+                for k in range(4) for i in range(8) for r in range(9)]
+        self.assertLessEqual(self.traced_growth(a, done), budget + self.SLACK)
+        self.assertGreater(a.evicted, 0)
+
+    def test_random_streams_keep_the_bound_and_the_receiver_rules(self):
+        """A seeded fuzz of the assembler: hostile and honest fragments mixed (claims of many
+        fragments, duplicates, disagreeing fragments, completions), checked after every add:
+        the charged memory never passes the bound, a completed message that tiles has its
+        declared length and the bytes its fragments carried."""
+        rng = random.Random(20261207)
+        for bound in (4 << 10, 64 << 10, 1 << 20):
+            a = p.Assembler(max_pending_bytes=bound, remember_completed=True, max_completed=64)
+            truth = {}  # rid -> (count, size, payload) of honest messages
+            ids = list(range(40))  # 40 senders' current request ids; a new message gets a new id
+            completed = 0
+            for step in range(6000):
+                slot = rng.randrange(40)
+                if rng.random() < 0.02:
+                    ids[slot] += 40
+                rid = ids[slot]
+                if rid not in truth:
+                    count = rng.choice((1, 2, 3, 8, 1024))
+                    size = rng.choice((1, 7, 100, 1000))
+                    truth[rid] = (count, size, bytes(rng.randrange(256) for _ in range(count * size)) if count < 64 else b"")
+                count, size, payload = truth[rid]
+                i = rng.randrange(count)
+                piece = payload[i * size:(i + 1) * size] if payload else bytes([i & 0xFF]) * size
+                total = count * size
+                if rng.random() < 0.05:  # disagrees with the message's first fragment
+                    total += 1
+                datagram = response(rid, i, count, i * size, total, piece)
+                verdict, h, frag = p.parse_response(datagram)
+                if verdict != p.Verdict.OK:
+                    continue
+                outcome, message = a.add((1, 2, rid), h, frag)
+                self.assertLessEqual(a.memory_bytes, bound, f"step {step}")
+                if message is not None and message.tiles:
+                    completed += 1
+                    self.assertEqual(len(message.payload), message.head.total_length)
+                    if payload and message.head.total_length == len(payload):
+                        self.assertEqual(message.payload, payload)
+            self.assertGreater(completed, 50, f"bound {bound}: the stream completes messages")
+            if bound < (1 << 20):
+                self.assertGreater(a.evicted, 0, f"bound {bound}: and overflows the bound")
+
+    def test_completed_flows_are_bounded(self):
+        done = [p.parse_response(response((1 << 63) + i, 0, 1, 0, 1, b"\x04")) for i in range(100000)]
+        a = p.Assembler(remember_completed=True)
+        for _, h, frag in done:
+            a.add((0, 0, h.request_id), h, frag)
+        self.assertEqual(len(a._completed), p.DEFAULT_MAX_COMPLETED)
+        self.assertEqual(a.completed_bytes, p.DEFAULT_MAX_COMPLETED * p.COMPLETED_OVERHEAD)
+        self.assertLess(sys.getsizeof(a._completed), a.completed_bytes)
+        self.assertTrue(a.is_completed((0, 0, (1 << 63) + 99999)))
+        self.assertFalse(a.is_completed((0, 0, 1 << 63)))
+        _, h, frag = done[-1]
+        self.assertEqual(a.add((0, 0, h.request_id), h, frag)[0], p.Outcome.AFTER_COMPLETION)
+        # What they really hold (tracemalloc is slow: fewer of them, about as many generations).
+        a = p.Assembler(remember_completed=True, max_completed=250)
+        grew = self.traced_growth(a, done[:6000], parsed=True)
+        self.assertLessEqual(grew, 250 * p.COMPLETED_OVERHEAD + self.SLACK)
+        # Within max_pending_bytes, with it.
+        budget = 64 << 10
+        a = p.Assembler(remember_completed=True, max_pending_bytes=budget)
+        self.assertLessEqual(self.traced_growth(a, done[:6000], parsed=True), budget + self.SLACK)
+        self.assertLessEqual(a.memory_bytes, budget)
 
 def topk_bytes(entries):
     return b"".join(struct.pack(">If", c, s) for c, s in entries)
