@@ -75,8 +75,10 @@ struct fixture {
 GPU_TEST(pads_run_beside_the_rt_kernel_never_on_its_units) {
     fixture f;
     f.be_w->completed.store(7);  // the BE task is at its kernel 7
-    // RT: one block of 40 ms keeps one unit; pad: 12 blocks of 1 ms fit the others meanwhile.
-    spin_kernel r(f.d, 1, 40000 * rt_scale()), b(f.d, 12, 1000);
+    // RT: one block keeps one unit until the pad's 12 blocks of 1 ms have run on the others
+    // (at most 20 s: held, not timed, so that a slow host cannot cut the pad).
+    spin_kernel r(f.d, 1, 20'000'000), b(f.d, 12, 1000);
+    r.hold_until_finished(b, 12);
     const gpu::launch pad = b.at(f.be_w, 7);
     f.d.ops().launch_padded(&f.d, f.rt, r.at(f.rt_w, 0), &pad, 1);
     EXPECT(f.be_w->pads.load() == 1u) << "the pad's task counts it until the launch ends";
@@ -111,18 +113,20 @@ GPU_TEST(a_pad_runs_only_when_its_task_is_at_its_kernel) {
 GPU_TEST(a_pad_ends_with_its_rt_kernel_and_the_next_pad_of_its_task_does_not_run) {
     fixture f;
     f.be_w->completed.store(3);
-    // RT kernel 0 runs 5 ms; the pad's blocks would run a second: cut at the RT kernel's end.
-    // (Under the emulation on a 2-core machine the two RT kernels take up to ~200 ms of
-    // launch and block overhead; a pad they waited for would add the second.)
-    spin_kernel r0(f.d, 1, 5000), r1(f.d, 1, 5000), long_pad(f.d, 2, 1000000), next_pad(f.d, 2, 100);
+    // RT kernel 0 runs until the pad has started (at most 20 s: a pad that never starts fails
+    // the test below, it does not hang it), the pad's blocks would run a minute: cut at the RT
+    // kernel's end. Held rather than timed: under the emulation on a busy 2-core machine a
+    // pad may take longer to start than any fixed RT kernel length.
+    spin_kernel r0(f.d, 1, 20'000'000), r1(f.d, 1, 5000), long_pad(f.d, 2, 60'000'000), next_pad(f.d, 2, 100);
+    r0.hold_until_started(long_pad);
     const gpu::launch p0 = long_pad.at(f.be_w, 3), p1 = next_pad.at(f.be_w, 4);
     const auto t0 = clk::now();
     f.d.ops().launch_padded(&f.d, f.rt, r0.at(f.rt_w, 0), &p0, 1);
     f.d.ops().launch_padded(&f.d, f.rt, r1.at(f.rt_w, 1), &p1, 1);
     f.d.synchronize(f.rt);
     const double rt_ms = ms_since(t0);
-    REQUIRE(pads_end(f.be_w, 1000)) << "cut pad blocks must stop at their next check point";
-    EXPECT(rt_ms < 600.0) << "the RT kernels took " << rt_ms << " ms: they waited for a pad";
+    REQUIRE(pads_end(f.be_w, 5000)) << "cut pad blocks must stop at their next check point";
+    EXPECT(rt_ms < 19'000.0) << "the RT kernels took " << rt_ms << " ms: the pad never started";
     EXPECT(long_pad.started() > 0u);
     EXPECT(long_pad.finished() == 0u);
     EXPECT(next_pad.started() == 0u) << "a pad ran after its task's previous pad was cut";

@@ -43,10 +43,24 @@ struct spin_kernel {
     uint32_t* units;
     k::gpu_spin_args args;
     spin_kernel(gpu::device& dev, uint32_t g, double us) : d(dev), grid(g) {
-        units = static_cast<uint32_t*>(d.alloc(g * 4, gpu::memory_kind::host_mapped));
+        // One word per block, then the word the first block to start sets and the count of
+        // blocks that ran to their end.
+        units = static_cast<uint32_t*>(d.alloc((g + 2) * 4, gpu::memory_kind::host_mapped));
         REQUIRE(units != nullptr);
-        std::memset(units, 0, g * 4);
-        args = k::gpu_spin_args{uint64_t(us * 1000), 50'000, nullptr, units};
+        std::memset(units, 0, (g + 2) * 4);
+        args = k::gpu_spin_args{uint64_t(us * 1000), 50'000, units + g, units};
+        args.finished = units + g + 1;
+    }
+    // Its blocks end as soon as a block of `other` has started, or `blocks` of them have
+    // run to their end (`us` is then the longest they wait): what a test needs to happen
+    // during this kernel happens, however slowly the host schedules it.
+    void hold_until_started(const spin_kernel& other) {
+        args.hold_until = other.units + other.grid;
+        args.hold_count = 1;
+    }
+    void hold_until_finished(const spin_kernel& other, uint32_t blocks) {
+        args.hold_until = other.units + other.grid + 1;
+        args.hold_count = blocks;
     }
     ~spin_kernel() { d.free(units); }
     spin_kernel(const spin_kernel&) = delete;

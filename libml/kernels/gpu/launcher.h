@@ -24,14 +24,20 @@ using gpu::gpu_tensor_f16;
 // nanoseconds of GPU time, checking the task's flag every `check_ns`, and the first block to
 // start stores 1 into *started (host-mapped, may be null); with `units` (host-mapped, one word
 // per block of the grid, may be null) block b stores 1 + the number of the compute unit it ran
-// on into units[b] and 0x80000000 | that when it ran to its end. It has no cpu counterpart:
-// the preemption benchmark (bench/preempt_bench.cc) and the GPU device tests use it as a
-// kernel of known length.
+// on into units[b] and 0x80000000 | that when it ran to its end; with `finished` (host-mapped,
+// may be null) each block that ran to its end adds 1 to it. With `hold_until` (host-mapped, may
+// be null) a block ends as soon as that word reaches `hold_count`, `ns` being then only the
+// longest it waits: tests hold a kernel until another has started or finished instead of
+// guessing how long that takes. It has no cpu counterpart: the preemption benchmark (bench/preempt_bench.cc) and the
+// GPU device tests use it as a kernel of known length.
 struct gpu_spin_args {
     uint64_t ns;
     uint64_t check_ns;
     uint32_t* started;
     uint32_t* units = nullptr;
+    uint32_t* finished = nullptr;
+    const uint32_t* hold_until = nullptr;
+    uint32_t hold_count = 1;
 };
 
 // "CUDA", "HIP" or "SIMT emulation": the runtime the library was compiled for.

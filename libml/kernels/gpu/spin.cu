@@ -52,15 +52,15 @@ __device__ bool spin_block_gpu(const gpu_spin_args& a, const launch_ctx& c, int6
 #endif
         const uint64_t t = gpu_now_ns();
         if (t - t0 >= a.ns) break;
+        if (a.hold_until && *reinterpret_cast<const volatile uint32_t*>(a.hold_until) >= a.hold_count) break;
         if (t >= next) {
             if (load_flag(c.preempt)) return false;
             next = t + a.check_ns;
         }
     }
-    if (unit_word) {
-        *unit_word = 0x80000000u | unit;
-        __threadfence_system();
-    }
+    if (unit_word) *unit_word = 0x80000000u | unit;
+    if (a.finished) atomicAdd(a.finished, 1u);
+    if (unit_word || a.finished) __threadfence_system();
     return true;
 }
 
