@@ -17,7 +17,8 @@ crc32_result crc32_of(const request& r) {
 
 crc32_if::crc32_if(dataplane& dp, std::string name, uint16_t udp_port, uint16_t slot,
                    uint32_t ring_size)
-    : _dp(dp), _name(std::move(name)), _udp_port(udp_port), _slot(slot) {
+    : _dp(dp), _name(std::move(name)), _udp_port(udp_port), _slot(slot),
+      _answers(dp, [this](uint32_t, bool sent) { (sent ? _counters.responses_sent : _counters.responses_failed).add(); }) {
     const std::string ring_name = "if_" + std::to_string(slot) + "_" + std::to_string(udp_port);
     _ring = rte_ring_create(ring_name.c_str(), rte_align32pow2(ring_size), rte_socket_id(),
                             RING_F_SC_DEQ);
@@ -32,25 +33,23 @@ crc32_if::~crc32_if() {
 }
 
 uint32_t crc32_if::poll() {
+    if (!_answers.empty()) {
+        // Backpressure: no new request is taken while answers wait for transmit buffers.
+        const uint32_t moved = _answers.flush();
+        if (!_answers.empty()) return moved ? 1 : 0;
+    }
     constexpr unsigned burst = 32;
     request* reqs[burst];
     const unsigned n =
         rte_ring_sc_dequeue_burst(_ring, reinterpret_cast<void**>(reqs), burst, nullptr);
-    rte_mempool* pool = _dp.eth().tx_pool();
     for (unsigned i = 0; i < n; ++i) {
         request* r = reqs[i];
         const crc32_result c = crc32_of(*r);
         const uint32_t be[2] = {htonl(c.total_length), htonl(c.crc)};
         response_spec spec;
         spec.format = wire::format::result_crc32;
-        rte_mbuf* out[1];
-        const uint16_t k = build_response(pool, r->reply, r->key.request_id, spec,
-                                          {reinterpret_cast<const uint8_t*>(be), sizeof be},
-                                          _dp.eth().max_fragment_payload(), out, 1);
         _counters.requests_served.add();
-        const uint16_t queued = k ? _dp.send(out, k) : 0;
-        if (queued < k) rte_pktmbuf_free_bulk(out + queued, k - queued);
-        (k && queued == k ? _counters.responses_sent : _counters.responses_failed).add();
+        _answers.push(r->reply, r->key.request_id, spec, {reinterpret_cast<const uint8_t*>(be), sizeof be}, 0);
         release(r);
     }
     return n;

@@ -14,6 +14,7 @@
 #include "dataplane/if_service.h"
 #include "dataplane/if_table.h"
 #include "dataplane/request.h"
+#include "dataplane/response.h"
 
 namespace reefline::dp {
 
@@ -33,9 +34,11 @@ public:
     crc32_if& operator=(const crc32_if&) = delete;
 
     if_binding binding() const override { return {_name, _udp_port, _slot, _ring}; }
-    // Answers up to one burst of queued requests; returns how many.
+    // Answers up to one burst of queued requests (none while earlier answers wait for
+    // transmit buffers); returns how many requests, or 1 when only answers moved.
     uint32_t poll() override;
-    uint32_t queued() const override { return rte_ring_count(_ring); }
+    // Requests on the ring and answers not yet on the tx ring.
+    uint32_t queued() const override { return rte_ring_count(_ring) + _answers.size(); }
     const if_counters& counters() const override { return _counters; }
     const std::string& name() const override { return _name; }
 
@@ -46,6 +49,7 @@ private:
     uint16_t _slot;
     rte_ring* _ring;
     if_counters _counters;
+    response_queue _answers;
 };
 
 }  // namespace reefline::dp

@@ -6,27 +6,46 @@
 #include <rte_ip.h>
 #include <rte_udp.h>
 
+#include <rte_cycles.h>
+
 #include <algorithm>
 #include <cstring>
 
+#include "dataplane/engine.h"
+
 namespace reefline::dp {
 
-uint16_t build_response(rte_mempool* pool, const reply_address& to, uint64_t request_id,
-                        const response_spec& spec, std::span<const uint8_t> result,
-                        uint32_t max_fragment_payload, rte_mbuf** out, uint16_t capacity) {
+uint32_t response_fragments(size_t result_bytes, uint32_t max_fragment_payload) {
+    const uint64_t per = std::max<uint32_t>(1, max_fragment_payload);
+    return result_bytes == 0 ? 1 : uint32_t(std::min<uint64_t>((result_bytes + per - 1) / per, UINT32_MAX));
+}
+
+uint16_t build_response_fragments(rte_mempool* pool, const reply_address& to, uint64_t request_id,
+                                  const response_spec& spec, std::span<const uint8_t> result,
+                                  uint32_t max_fragment_payload, uint32_t first, rte_mbuf** out,
+                                  uint16_t capacity) {
     const uint32_t per = std::max<uint32_t>(1, max_fragment_payload);
-    const uint32_t count = result.empty() ? 1 : (uint32_t(result.size()) + per - 1) / per;
-    if (count > capacity || count > wire::max_fragments) return 0;
-    if (rte_pktmbuf_alloc_bulk(pool, out, count) != 0) return 0;
+    const uint32_t total = response_fragments(result.size(), per);
+    if (total > wire::max_fragments || first >= total) return 0;
+    // As many as the pool gives now: one bulk allocation, or one by one when it cannot
+    // (part of what the pool counts sits in other lcores' caches).
+    uint32_t count = std::min(total - first, uint32_t(capacity));
+    if (rte_pktmbuf_alloc_bulk(pool, out, count) != 0) {
+        uint32_t got = 0;
+        while (got < count && (out[got] = rte_pktmbuf_alloc(pool)) != nullptr) ++got;
+        count = got;
+        if (count == 0) return 0;
+    }
 
     const bool tagged = to.vlan_tagged;  // a priority tag (TCI 0) is echoed too
     const uint32_t l2 = RTE_ETHER_HDR_LEN + (tagged ? 4 : 0);
-    for (uint32_t i = 0; i < count; ++i) {
+    for (uint32_t j = 0; j < count; ++j) {
+        const uint32_t i = first + j;
         const uint32_t offset = i * per;
         const uint32_t length = std::min<uint32_t>(per, uint32_t(result.size()) - offset);
         const uint32_t udp_len = sizeof(rte_udp_hdr) + wire::header_size + length;
         const uint32_t frame_len = l2 + sizeof(rte_ipv4_hdr) + udp_len;
-        rte_mbuf* m = out[i];
+        rte_mbuf* m = out[j];
         auto* p = reinterpret_cast<uint8_t*>(rte_pktmbuf_append(m, frame_len));
         if (!p) {  // the mbuf's data room is smaller than the fragment
             rte_pktmbuf_free_bulk(out, count);
@@ -66,7 +85,7 @@ uint16_t build_response(rte_mempool* pool, const reply_address& to, uint64_t req
         f.status = static_cast<uint8_t>(spec.status);
         f.request_id = request_id;
         f.frag_index = uint16_t(i);
-        f.frag_count = uint16_t(count);
+        f.frag_count = uint16_t(total);
         f.payload_offset = offset;
         f.total_length = uint32_t(result.size());
         std::copy(spec.dims, spec.dims + 4, f.dims);
@@ -102,6 +121,100 @@ rte_mbuf* build_arp_reply(rte_mempool* pool, const uint8_t* request, const uint8
     std::memcpy(p + RTE_ETHER_HDR_LEN, &rep, sizeof rep);
     m->data_len = m->pkt_len = len;
     return m;
+}
+
+response_queue::response_queue(dataplane& plane, done_fn done, uint32_t capacity, double give_up_ms)
+    : _plane(plane), _done(std::move(done)), _capacity(capacity),
+      _give_up_tsc(uint64_t(give_up_ms * 1e-3 * double(rte_get_tsc_hz()))) {}
+
+response_queue::~response_queue() { clear(); }
+
+void response_queue::finish(const entry& e, bool sent) {
+    if (_done) _done(e.tag, sent);
+}
+
+bool response_queue::advance(entry& e, uint32_t& queued) {
+    rte_mempool* pool = _plane.eth().tx_pool();
+    const uint32_t per = _plane.eth().max_fragment_payload();
+    constexpr uint16_t chunk = 64;
+    rte_mbuf* out[chunk];
+    while (e.next < e.count) {
+        const uint16_t k = build_response_fragments(pool, e.to, e.request_id, e.spec, e.payload, per,
+                                                    e.next, out, chunk);
+        if (k == 0) return false;
+        const uint16_t taken = _plane.send(out, k);
+        if (taken < k) rte_pktmbuf_free_bulk(out + taken, k - taken);
+        e.next += taken;
+        queued += taken;
+        if (taken < k) return false;
+    }
+    return true;
+}
+
+bool response_queue::push(const reply_address& to, uint64_t request_id, const response_spec& spec,
+                          std::span<const uint8_t> payload, uint32_t tag, std::shared_ptr<const void> owner) {
+    entry e;
+    e.to = to;
+    e.request_id = request_id;
+    e.spec = spec;
+    e.payload = payload;
+    e.tag = tag;
+    e.count = response_fragments(payload.size(), _plane.eth().max_fragment_payload());
+    if (e.count > wire::max_fragments) {  // IFs refuse outputs that large: never here
+        finish(e, false);
+        return false;
+    }
+    if (_waiting.empty()) {
+        uint32_t queued = 0;
+        if (advance(e, queued)) {
+            finish(e, true);
+            return true;
+        }
+        _progress_tsc = rte_rdtsc();
+    } else if (_waiting.size() >= _capacity) {
+        finish(e, false);
+        return false;
+    }
+    if (owner) {
+        e.owner = std::move(owner);
+    } else {
+        e.own.assign(payload.begin(), payload.end());
+        e.payload = e.own;
+        _own_bytes += e.own.size();
+    }
+    _waiting.push_back(std::move(e));
+    _size.store(uint32_t(_waiting.size()), std::memory_order_relaxed);
+    return true;
+}
+
+uint32_t response_queue::flush() {
+    uint32_t queued = 0;
+    while (!_waiting.empty()) {
+        entry& e = _waiting.front();
+        const uint32_t before = queued;
+        const bool done = advance(e, queued);
+        const uint64_t now = rte_rdtsc();
+        if (queued != before) _progress_tsc = now;
+        if (!done) {
+            // Nothing moved for give_up_ms: the port takes nothing, and what waits behind
+            // would wait as long. Fragments of a half-sent answer already on the ring still
+            // go; the sender's reassembly times them out.
+            if (now - _progress_tsc >= _give_up_tsc) clear();
+            break;
+        }
+        finish(e, true);
+        _own_bytes -= e.own.size();
+        _waiting.pop_front();
+    }
+    _size.store(uint32_t(_waiting.size()), std::memory_order_relaxed);
+    return queued;
+}
+
+void response_queue::clear() {
+    for (const entry& e : _waiting) finish(e, false);
+    _waiting.clear();
+    _own_bytes = 0;
+    _size.store(0, std::memory_order_relaxed);
 }
 
 }  // namespace reefline::dp

@@ -55,18 +55,4 @@ inline std::string format_byte_size(double bytes) {
     return buf;
 }
 
-// MemAvailable from /proc/meminfo (the kernel's estimate of memory that can be allocated
-// without swapping), in bytes; 0 when it cannot be read.
-inline uint64_t mem_available_bytes() {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    uint64_t kib = 0;
-    std::string unit;
-    while (in >> key >> kib) {
-        std::getline(in, unit);
-        if (key == "MemAvailable:") return kib * 1024;
-    }
-    return 0;
-}
-
 }  // namespace reefline::ifm

@@ -9,9 +9,12 @@
 
 #include <cctype>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <vector>
+
+#include "libml/regular_file.h"
 
 namespace reefline::ifm {
 
@@ -24,9 +27,19 @@ inline bool is_z85_key(const std::string& k) {
 }
 
 // The first word of the file; throws std::runtime_error naming the file and the problem.
+// Key files are small: anything larger (or not a regular file) is refused unread.
+inline constexpr uint64_t max_key_file_bytes = 1 << 20;
+
+inline std::string read_key_file(const std::string& path, const char* what) {
+    try {
+        return ml::read_regular_file(path, max_key_file_bytes);
+    } catch (const ml::file_refused& e) {
+        throw std::runtime_error(std::string(what) + ": " + e.what());
+    }
+}
+
 inline std::string read_z85_key(const std::string& path, const char* what) {
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error(std::string(what) + " " + path + ": cannot be read");
+    std::istringstream in(read_key_file(path, what));
     std::string key;
     in >> key;
     if (!is_z85_key(key))
@@ -36,8 +49,7 @@ inline std::string read_z85_key(const std::string& path, const char* what) {
 
 // Every key of an allow-list file (at least one); a malformed line names its number.
 inline std::vector<std::string> read_z85_key_list(const std::string& path) {
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("CURVE client list " + path + ": cannot be read");
+    std::istringstream in(read_key_file(path, "CURVE client list"));
     std::vector<std::string> keys;
     std::string line;
     for (int n = 1; std::getline(in, line); ++n) {

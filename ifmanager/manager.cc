@@ -22,6 +22,7 @@
 #include "ifmanager/bounded_json.h"
 #include "ifmanager/byte_size.h"
 #include "ifmanager/share_tuner.h"
+#include "libml/regular_file.h"
 #include "preempt/abacus.h"
 
 namespace reefline::ifm {
@@ -149,8 +150,6 @@ void apply_settings(const json& f, model_settings& s) {
     if (field(f, "max_batch")) s.batching.max_batch = uint32_t(get_int(f, "max_batch", 1, 256));
     if (field(f, "min_batch")) s.batching.min_batch = uint32_t(get_int(f, "min_batch", 1, 256));
     if (field(f, "fixed_batch")) s.batching.fixed_batch = uint32_t(get_int(f, "fixed_batch", 0, 256));
-    if (s.batching.min_batch > s.batching.max_batch) bad("min_batch must not exceed max_batch");
-    if (s.batching.fixed_batch > s.batching.max_batch) bad("fixed_batch must not exceed max_batch");
     if (field(f, "priority")) s.priority = int(get_int(f, "priority", 0, 2));
     if (field(f, "shed")) s.shed = get_bool(f, "shed");
     if (field(f, "share")) {
@@ -181,32 +180,27 @@ void apply_settings(const json& f, model_settings& s) {
             s.rt_sources_be.push_back(be);
         }
     }
+    // The settings as a whole: rules across fields (min_batch <= fixed_batch <= max_batch,
+    // ...) hold before anything is applied.
+    try {
+        check_settings(s);
+    } catch (const std::invalid_argument& e) {
+        bad(e.what());
+    }
 }
 
 model_file read_model_file(const std::string& path, uint64_t limit) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) throw control_error("bad_model", "cannot read " + path + ": " + std::strerror(errno));
-    struct closer {
-        int fd;
-        ~closer() { ::close(fd); }
-    } close_it{fd};
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw control_error("bad_model", path + " is not a regular file");
-    const uint64_t size = uint64_t(st.st_size);
-    if (size == 0) throw control_error("bad_model", path + " is empty");
-    if (size > limit)
-        throw control_error("bad_model", path + " is " + format_byte_size(double(size)) + "; the largest model file this daemon reads is " +
-                                             format_byte_size(double(limit)) + " (--max-model-file)");
     model_file f;
-    f.bytes.resize(size);
-    size_t got = 0;
-    while (got < size) {
-        const ssize_t n = ::read(fd, f.bytes.data() + got, size - got);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) throw control_error("bad_model", "cannot read " + path + ": " + std::strerror(errno));
-        if (n == 0) throw control_error("bad_model", path + " shrank while it was read");
-        got += size_t(n);
+    try {
+        f.bytes = ml::read_regular_file(path, limit);
+    } catch (const ml::file_too_large& e) {
+        throw control_error("bad_model", path + " is " + format_byte_size(double(e.size)) +
+                                             "; the largest model file this daemon reads is " +
+                                             format_byte_size(double(e.limit)) + " (--max-model-file)");
+    } catch (const ml::file_refused& e) {
+        throw control_error("bad_model", e.what());
     }
+    if (f.bytes.empty()) throw control_error("bad_model", path + " is empty");
     // The key that lets a second IF of the same model share its weights, and that the abacus
     // predictor names its models by.
     f.hash = gpu::abacus::model_key(f.bytes);
@@ -305,24 +299,40 @@ void if_manager::add_service(std::shared_ptr<dp::if_service> s) {
     publish_bindings();
 }
 
-void if_manager::admit(uint64_t need, const std::string& what) const {
+void if_manager::admit(memory_use need, const std::string& what) const {
+    const memory_use used = memory_in_use();
+    const bool separate = _info.device_memory_budget_bytes > 0;
+    if (!separate) {
+        need.host += need.device;
+        need.device = 0;
+    }
     const uint64_t budget = _info.memory_budget_bytes;
-    if (budget == 0) return;
-    const uint64_t used = memory_used();
-    if (used <= budget && need <= budget - used) return;
-    throw control_error("bad_model", what + "; budget " + format_byte_size(double(budget)) + ", " +
-                                         format_byte_size(double(used)) + " in use (--memory-budget)");
+    if (budget != 0 && !(used.host <= budget && need.host <= budget - used.host))
+        throw control_error("bad_model", what + "; budget " + format_byte_size(double(budget)) + ", " +
+                                             format_byte_size(double(used.host)) + " in use (--memory-budget)");
+    const uint64_t device_budget = _info.device_memory_budget_bytes;
+    if (separate && !(used.device <= device_budget && need.device <= device_budget - used.device))
+        throw control_error("bad_model", what + "; device memory budget " + format_byte_size(double(device_budget)) + ", " +
+                                             format_byte_size(double(used.device)) + " in use (3/4 of the " +
+                                             format_byte_size(double(_info.device_memory_free_at_start)) +
+                                             " the device had free at start)");
 }
 
-uint64_t if_manager::memory_used() const {
+if_manager::memory_use if_manager::memory_in_use() const {
     std::set<const ml::model*> counted;
-    uint64_t total = 0;
+    memory_use u;
     for (const auto& [name, mif] : snapshot().models) {
-        if (counted.insert(mif->model().get()).second)
-            total += uint64_t(mif->model()->weight_bytes() + mif->model()->host_bytes());
-        total += uint64_t(mif->memory_bytes());
+        if (counted.insert(mif->model().get()).second) {
+            u.host += uint64_t(mif->model()->host_bytes());
+            u.device += uint64_t(mif->model()->weight_bytes());
+        }
+        u.device += uint64_t(mif->memory_bytes());
     }
-    return total;
+    if (_info.device_memory_budget_bytes == 0) {
+        u.host += u.device;
+        u.device = 0;
+    }
+    return u;
 }
 
 json if_manager::persisted_config(const model_if& mif) const {
@@ -522,11 +532,13 @@ if_manager::loaded_model if_manager::load_model_file(const std::string& name, co
                                                     const std::vector<std::vector<int64_t>>& sizes) {
     // The file's size is checked before it is read, and it must fit the budget on its own:
     // importing holds at least its bytes.
-    std::error_code ec;
-    if (!fs::is_regular_file(onnx, ec)) throw control_error("bad_model", "no such model file: " + onnx);
-    const uint64_t file_size = fs::file_size(onnx, ec);
-    if (!ec && file_size <= _info.max_model_file_bytes)
-        admit(file_size, "model '" + name + "': reading " + onnx + " needs " + format_byte_size(double(file_size)));
+    struct stat st {};
+    if (::stat(onnx.c_str(), &st) != 0) throw control_error("bad_model", "no such model file: " + onnx);
+    if (!S_ISREG(st.st_mode))
+        throw control_error("bad_model", onnx + " is " + ml::file_type_name(st.st_mode) + ", not a regular file");
+    const uint64_t file_size = uint64_t(st.st_size);
+    if (file_size <= _info.max_model_file_bytes)
+        admit({file_size, 0}, "model '" + name + "': reading " + onnx + " needs " + format_byte_size(double(file_size)));
     loaded_model out;
     out.file = read_model_file(onnx, _info.max_model_file_bytes);
     const model_file& file = out.file;
@@ -549,8 +561,15 @@ if_manager::loaded_model if_manager::load_model_file(const std::string& name, co
     } catch (const std::exception& e) {
         throw control_error("bad_model", label + ": " + e.what());
     }
-    // The file's bytes stay in memory until the entry is stored in the repository.
+    // The file's bytes stay in memory until the entry is stored in the repository. Where the
+    // device has memory of its own, the weights and arenas are there and the host holds the
+    // host copy, the upload buffer and the file (the instances' inputs regions, host-mapped,
+    // are counted on the device side with their arenas).
     const uint64_t peak = uint64_t(need.peak_bytes()) + file.bytes.size();
+    const memory_use peak_use = _info.device_memory_budget_bytes
+                                    ? memory_use{uint64_t(need.host_bytes + need.staging_bytes) + file.bytes.size(),
+                                                 uint64_t(need.weight_bytes + need.instance_bytes())}
+                                    : memory_use{peak, 0};
     std::string needs = label + " needs " + format_byte_size(double(peak)) + ": ";
     if (model)
         needs += "weights shared with a loaded IF of the same file, ";
@@ -561,7 +580,7 @@ if_manager::loaded_model if_manager::load_model_file(const std::string& name, co
              (lengths.empty() ? "" : " at sequence lengths " + sizes_text({lengths})) +
              ", while loading the file " + format_byte_size(double(file.bytes.size()));
     if (!model) needs += " and the upload buffer " + format_byte_size(double(need.staging_bytes));
-    admit(peak, needs);
+    admit(peak_use, needs);
     try {
         if (!model) model = _runtime.load_graph(std::move(*imported), fs::path(onnx).filename().string());
     } catch (const std::exception& e) {
@@ -658,13 +677,14 @@ json if_manager::remove_model(const std::string& name) {
         std::erase(_services, std::static_pointer_cast<dp::if_service>(mif));
     }
     publish_bindings();
-    const uint64_t before = mif->counters().responses_sent.get() + mif->counters().error_responses.get();
+    // responses_sent counts every answer that went out, results and errors alike.
+    const uint64_t before = mif->counters().responses_sent.get();
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (!mif->idle() && !_serving_stopped.load() && std::chrono::steady_clock::now() < deadline)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     replace_serving(_services);
     if (!mif->idle()) mif->fail_pending();  // drain timed out (or serving stopped)
-    const uint64_t answered = mif->counters().responses_sent.get() + mif->counters().error_responses.get() - before;
+    const uint64_t answered = mif->counters().responses_sent.get() - before;
     {
         std::lock_guard<std::mutex> t(_tables_mu);
         _models.erase(name);
@@ -706,7 +726,7 @@ json if_manager::set(const json& f) {
         } catch (const std::exception& e) {
             bad(std::string("cannot plan the new batch sizes: ") + e.what());
         }
-        admit(uint64_t(need), "model '" + name + "' needs " + format_byte_size(double(need)) +
+        admit({0, uint64_t(need)}, "model '" + name + "' needs " + format_byte_size(double(need)) +
                                   " more for arenas of batch sizes " + sizes_text(sizes));
     }
     // The new instances are planned, warmed up and profiled on the side while the IF goes on
@@ -813,9 +833,17 @@ json if_manager::health() const {
 }
 
 json if_manager::memory_json() const {
-    const uint64_t used = memory_used(), budget = _info.memory_budget_bytes;
+    const memory_use use = memory_in_use();
+    const uint64_t used = use.host, budget = _info.memory_budget_bytes;
     json m = {{"used_bytes", used}, {"max_model_file_bytes", _info.max_model_file_bytes}};
+    if (const uint64_t device = _info.device_memory_budget_bytes)
+        m["device"] = {{"budget_bytes", device},
+                       {"used_bytes", use.device},
+                       {"free_bytes", device > use.device ? device - use.device : 0},
+                       {"free_at_start_bytes", _info.device_memory_free_at_start}};
     m["budget_bytes"] = budget ? json(budget) : json(nullptr);
+    m["budget_source"] = _info.memory_budget_source;
+    if (!_info.memory_available.empty()) m["available_at_start"] = _info.memory_available;
     m["free_bytes"] = budget ? json(budget > used ? budget - used : 0) : json(nullptr);
     return m;
 }

@@ -43,6 +43,15 @@ struct manager_info {
     // Memory the models may take together (weights, host copies, arenas; 0: no limit) and the
     // largest model file add_model reads (docs/control.md, "Memory budget").
     uint64_t memory_budget_bytes = 0;
+    // Where the budget came from ("--memory-budget", "cgroup" or "host": 3/4 of what the
+    // tighter of the daemon's memory cgroup and the host had available at start) and what
+    // was available then, in words (health shows both).
+    std::string memory_budget_source = "--memory-budget";
+    std::string memory_available;
+    // A GPU's own memory for weights and arenas: 3/4 of what it had free at start (0: the
+    // device's memory is the host's, one budget for both).
+    uint64_t device_memory_budget_bytes = 0;
+    uint64_t device_memory_free_at_start = 0;
     uint64_t max_model_file_bytes = uint64_t(1) << 30;
     // Kernel profiles (kprof) of every model added, for DKP's rules and PREMA's estimates:
     // measured as BE tasks through the scheduler for at most this long per add (0: none).
@@ -90,8 +99,13 @@ public:
     nlohmann::json stats(const std::string& only = "") const;
     nlohmann::json health() const;
     // Memory the loaded models hold now: each model's weights and host copy once, plus every
-    // IF's instances.
-    uint64_t memory_used() const;
+    // IF's instances. With a device budget (a GPU: weights and arenas in its own memory) the
+    // two are apart: host = host copies, device = weights and instances.
+    struct memory_use {
+        uint64_t host = 0, device = 0;
+    };
+    memory_use memory_in_use() const;
+    uint64_t memory_used() const { return memory_in_use().host; }
     // Adds every IF's data-plane counters (requests served, responses sent...) to `s`.
     void add_if_counters(dp::counter_snapshot& s) const;
 
@@ -133,9 +147,10 @@ private:
     loaded_model load_model_file(const std::string& name, const std::string& onnx, const model_settings& settings,
                                  const std::vector<std::vector<int64_t>>& sizes);
     nlohmann::json set(const nlohmann::json& fields);
-    // Refuses `need` more bytes when they do not fit the budget beside what is in use;
-    // `what` says what they are for ("model 'cam' needs 3.1 GiB: ...").
-    void admit(uint64_t need, const std::string& what) const;
+    // Refuses `need` more bytes when they do not fit the budgets beside what is in use;
+    // `what` says what they are for ("model 'cam' needs 3.1 GiB: ..."). `need.device` is
+    // counted against the host budget where the device has no memory of its own.
+    void admit(memory_use need, const std::string& what) const;
     // The repository entry's config: every setting of the IF, compact and bounded.
     nlohmann::json persisted_config(const model_if& mif) const;
     // Profiles the IF's plans (repository first, then measured as BE tasks) and keeps them in

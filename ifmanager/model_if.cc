@@ -33,39 +33,6 @@ constexpr uint32_t lane_capacity = 2 * max_batch_limit;
 
 const char* class_name(gpu::task_class c) { return c == gpu::task_class::rt ? "rt" : "be"; }
 
-void check_settings(const model_settings& s) {
-    const auto& b = s.batching;
-    if (!(b.slo_ms > 0) || !std::isfinite(b.slo_ms)) throw std::invalid_argument("slo_ms must be > 0");
-    if (b.max_batch < 1 || b.max_batch > max_batch_limit)
-        throw std::invalid_argument("max_batch must be 1.." + std::to_string(max_batch_limit));
-    if (b.min_batch < 1 || b.min_batch > b.max_batch) throw std::invalid_argument("min_batch must be 1..max_batch");
-    if (b.fixed_batch > b.max_batch) throw std::invalid_argument("fixed_batch must be <= max_batch");
-    if (s.priority < 0 || s.priority > 2) throw std::invalid_argument("priority must be 0, 1 or 2");
-    if (!(s.share > 0 && s.share <= 1)) throw std::invalid_argument("share must be > 0 and at most 1");
-}
-
-// Why requests the IF takes as `now` would not fit `next` (empty: they fit).
-std::string same_requests(const ml::request_input& now, const ml::request_input& next) {
-    if (now.kind != next.kind) return std::string(next.format_name()) + " instead of " + now.format_name();
-    switch (now.kind) {
-    case ml::request_kind::image:
-        if (now.channels != next.channels || now.height != next.height || now.width != next.width)
-            return "images of " + std::to_string(next.height) + "x" + std::to_string(next.width) + "x" +
-                   std::to_string(next.channels) + " instead of " + std::to_string(now.height) + "x" +
-                   std::to_string(now.width) + "x" + std::to_string(now.channels);
-        break;
-    case ml::request_kind::tensor:
-        if (now.item != next.item) return "tensors of " + ml::shape_str(next.item) + " instead of " + ml::shape_str(now.item);
-        break;
-    case ml::request_kind::sequence:
-        if (now.lengths != next.lengths || now.exact_length != next.exact_length)
-            return "sequences of up to " + std::to_string(next.max_length()) + " tokens at other lengths than the " +
-                   std::to_string(now.max_length()) + " it takes now";
-        break;
-    }
-    return {};
-}
-
 // The knee as describe() shows it: null when not measured.
 nlohmann::json knee_json(const dkp::knee_curve& k) {
     if (k.points.empty() || k.device_units == 0) return nullptr;
@@ -150,9 +117,20 @@ struct model_if::lane {
     }
 };
 
+void check_settings(const model_settings& s) {
+    const auto& b = s.batching;
+    if (b.max_batch < 1 || b.max_batch > max_batch_limit)
+        throw std::invalid_argument("max_batch must be 1.." + std::to_string(max_batch_limit) + ", got " +
+                                    std::to_string(b.max_batch));
+    ml::batch_controller::check(b);
+    if (s.priority < 0 || s.priority > 2) throw std::invalid_argument("priority must be 0, 1 or 2");
+    if (!(s.share > 0 && s.share <= 1)) throw std::invalid_argument("share must be > 0 and at most 1");
+}
+
 model_if::model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& scheduler,
                    const model_if_config& config, std::shared_ptr<ml::model> model)
-    : _plane(plane), _runtime(runtime), _scheduler(scheduler), _config(config) {
+    : _plane(plane), _runtime(runtime), _scheduler(scheduler), _config(config),
+      _answers(plane, [this](uint32_t tag, bool sent) { answer_done(tag, sent); }) {
     check_settings(_config.settings);
     if (_config.top_k < 1 || _config.top_k > 100) throw std::invalid_argument("top_k must be 1..100");
     for (int c = 0; c < 3; ++c)
@@ -161,7 +139,6 @@ model_if::model_if(dp::dataplane& plane, ml::runtime& runtime, gpu::scheduler& s
     _model = model ? std::move(model) : _runtime.load_model(_config.onnx, import_options());
     // The request format and the output check on the graph, before anything is planned.
     _input = request_input(_model->imported(), _config.settings);
-    _tx_burst.resize(wire::max_fragments);
     _predictor_model.store(predictor_model_of(_config.model_key), std::memory_order_relaxed);
     const size_t buckets = std::max<size_t>(1, planned_lengths(_input).size());
     for (int i = 0; i < 2; ++i)
@@ -204,9 +181,7 @@ ml::request_input model_if::request_input(const ml::graph& g, const model_settin
                                         ": tensor answers carry 1 to 4 dims after the batch dim");
         int64_t elements = 1;
         for (size_t d = 1; d < out.shape.size(); ++d) {
-            const int64_t n = d == 1 && r.kind == ml::request_kind::sequence && out.shape[1] == g.values[size_t(g.inputs[size_t(r.ids)])].shape[1]
-                                  ? r.max_length()
-                                  : out.shape[d];
+            const int64_t n = d == 1 && r.kind == ml::request_kind::sequence && r.per_token_output ? r.max_length() : out.shape[d];
             if (n > 65535)
                 throw std::invalid_argument("output '" + out.name + "' " + ml::shape_str(out.shape) +
                                             ": a tensor answer's dims must each be at most 65535");
@@ -476,7 +451,7 @@ dkp::knee_curve model_if::knee() const {
 }
 
 uint32_t model_if::queued() const {
-    return rte_ring_count(_ring) + _pending.load(std::memory_order_relaxed);
+    return rte_ring_count(_ring) + _pending.load(std::memory_order_relaxed) + _answers.size();
 }
 
 model_settings model_if::settings() const {
@@ -493,7 +468,7 @@ model_if::prepared_settings model_if::prepare(const model_settings& s, std::shar
         // A new version of the model must take the requests the IF takes: clients keep sending
         // what they sent.
         p.input = request_input(replacement->imported(), s);
-        if (const std::string why = same_requests(_input, p.input); !why.empty())
+        if (const std::string why = _input.differences(p.input); !why.empty())
             throw std::invalid_argument("the new model takes other requests than the IF (" + why +
                                         "): remove the IF and add the model");
         p.model = std::move(replacement);
@@ -595,21 +570,30 @@ void model_if::commit(prepared_settings&& p) {
     _switches.fetch_add(1, std::memory_order_relaxed);
 }
 
-void model_if::send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec) {
-    rte_mbuf** out = _tx_burst.data();
-    const uint16_t k = dp::build_response(_plane.eth().tx_pool(), r.reply, r.key.request_id, spec, result,
-                                          _plane.eth().max_fragment_payload(), out, uint16_t(_tx_burst.size()));
-    const uint16_t queued = k ? _plane.send(out, k) : 0;
-    if (queued < k) rte_pktmbuf_free_bulk(out + queued, k - queued);
-    (k && queued == k ? _counters.responses_sent : _counters.responses_failed).add();
+void model_if::send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec, uint32_t tag,
+                    std::shared_ptr<const void> owner) {
+    _answers.push(r.reply, r.key.request_id, spec, result, tag, std::move(owner));
 }
 
-void model_if::answer_error(const dp::request& r, wire::status status, const std::string& message) {
+// An answer is counted once, when it has gone out (every datagram on the tx ring) or has
+// been given up: never as a response and a send failure at once.
+void model_if::answer_done(uint32_t tag, bool sent) {
+    if (!sent) {
+        _counters.responses_failed.add();
+        return;
+    }
+    _counters.responses_sent.add();
+    if (tag & result_answer) _responses.add();
+    if (tag & error_answer) _counters.error_responses.add();
+    if (tag & counted_as_error) _errors.add();
+}
+
+void model_if::answer_error(const dp::request& r, wire::status status, const std::string& message, bool counted) {
     dp::response_spec spec;
     spec.kind = wire::kind::error;
     spec.status = status;
-    _counters.error_responses.add();
-    send({reinterpret_cast<const uint8_t*>(message.data()), message.size()}, r, spec);
+    send({reinterpret_cast<const uint8_t*>(message.data()), message.size()}, r, spec,
+         uint32_t(error_answer) | (counted ? uint32_t(counted_as_error) : 0u));
 }
 
 void model_if::record_latency(double seconds) {
@@ -638,7 +622,6 @@ void model_if::intake(uint32_t& work) {
         std::string why;
         if (!acceptable(*r, status, why)) {
             answer_error(*r, status, why);
-            _errors.add();
             dp::release(r);
         } else {
             const bool rt = s.cls == gpu::task_class::rt ||
@@ -751,7 +734,7 @@ void model_if::shed_late(lane& l, uint64_t now) {
         dp::request* r = l.pop();
         _pending.fetch_sub(1, std::memory_order_relaxed);
         answer_error(*r, wire::status::overloaded,
-                     "overloaded: cannot answer within the " + std::to_string(int64_t(slo)) + " ms SLO");
+                     "overloaded: cannot answer within the " + std::to_string(int64_t(slo)) + " ms SLO", false);
         _shed.add();
         dp::release(r);
     }
@@ -803,7 +786,6 @@ void model_if::dispatch(lane& l) {
     } catch (const std::exception& e) {
         for (uint32_t i = 0; i < n; ++i) {
             answer_error(*l.batch[i], wire::status::internal_error, e.what());
-            _errors.add();
             dp::release(l.batch[i]);
         }
         return;
@@ -851,7 +833,7 @@ void model_if::complete(lane& l) {
         const std::string why = "deadline_exceeded: the scheduler dropped the batch: it could not finish within the " +
                                 std::to_string(int64_t(_config.settings.batching.slo_ms)) + " ms SLO";
         for (uint32_t i = 0; i < n; ++i) {
-            answer_error(*l.batch[i], wire::status::deadline_exceeded, why);
+            answer_error(*l.batch[i], wire::status::deadline_exceeded, why, false);
             _deadline_exceeded.add();
             dp::release(l.batch[i]);
         }
@@ -860,12 +842,12 @@ void model_if::complete(lane& l) {
         for (uint32_t i = 0; i < n; ++i) {
             answer_error(*l.batch[i], stopping ? wire::status::shutting_down : wire::status::internal_error,
                          stopping ? "the daemon is stopping" : "the device failed to run the model");
-            _errors.add();
             dp::release(l.batch[i]);
         }
     } else {
         const double service_ms = double(now - l.launch_tsc) * 1e3 / double(_tsc_hz);
-        const std::vector<ml::tensor> outputs = _runtime.read_outputs(*l.batch_instance);
+        // Shared by the batch's answers until the last of them has gone out.
+        const auto outputs = std::make_shared<const std::vector<ml::tensor>>(_runtime.read_outputs(*l.batch_instance));
         std::vector<ml::kernels::token_error> token_errors;
         if (_input.kind == ml::request_kind::sequence) token_errors = _runtime.token_errors(*l.batch_instance);
         const double slo_s = _config.settings.batching.slo_ms / 1e3;
@@ -877,16 +859,14 @@ void model_if::complete(lane& l) {
                              "token " + std::to_string(token_errors[i].token) + " at position " +
                                  std::to_string(token_errors[i].position) + " is outside the vocabulary [0, " +
                                  std::to_string(_input.vocab) + ")");
-                _errors.add();
                 dp::release(l.batch[i]);
                 continue;
             }
-            answer(l, i, outputs.at(0));
+            answer(l, i, outputs);
             const double latency_s = double(rte_rdtsc() - l.batch[i]->last_tsc) / double(_tsc_hz);
             record_latency(latency_s);
             worst_ms = std::max(worst_ms, latency_s * 1e3);
             if (latency_s > slo_s) _slo_violations.add();
-            _responses.add();
             dp::release(l.batch[i]);
         }
         _batches.add();
@@ -904,24 +884,27 @@ void model_if::complete(lane& l) {
     _in_flight.fetch_sub(1, std::memory_order_relaxed);
 }
 
-void model_if::answer(lane& l, uint32_t i, const ml::tensor& out) {
+void model_if::answer(lane& l, uint32_t i, const std::shared_ptr<const std::vector<ml::tensor>>& outputs) {
+    const ml::tensor& out = outputs->at(0);
     const dp::request& r = *l.batch[i];
     const int64_t per = out.elements() / l.batch_instance->batch();
     const float* s = out.view<float>().data() + int64_t(i) * per;
     dp::response_spec spec;
     if (_config.settings.tensor_output) {
         // The request's slice of the output, dims after the batch dim; a sequence model's
-        // [N, L, ...] output is cut to the request's own tokens (the rest is padding).
+        // per-token output ([N, L] or [N, L, ...]) is cut to the request's own tokens (the
+        // rest is padding).
         std::vector<int64_t> dims(out.shape.begin() + 1, out.shape.end());
         int64_t count = per;
-        if (_input.kind == ml::request_kind::sequence && dims.size() >= 2 && dims[0] == l.batch_instance->length()) {
+        if (_input.kind == ml::request_kind::sequence && _input.per_token_output && !dims.empty() &&
+            dims[0] == l.batch_instance->length() && r.dims[0] <= dims[0]) {
             count = per / dims[0] * r.dims[0];
             dims[0] = r.dims[0];
         }
         spec.format = wire::format::result_tensor_f32;
         for (size_t d = 0; d < dims.size() && d < 4; ++d) spec.dims[d] = uint16_t(dims[d]);
         // Little-endian f32, as tensor_f32 requests carry them (the device's own layout).
-        send({reinterpret_cast<const uint8_t*>(s), size_t(count) * 4}, r, spec);
+        send({reinterpret_cast<const uint8_t*>(s), size_t(count) * 4}, r, spec, result_answer, outputs);
         return;
     }
     const uint32_t k = uint32_t(std::min<int64_t>(_config.top_k, per));
@@ -939,13 +922,19 @@ void model_if::answer(lane& l, uint32_t i, const ml::tensor& out) {
     }
     spec.format = wire::format::result_topk;
     spec.dims[0] = uint16_t(k);
-    send(result, r, spec);
+    send(result, r, spec, result_answer);
 }
 
 uint32_t model_if::poll() {
     std::unique_lock<std::mutex> g(_mu, std::try_to_lock);
     if (!g.owns_lock()) return 0;
     uint32_t work = 0;
+    if (!_answers.empty()) {
+        // Backpressure: while answers wait for transmit buffers the IF takes no request and
+        // completes no batch (each would add answers); its ring fills instead.
+        work += _answers.flush() ? 1 : 0;
+        if (!_answers.empty()) return work;
+    }
     for (auto& l : _lanes)
         if (l->busy && l->done.load(std::memory_order_acquire)) {
             complete(*l);
@@ -981,7 +970,6 @@ void model_if::fail_pending() {
             dp::request* r = l->pop();
             _pending.fetch_sub(1, std::memory_order_relaxed);
             answer_error(*r, wire::status::shutting_down, "the daemon is stopping");
-            _errors.add();
             dp::release(r);
         }
     void* r;
@@ -989,7 +977,6 @@ void model_if::fail_pending() {
         auto* q = static_cast<dp::request*>(r);
         _counters.requests_served.add();
         answer_error(*q, wire::status::shutting_down, "the daemon is stopping");
-        _errors.add();
         dp::release(q);
     }
 }

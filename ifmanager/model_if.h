@@ -62,6 +62,12 @@ struct model_settings {
     bool share_auto = false;
 };
 
+// Every rule on settings, cross-field ones included (min_batch <= fixed_batch <= max_batch):
+// throws std::invalid_argument naming the fields. The
+// control plane runs it on what a message asks before anything is applied (and answers
+// bad_request with its words); model IFs run it again on what they are given.
+void check_settings(const model_settings& s);
+
 struct model_if_config {
     std::string name;
     std::string onnx;           // model file
@@ -226,7 +232,7 @@ private:
     size_t bucket_of(const dp::request& r) const;
     void dispatch(lane& l);
     // The answer of request i of a completed batch: top-k or its slice of the output tensor.
-    void answer(lane& l, uint32_t i, const ml::tensor& out);
+    void answer(lane& l, uint32_t i, const std::shared_ptr<const std::vector<ml::tensor>>& outputs);
     void complete(lane& l);
     void shed_late(lane& l, uint64_t now);
     void plan_sizes(lane& l, uint32_t max_batch);
@@ -244,8 +250,14 @@ private:
                                      dkp::model_profile& out);
     // Whether update(s) plans lane i (the RT lane is 0).
     bool lane_planned_by(const model_settings& s, int i) const;
-    void answer_error(const dp::request& r, wire::status status, const std::string& message);
-    void send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec);
+    // What an answer counts once it has gone out (response_queue's tag).
+    enum answer_tag : uint32_t { result_answer = 1, error_answer = 2, counted_as_error = 4 };
+    // An error answer; `counted`: it counts in errors_total (shed and deadline_exceeded
+    // answers have counters of their own).
+    void answer_error(const dp::request& r, wire::status status, const std::string& message, bool counted = true);
+    void send(std::span<const uint8_t> result, const dp::request& r, const dp::response_spec& spec, uint32_t tag,
+              std::shared_ptr<const void> owner = nullptr);
+    void answer_done(uint32_t tag, bool sent);
     void record_latency(double seconds);
 
     dp::dataplane& _plane;
@@ -260,7 +272,6 @@ private:
     rte_ring* _ring = nullptr;
     ml::request_input _input;
     uint64_t _tsc_hz = 1;
-    std::vector<rte_mbuf*> _tx_burst;  // a response's datagrams (up to the protocol's fragments)
     nlohmann::json _profile_summary;   // the last profile() (guarded by _mu)
     dkp::knee_curve _knee;             // guarded by _mu
 
@@ -289,6 +300,9 @@ private:
     std::atomic<uint64_t> _units{0};  // set_units()
     std::atomic<uint32_t> _in_flight{0};
     std::atomic<uint32_t> _pending{0};
+    // Answers waiting for transmit buffers (under _mu; last: its destructor reports what it
+    // still holds to the counters above).
+    dp::response_queue _answers;
 };
 
 }  // namespace reefline::ifm

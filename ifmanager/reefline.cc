@@ -29,6 +29,7 @@
 
 #include "dataplane/crc32_if.h"
 #include "dkp/selector.h"
+#include "ifmanager/available_memory.h"
 #include "ifmanager/control.h"
 #include "ifmanager/byte_size.h"
 #include "ifmanager/curve_keys.h"
@@ -39,6 +40,7 @@
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"
+#include "libml/regular_file.h"
 #include "dataplane/eal.h"
 #include "dataplane/engine.h"
 #ifdef REEFLINE_GPU_BACKEND
@@ -243,6 +245,21 @@ int main(int argc, char** argv) {
     app.add_option("--max-model-file", max_model_file_text, "largest ONNX file the daemon reads, e.g. 1G")->capture_default_str();
     // A misspelt option in the configuration file is an error, as it is on the command line.
     app.allow_config_extras(CLI::config_extras_mode::error);
+    // The configuration file is checked before CLI11 opens it: a FIFO (or any file that is not
+    // a regular one) would block the start for ever, a huge one be read whole.
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        std::string path;
+        if (a == "--config" && i + 1 < argc) path = argv[i + 1];
+        else if (a.rfind("--config=", 0) == 0) path = a.substr(9);
+        if (path.empty()) continue;
+        try {
+            (void)reefline::ml::read_regular_file(path, reefline::ifm::max_config_file_bytes);
+        } catch (const std::exception& e) {
+            std::cerr << "reefline: --config: " << e.what() << "\n";
+            return 2;
+        }
+    }
     try {
         app.parse(argc, argv);
     } catch (const CLI::ConfigError& e) {
@@ -432,13 +449,11 @@ int main(int argc, char** argv) {
                 const bool given = !abacus_file.empty();
                 const std::string file = given ? abacus_file : (std::filesystem::path(repo_dir) / "abacus.json").string();
                 std::error_code ec;
-                if (std::filesystem::exists(file, ec)) {
+                if (std::filesystem::exists(file, ec) || std::filesystem::is_symlink(file, ec)) {
                     try {
-                        std::ifstream in(file, std::ios::binary);
-                        std::string text;
-                        if (!in || std::filesystem::file_size(file) > (64u << 20))
-                            throw std::invalid_argument(file + ": unreadable or larger than 64 MiB");
-                        text.assign(std::istreambuf_iterator<char>(in), {});
+                        // Not a regular file (a FIFO would block the start for ever), or over
+                        // 64 MiB: refused before it is read.
+                        const std::string text = reefline::ml::read_regular_file(file, 64u << 20);
                         auto p = std::make_shared<reefline::gpu::abacus::predictor>(
                             reefline::gpu::abacus::predictor::parse(text, file));
                         nlohmann::json names = nlohmann::json::array();
@@ -466,20 +481,34 @@ int main(int argc, char** argv) {
             scheduler = std::make_unique<reefline::gpu::scheduler>(*device, sopt);
             const bool padding = scheduler->stats().padding;
             if (offline.empty()) repo = std::make_unique<reefline::ifm::model_repository>(repo_dir);
+            std::string budget_source = "--memory-budget", available_text;
             if (memory_budget == 0) {
-                // Measured after the data plane took its memory. A quarter stays out of the
-                // budget: what it does not count (an import's protobuf copy of the file, kernel
-                // scratch, the control plane, other processes) and MemAvailable's estimate
-                // being optimistic (it counts page cache that may not be reclaimable at once).
-                const uint64_t available = reefline::ifm::mem_available_bytes();
-                if (available == 0) throw std::runtime_error("cannot read MemAvailable from /proc/meminfo: give --memory-budget");
-                memory_budget = available / 4 * 3;
-                std::fprintf(stderr, "reefline: memory budget %s (3/4 of MemAvailable %s; --memory-budget to change)\n",
-                             reefline::ifm::format_byte_size(double(memory_budget)).c_str(),
-                             reefline::ifm::format_byte_size(double(available)).c_str());
+                // Measured after the data plane took its memory, in the tighter of the host
+                // and the daemon's memory cgroup (a pod's or a slice's limit kills the daemon
+                // whatever the host has free). A quarter stays out of the budget: what it
+                // does not count (an import's protobuf copy of the file, kernel scratch, the
+                // control plane, other processes) and the estimate being optimistic.
+                const reefline::ifm::available_memory available = reefline::ifm::read_available_memory();
+                if (available.bytes() == 0)
+                    throw std::runtime_error("cannot read MemAvailable from /proc/meminfo: give --memory-budget");
+                memory_budget = available.bytes() / 4 * 3;
+                budget_source = available.source();
+                available_text = available.describe();
+                std::fprintf(stderr, "reefline: memory budget %s (3/4 of %s; --memory-budget to change)\n",
+                             reefline::ifm::format_byte_size(double(memory_budget)).c_str(), available_text.c_str());
             }
             reefline::ifm::manager_info info{"0.1.0", device->caps().name, reefline::gpu::policy_name(policy)};
             info.memory_budget_bytes = memory_budget;
+            info.memory_budget_source = budget_source;
+            info.memory_available = available_text;
+            // A GPU's own memory is a budget of its own: weights and arenas live there.
+            if (const reefline::gpu::device_caps caps = device->caps(); caps.gpu && caps.memory_free_bytes) {
+                info.device_memory_free_at_start = caps.memory_free_bytes;
+                info.device_memory_budget_bytes = caps.memory_free_bytes / 4 * 3;
+                std::fprintf(stderr, "reefline: device memory budget %s (3/4 of the %s free on %s)\n",
+                             reefline::ifm::format_byte_size(double(info.device_memory_budget_bytes)).c_str(),
+                             reefline::ifm::format_byte_size(double(caps.memory_free_bytes)).c_str(), caps.name.c_str());
+            }
             info.dkp = padding;
             info.abacus = abacus_info;
             // Profiles feed DKP's rules and prema's estimates; with one compute unit nothing
@@ -597,7 +626,11 @@ int main(int argc, char** argv) {
         const uint64_t drain_until = rte_rdtsc() + 10 * hz;
         for (int quiet = 0; quiet < 1000 && rte_rdtsc() < drain_until;) quiet = manager->serve() == 0 && manager->quiet() ? quiet + 1 : 0;
         manager->fail_pending();
-        for (int quiet = 0; quiet < 1000;) quiet = manager->serve() == 0 && manager->quiet() ? quiet + 1 : 0;
+        // Answers that wait for transmit buffers are given up after a second without progress
+        // (counted as send failures); a port that takes nothing at all is left after 10 s.
+        const uint64_t answer_until = rte_rdtsc() + 10 * hz;
+        for (int quiet = 0; quiet < 1000 && rte_rdtsc() < answer_until;)
+            quiet = manager->serve() == 0 && manager->quiet() ? quiet + 1 : 0;
         manager->set_serving(false);
         const rte_eth_stats ps = plane->eth().stats();
         const dp::counter_snapshot c = snapshot();

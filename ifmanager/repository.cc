@@ -6,6 +6,7 @@
 #include <system_error>
 
 #include "ifmanager/bounded_json.h"
+#include "libml/regular_file.h"
 
 namespace reefline::ifm {
 
@@ -69,12 +70,14 @@ void model_repository::save_profile(const std::string& name, const std::string& 
 }
 
 std::string model_repository::load_profile(const std::string& name) const {
-    std::ifstream in(model_dir(name) / "profile.json", std::ios::binary);
-    if (!in) return {};
-    std::string text(max_profile_bytes + 1, '\0');
-    in.read(text.data(), std::streamsize(text.size()));
-    text.resize(size_t(in.gcount()));
-    return text.size() > max_profile_bytes ? std::string() : text;
+    // A profile is an optimisation: one that cannot be read (absent, not a regular file,
+    // absurdly large) is profiled again.
+    try {
+        return ml::read_regular_file_if_present((model_dir(name) / "profile.json").string(), max_profile_bytes)
+            .value_or(std::string());
+    } catch (const ml::file_refused&) {
+        return {};
+    }
 }
 
 void model_repository::remove(const std::string& name) {
@@ -89,14 +92,14 @@ repository_entry model_repository::entry(const std::string& name) const {
     e.name = name;
     e.onnx = dir / "model.onnx";
     const fs::path config = dir / "config.json";
-    std::ifstream in(config, std::ios::binary);
-    if (!in) throw std::runtime_error("no repository entry " + config.string());
-    // Read at most one byte beyond the limit: a huge file is refused, not loaded.
-    std::string text(max_config_bytes + 1, '\0');
-    in.read(text.data(), std::streamsize(text.size()));
-    text.resize(size_t(in.gcount()));
-    if (text.size() > max_config_bytes)
+    std::string text;
+    try {
+        text = ml::read_regular_file(config.string(), max_config_bytes);
+    } catch (const ml::file_too_large&) {
         throw std::runtime_error(config.string() + ": larger than " + std::to_string(max_config_bytes) + " bytes");
+    } catch (const ml::file_refused& e) {
+        throw std::runtime_error(std::string("repository entry: ") + e.what());
+    }
     try {
         e.config = bounded_parse(text);
     } catch (const json_refused& ex) {

@@ -97,16 +97,21 @@ batch_controller::batch_controller(const batching_options& o) {
 // An operator's mistake is refused rather than silently reinterpreted: the control plane
 // turns the exception into an error reply and the IF keeps its previous settings.
 void batch_controller::check(const batching_options& o) {
+    const auto n = [](auto v) { return std::to_string(v); };
     if (o.policy != batching_policy::slab && o.policy != batching_policy::aimd && o.policy != batching_policy::fixed)
         throw std::invalid_argument("batching: unknown policy");
     if (!std::isfinite(o.slo_ms) || o.slo_ms <= 0)
-        throw std::invalid_argument("batching: slo_ms must be a positive number");
+        throw std::invalid_argument("slo_ms must be a positive number");
     if (o.max_batch == 0 || o.max_batch > max_sizes)
-        throw std::invalid_argument("batching: max_batch must be 1.." + std::to_string(max_sizes));
-    if (o.min_batch == 0 || o.min_batch > o.max_batch)
-        throw std::invalid_argument("batching: min_batch must be 1..max_batch");
-    if (o.fixed_batch != 0 && (o.fixed_batch < o.min_batch || o.fixed_batch > o.max_batch))
-        throw std::invalid_argument("batching: fixed_batch must be 0 or min_batch..max_batch");
+        throw std::invalid_argument("max_batch must be 1.." + n(max_sizes) + ", got " + n(o.max_batch));
+    if (o.min_batch == 0) throw std::invalid_argument("min_batch must be at least 1");
+    if (o.min_batch > o.max_batch)
+        throw std::invalid_argument("min_batch (" + n(o.min_batch) + ") must not exceed max_batch (" + n(o.max_batch) + ")");
+    if (o.fixed_batch != 0 && o.fixed_batch > o.max_batch)
+        throw std::invalid_argument("fixed_batch (" + n(o.fixed_batch) + ") must not exceed max_batch (" + n(o.max_batch) + ")");
+    if (o.fixed_batch != 0 && o.fixed_batch < o.min_batch)
+        throw std::invalid_argument("fixed_batch (" + n(o.fixed_batch) + ") must not be below min_batch (" + n(o.min_batch) +
+                                    ")");
 }
 
 void batch_controller::configure(const batching_options& o) {

@@ -48,6 +48,9 @@ public:
     // fixed_batch 0 or within [min_batch, max_batch]; otherwise std::invalid_argument (and
     // configure() keeps the previous options).
     explicit batch_controller(const batching_options& o = {});
+    // The rules above, alone: throws std::invalid_argument naming the field (and the field
+    // it contradicts, with both values). What a control plane checks before applying options.
+    static void check(const batching_options& o);
     // Runtime change (operator `set`): new policy, SLO or limits take effect at once (a tighter
     // SLO lowers target() before the next batch); the learned latency model is kept.
     void configure(const batching_options& o);
@@ -97,7 +100,6 @@ private:
         uint32_t count = 0;
         uint64_t last = 0;    // _batches when last observed
     };
-    static void check(const batching_options& o);
     void refit();
     uint32_t clamp(int64_t b) const;
     double expect_ms(uint32_t batch) const;

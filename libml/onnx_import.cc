@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "libml/passes.h"
+#include "libml/regular_file.h"
 
 static_assert(std::endian::native == std::endian::little, "tensor data is stored little-endian");
 
@@ -541,14 +542,15 @@ graph import_onnx_buffer(const void* data, size_t size, const import_options& op
 }
 
 graph import_onnx(const std::string& path, const import_options& opts) {
-    std::ifstream f(path, std::ios::binary | std::ios::ate);
-    if (!f) throw model_error(K::io, path + ": cannot open the model file");
-    std::streamoff size = f.tellg();
-    if (size < 0) throw model_error(K::io, path + ": cannot read the model file");
-    if (size > INT_MAX) throw model_error(K::io, path + ": the model is larger than 2 GiB (the protobuf limit)");
-    std::string buf(size_t(size), '\0');
-    f.seekg(0);
-    if (size > 0 && !f.read(buf.data(), size)) throw model_error(K::io, path + ": cannot read the model file");
+    std::string buf;
+    try {
+        // Not a regular file (a FIFO would block), or past protobuf's 2 GiB: refused unread.
+        buf = read_regular_file(path, INT_MAX);
+    } catch (const file_too_large&) {
+        throw model_error(K::io, path + ": the model is larger than 2 GiB (the protobuf limit)");
+    } catch (const file_refused& e) {
+        throw model_error(K::io, e.what());
+    }
     return import_onnx_buffer(buf.data(), buf.size(), opts, path);
 }
 
@@ -561,9 +563,12 @@ tensor parse_tensor(const void* data, size_t size, std::string* name) {
 }
 
 tensor read_tensor_file(const std::string& path, std::string* name) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw model_error(K::io, path + ": cannot open");
-    std::string buf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    std::string buf;
+    try {
+        buf = read_regular_file(path, INT_MAX);
+    } catch (const file_refused& e) {
+        throw model_error(K::io, e.what());
+    }
     try {
         return parse_tensor(buf.data(), buf.size(), name);
     } catch (const model_error& e) {

@@ -83,10 +83,19 @@ request_input derive_sequence(const graph& imported) {
         else fixed = v.shape[1];
     }
     if (symbolic && fixed) refuse(imported, "one token input has a fixed length and another a symbolic one");
+    // Whether the first output's dim 1 is the sequence (a per-token output: hidden states,
+    // token tags), seen at every length the model runs at.
+    auto output_dim1 = [](const graph& g) -> int64_t {
+        if (g.outputs.empty()) return -1;
+        const shape_t& s = g.values[size_t(g.outputs[0])].shape;
+        return s.size() >= 2 ? s[1] : -1;
+    };
+    bool follows = true;
     if (!symbolic) {
         if (fixed < 1 || fixed > max_request_tokens)
             refuse(imported, "sequence length " + std::to_string(fixed) + " is outside 1.." + std::to_string(max_request_tokens));
         r.lengths = {fixed};
+        follows = output_dim1(imported) == fixed;
     } else {
         std::string first_error;
         for (int64_t len : sequence_buckets) {
@@ -94,6 +103,7 @@ request_input derive_sequence(const graph& imported) {
             try {
                 g.specialize(r.shapes(imported, 1, len));
                 r.lengths.push_back(len);
+                follows &= output_dim1(g) == len;
             } catch (const model_error& e) {
                 if (first_error.empty()) first_error = e.what();
             }
@@ -101,6 +111,7 @@ request_input derive_sequence(const graph& imported) {
         if (r.lengths.empty())
             throw std::invalid_argument("the model runs at none of the sequence lengths 16..512: " + first_error);
     }
+    r.per_token_output = follows;
     r.exact_length = r.mask < 0 && r.lengths.size() > 1;
     const int64_t rows = embedding_rows(generic, generic.inputs[size_t(r.ids)]);
     r.vocab_known = rows != INT64_MAX;
@@ -117,6 +128,33 @@ const char* request_kind_name(request_kind k) {
     case request_kind::tensor: return "tensor";
     }
     return "?";
+}
+
+std::string request_input::differences(const request_input& next) const {
+    if (kind != next.kind) return std::string(next.format_name()) + " instead of " + format_name();
+    const auto image = [](const request_input& r) {
+        return std::to_string(r.height) + "x" + std::to_string(r.width) + "x" + std::to_string(r.channels);
+    };
+    const auto vocabulary = [](const request_input& r) {
+        return r.vocab_known ? "a vocabulary of " + std::to_string(r.vocab) : std::string("no known vocabulary");
+    };
+    switch (kind) {
+    case request_kind::image:
+        if (channels != next.channels || height != next.height || width != next.width)
+            return "images of " + image(next) + " instead of " + image(*this);
+        break;
+    case request_kind::tensor:
+        if (item != next.item) return "tensors of " + shape_str(next.item) + " instead of " + shape_str(item);
+        break;
+    case request_kind::sequence:
+        if (lengths != next.lengths || exact_length != next.exact_length)
+            return "sequences of up to " + std::to_string(next.max_length()) + " tokens at other lengths than the " +
+                   std::to_string(max_length()) + " it takes now";
+        if (vocab_known != next.vocab_known || vocab != next.vocab)
+            return vocabulary(next) + " instead of " + (vocab_known ? std::to_string(vocab) : "none");
+        break;
+    }
+    return {};
 }
 
 const char* request_input::format_name() const {

@@ -46,6 +46,10 @@ struct request_input {
     bool vocab_known = false;
     std::vector<int64_t> lengths;
     bool exact_length = false;
+    // The first output's dim 1 is the sequence at every planned length ([N, L, ...]: hidden
+    // states, token tags), so a request's answer is cut to its own tokens. With one planned
+    // length it is taken to be the sequence where it equals that length.
+    bool per_token_output = false;
 
     // The wire format's name of what requests carry ("image_u8_hwc", "tokens_i32", "tensor_f32").
     const char* format_name() const;
@@ -54,6 +58,11 @@ struct request_input {
     int64_t bucket_for(int64_t n) const;
     // Graph input shapes of a plan for `batch` requests at `length` (sequence models).
     std::map<std::string, shape_t> shapes(const graph& g, int64_t batch, int64_t length) const;
+    // Why `next` would not take exactly the requests this takes (empty: it would), in words
+    // for operators ("images of 32x32x3 instead of 64x64x3"): the format, an image's shape, a
+    // tensor's dims, a sequence's lengths, whether they must match a length exactly, and the
+    // vocabulary. The one rule for a new version of a model IF's model.
+    std::string differences(const request_input& next) const;
     // One line for operators: "tokens_i32: input_ids i64, attention_mask i64 [N, 16..64], vocabulary 1024".
     std::string describe(const graph& g) const;
 };

@@ -104,6 +104,10 @@ struct device_caps {
     int lowest_priority;          // numerically: higher number = lower priority, as in CUDA
     int highest_priority;
     bool gpu = false;             // a CUDA/HIP device: plans pick GPU tile sizes
+    // A GPU's own memory, free now and in all (cudaMemGetInfo, when caps() is called); 0 on
+    // the cpu device, whose memory is the host's.
+    uint64_t memory_free_bytes = 0;
+    uint64_t memory_total_bytes = 0;
 };
 
 // Unit sets (stream_set_units) are 64-bit masks. On a device with more than 64 compute units

@@ -622,7 +622,15 @@ void op_destroy(device* dev) {
     delete d;
 }
 
-device_caps op_caps(const device* dev) { return state_of(dev)->caps; }
+device_caps op_caps(const device* dev) {
+    device_caps c = state_of(dev)->caps;
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) == cudaSuccess) {
+        c.memory_free_bytes = free;
+        c.memory_total_bytes = total;
+    }
+    return c;
+}
 
 void* op_alloc(device* dev, size_t bytes, memory_kind kind) {
     gpu_device_state* d = state_of(dev);

@@ -68,6 +68,7 @@
 
 // Memory
 #define cudaMalloc hipMalloc
+#define cudaMemGetInfo hipMemGetInfo
 #define cudaFree hipFree
 #define cudaMemset hipMemset
 #define cudaMemsetAsync hipMemsetAsync

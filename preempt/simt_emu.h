@@ -524,6 +524,20 @@ inline cudaError_t cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
     *greatest = -5;
     return cudaSuccess;
 }
+// The emulated device's memory is the host's: what /proc/meminfo says is available of it.
+inline cudaError_t cudaMemGetInfo(size_t* free, size_t* total) {
+    *free = *total = 0;
+    if (FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char key[64];
+        unsigned long long kib = 0;
+        while (std::fscanf(f, "%63s %llu kB", key, &kib) == 2) {
+            if (std::strcmp(key, "MemTotal:") == 0) *total = size_t(kib) * 1024;
+            if (std::strcmp(key, "MemAvailable:") == 0) *free = size_t(kib) * 1024;
+        }
+        std::fclose(f);
+    }
+    return *total ? cudaSuccess : cudaErrorInvalidValue;
+}
 inline cudaError_t cudaMalloc(void** p, size_t n) {
     if (n > (size_t(1) << 40)) return cudaErrorMemoryAllocation;
     *p = std::aligned_alloc(256, (std::max<size_t>(n, 1) + 255) / 256 * 256);

@@ -6,6 +6,7 @@
 #include <rte_eth_ring.h>
 #include <rte_ethdev.h>
 #include <rte_ring.h>
+#include <sys/stat.h>
 #include <zmq.h>
 
 #include <atomic>
@@ -16,6 +17,7 @@
 #include <thread>
 
 #include "dkp/profile.h"
+#include "ifmanager/available_memory.h"
 #include "ifmanager/byte_size.h"
 #include "ifmanager/control.h"
 #include "ifmanager/manager.h"
@@ -274,6 +276,28 @@ TEST_F(control_test, models_are_added_described_set_persisted_and_removed) {
     EXPECT_EQ(s["result"]["class"], "be");
     expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"port", 1}}), "bad_request");
     expect_error(call({{"v", 1}, {"op", "set"}, {"name", "cam"}, {"min_batch", 9}}), "bad_request");
+    // Settings that contradict each other are refused where the message is checked, naming
+    // both fields, and nothing of them is applied.
+    for (const json& contradiction :
+         {json{{"batching", "fixed"}, {"min_batch", 4}, {"fixed_batch", 2}}, json{{"min_batch", 3}, {"fixed_batch", 2}},
+          json{{"max_batch", 4}, {"fixed_batch", 6}}, json{{"max_batch", 2}, {"min_batch", 3}}}) {
+        json r = {{"v", 1}, {"op", "set"}, {"name", "cam"}};
+        r.update(contradiction);
+        const std::string why = expect_error(call(r), "bad_request");
+        for (const char* f : {"min_batch", "fixed_batch", "max_batch"}) {
+            if (contradiction.contains(f)) {
+                EXPECT_NE(why.find(f), std::string::npos) << contradiction.dump() << ": " << why;
+            }
+        }
+        const std::string added = expect_error(add("contradiction", 9150, _model, contradiction), "bad_request");
+        EXPECT_EQ(added, why);
+    }
+    {
+        const json d = call({{"v", 1}, {"op", "describe"}, {"name", "cam"}});
+        EXPECT_EQ(d["result"]["min_batch"], 1) << d.dump();
+        EXPECT_EQ(d["result"]["fixed_batch"], 0) << d.dump();
+        EXPECT_EQ(d["result"]["batching"], "slab") << d.dump();
+    }
 
     // Persisted: config + model file; the set is in the config.
     ASSERT_TRUE(fs::is_regular_file(_dir / "repo" / "cam" / "model.onnx"));
@@ -909,6 +933,19 @@ TEST_F(control_test, a_model_file_is_measured_before_it_is_read) {
     EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
 }
 
+TEST_F(control_test, a_model_file_that_is_a_fifo_or_a_directory_is_refused_naming_it_not_waited_on) {
+    // Nothing ever writes the FIFO: opening it to read would wait for ever.
+    const fs::path fifo = _dir / "fifo.onnx";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_NE(expect_error(add("f", 9100, fifo.string()), "bad_model").find(fifo.string() + " is a FIFO, not a regular file"),
+              std::string::npos);
+    EXPECT_NE(expect_error(add("d", 9100, _dir.string()), "bad_model").find("is a directory, not a regular file"),
+              std::string::npos);
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+    EXPECT_EQ(call({{"v", 1}, {"op", "health"}})["result"]["models"], 0);
+}
+
 TEST_F(control_test, an_input_with_a_zero_or_absurd_dimension_is_refused_naming_it) {
     const std::vector<std::pair<std::vector<int64_t>, std::string>> cases = {
         {{1, 3, 0, 32}, "input 'x' f32 [1x3x0x32]: dimension 2 (H) is 0; an image input needs it in 1..65535"},
@@ -993,7 +1030,83 @@ TEST(byte_size, parses_what_operators_write_and_refuses_the_rest) {
     EXPECT_EQ(ifm::format_byte_size(3.1 * (1ull << 30)), "3.1 GiB");
     EXPECT_EQ(ifm::format_byte_size(98 << 20), "98.0 MiB");
     EXPECT_EQ(ifm::format_byte_size(512), "512 B");
-    EXPECT_GT(ifm::mem_available_bytes(), 0u);
+    EXPECT_GT(ifm::read_available_memory().host_bytes, 0u);
+}
+
+// A /proc and cgroup tree of the test's own: meminfo, self/cgroup, self/mountinfo and the
+// cgroup files they name.
+struct fake_proc {
+    fs::path root = fs::temp_directory_path() / ("available_memory_" + std::to_string(::getpid()) + "_" +
+                                                  std::to_string(std::rand()));
+    explicit fake_proc(uint64_t mem_available_kib) {
+        fs::create_directories(root / "proc" / "self");
+        write("proc/meminfo", "MemTotal: 99999999 kB\nMemAvailable: " + std::to_string(mem_available_kib) + " kB\n");
+    }
+    ~fake_proc() { fs::remove_all(root); }
+    void write(const std::string& rel, const std::string& text) const {
+        fs::create_directories((root / rel).parent_path());
+        std::ofstream(root / rel) << text;
+    }
+    std::string proc() const { return (root / "proc").string(); }
+    std::string at(const std::string& rel) const { return (root / rel).string(); }
+};
+
+TEST(available_memory, a_cgroup_v2_limit_up_the_tree_binds_and_reclaimable_cache_counts_as_free) {
+    fake_proc p(20u << 20);  // the host: 20 GiB available
+    p.write("proc/self/cgroup", "0::/kubepods/pod1/ctr\n");
+    p.write("proc/self/mountinfo", "30 1 0:26 / " + p.at("cg") + " rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n");
+    // The container has no limit; its pod has 3 GiB, 1.5 GiB charged of which 0.5 GiB is
+    // inactive page cache.
+    p.write("cg/kubepods/pod1/ctr/memory.max", "max\n");
+    p.write("cg/kubepods/pod1/ctr/memory.current", "1000\n");
+    p.write("cg/kubepods/pod1/memory.max", std::to_string(3ull << 30) + "\n");
+    p.write("cg/kubepods/pod1/memory.current", std::to_string(3ull << 29) + "\n");
+    p.write("cg/kubepods/pod1/memory.stat", "anon 100\ninactive_file " + std::to_string(1ull << 29) + "\nactive_file 7\n");
+    const ifm::available_memory m = ifm::read_available_memory(p.proc());
+    EXPECT_EQ(m.host_bytes, 20ull << 30);
+    ASSERT_TRUE(m.cgroup_bytes.has_value());
+    EXPECT_EQ(*m.cgroup_bytes, (3ull << 30) - (1ull << 30));
+    EXPECT_EQ(m.bytes(), 2ull << 30);
+    EXPECT_STREQ(m.source(), "cgroup");
+    EXPECT_NE(m.describe().find("v2 " + p.at("cg/kubepods/pod1")), std::string::npos) << m.describe();
+    EXPECT_NE(m.describe().find("limit 3.0 GiB"), std::string::npos) << m.describe();
+}
+
+TEST(available_memory, a_cgroup_v1_limit_seen_from_a_container_and_its_hierarchical_limit) {
+    fake_proc p(8u << 20);
+    // A container: its memory cgroup is the mount's root, the limit its parent's
+    // (hierarchical_memory_limit).
+    p.write("proc/self/cgroup", "5:cpu,cpuacct:/docker/abc\n4:memory:/docker/abc\n0::/\n");
+    p.write("proc/self/mountinfo", "40 30 0:33 /docker/abc " + p.at("memory") +
+                                       " rw,nosuid shared:5 - cgroup cgroup rw,memory\n"
+                                       "41 30 0:34 /docker/abc " + p.at("cpu") + " rw - cgroup cgroup rw,cpu,cpuacct\n");
+    p.write("memory/memory.limit_in_bytes", "9223372036854771712\n");
+    p.write("memory/memory.usage_in_bytes", std::to_string(1ull << 30) + "\n");
+    p.write("memory/memory.stat", "cache 5\nhierarchical_memory_limit " + std::to_string(3ull << 30) +
+                                      "\ntotal_inactive_file 0\n");
+    const ifm::available_memory m = ifm::read_available_memory(p.proc());
+    ASSERT_TRUE(m.cgroup_bytes.has_value());
+    EXPECT_EQ(*m.cgroup_bytes, 2ull << 30);
+    EXPECT_EQ(m.bytes(), 2ull << 30);
+    EXPECT_STREQ(m.source(), "cgroup");
+}
+
+TEST(available_memory, without_a_limit_the_host_decides) {
+    fake_proc p(4u << 20);
+    p.write("proc/self/cgroup", "0::/user.slice\n");
+    p.write("proc/self/mountinfo", "30 1 0:26 / " + p.at("cg") + " rw - cgroup2 cgroup2 rw\n");
+    p.write("cg/user.slice/memory.max", "max\n");
+    p.write("cg/user.slice/memory.current", "123\n");
+    const ifm::available_memory m = ifm::read_available_memory(p.proc());
+    EXPECT_FALSE(m.cgroup_bytes.has_value());
+    EXPECT_EQ(m.bytes(), 4ull << 30);
+    EXPECT_STREQ(m.source(), "host");
+    // A limit looser than the host's free memory: still the host.
+    p.write("cg/user.slice/memory.max", std::to_string(64ull << 30) + "\n");
+    const ifm::available_memory loose = ifm::read_available_memory(p.proc());
+    ASSERT_TRUE(loose.cgroup_bytes.has_value());
+    EXPECT_STREQ(loose.source(), "host");
+    EXPECT_EQ(loose.bytes(), 4ull << 30);
 }
 
 }  // namespace

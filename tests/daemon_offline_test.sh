@@ -85,7 +85,7 @@ PY
   echo "corrupt predictor refused: $(grep -o 'bad.json: .*' "$tmp/bad.err")"
   # Live (net_null port): reefctl health shows the policy and its predictor.
   "$reefline" --policy abacus --abacus-predictor "$tmp/abacus.json" --control "ipc://$tmp/live.sock" --metrics off \
-    --repo "$tmp/repo" --eal "--no-pci --no-huge -m 256 --vdev=net_null0" > /dev/null 2> "$tmp/live.err" &
+    --repo "$tmp/repo" --eal "--no-pci --no-huge -m 256 --vdev=net_null0,no-rx=1" > /dev/null 2> "$tmp/live.err" &
   live=$!
   for _ in $(seq 100); do [ -S "$tmp/live.sock" ] && break; sleep 0.1; done
   "$tools/reefctl" --endpoint "ipc://$tmp/live.sock" health | tee "$tmp/health.txt" | grep -E "^(policy|abacus) "
@@ -93,6 +93,43 @@ PY
   wait "$live" || { cat "$tmp/live.err"; echo "FAIL: the live daemon"; exit 1; }
   grep -q "^policy *abacus" "$tmp/health.txt" && grep -q "^abacus *predictor $tmp/abacus.json: 2 model(s)" "$tmp/health.txt" \
     || { cat "$tmp/health.txt"; echo "FAIL: reefctl health does not show the abacus policy and its predictor"; exit 1; }
+
+  # FIFOs where the daemon reads files (nothing ever writes them: opening one for reading
+  # would wait for ever). The repository's abacus.json, an entry's config.json and
+  # profile.json, and a model file added over the control plane: each refused naming what it
+  # is, and the daemon starts, serves and answers.
+  mkdir -p "$tmp/fifo_repo/cam" "$tmp/fifo_repo/tagger"
+  mkfifo "$tmp/fifo_repo/abacus.json" "$tmp/fifo_repo/cam/config.json" "$tmp/fifo.onnx"
+  cp "$tmp/resnet50_tiny.onnx" "$tmp/fifo_repo/cam/model.onnx"
+  cp "$tmp/resnet50_tiny.onnx" "$tmp/fifo_repo/tagger/model.onnx"
+  printf '{"port": 9200}\n' > "$tmp/fifo_repo/tagger/config.json"
+  mkfifo "$tmp/fifo_repo/tagger/profile.json"
+  timeout 120 "$reefline" --policy abacus --control "ipc://$tmp/fifo.sock" --metrics off --repo "$tmp/fifo_repo" \
+    --eal "--no-pci --no-huge -m 256 --vdev=net_null0,no-rx=1" > /dev/null 2> "$tmp/fifo.err" &
+  live=$!
+  for _ in $(seq 300); do [ -S "$tmp/fifo.sock" ] && break; sleep 0.1; done
+  [ -S "$tmp/fifo.sock" ] || { kill "$live"; cat "$tmp/fifo.err"; echo "FAIL: a FIFO in the repository blocked the start"; exit 1; }
+  rc=0
+  timeout 30 "$tools/reefctl" --endpoint "ipc://$tmp/fifo.sock" --json health > "$tmp/fifo_health.json" || rc=$?
+  timeout 30 "$tools/reefctl" --endpoint "ipc://$tmp/fifo.sock" --json list > "$tmp/fifo_list.json" || rc=$?
+  add_rc=0
+  timeout 30 "$tools/reefctl" --endpoint "ipc://$tmp/fifo.sock" add-model --name f --port 9300 --onnx "$tmp/fifo.onnx" \
+    > "$tmp/fifo_add.out" 2>&1 || add_rc=$?
+  timeout 30 "$tools/reefctl" --endpoint "ipc://$tmp/fifo.sock" shutdown > /dev/null
+  wait "$live" || { cat "$tmp/fifo.err"; echo "FAIL: the daemon with FIFOs in its repository"; exit 1; }
+  [ "$rc" = 0 ] || { cat "$tmp/fifo.err"; echo "FAIL: health with FIFOs in the repository (exit $rc)"; exit 1; }
+  python3 - "$tmp/fifo_health.json" "$tmp/fifo.err" "$tmp/fifo_add.out" "$add_rc" "$tmp/fifo_list.json" <<'PY'
+import json, sys
+h = json.load(open(sys.argv[1]))
+listed = json.load(open(sys.argv[5]))
+err = open(sys.argv[2]).read()
+add = open(sys.argv[3]).read()
+assert "abacus.json is a FIFO, not a regular file" in json.dumps(h["abacus"]), h["abacus"]
+assert "config.json is a FIFO, not a regular file" in err, err
+assert [m["name"] for m in listed["models"]] == ["tagger"], listed  # its profile, a FIFO, measured again
+assert int(sys.argv[4]) != 0 and "not a regular file" in add, (sys.argv[4], add)
+print("FIFOs refused: abacus.json, config.json, profile.json (profiled again), a model file")
+PY
 fi
 
 # A bad configuration file is a usage error (exit 2) that names the problem.
@@ -109,4 +146,10 @@ bad_config 'max-batch = 4
 bogus = 1' "unknown option 'bogus'"
 bad_config '{"max-batch": 4,' "not valid JSON"
 bad_config '{"eal": {"nested": 1}}' '"eal": expected a string'
+# A FIFO as --config is refused, not waited on.
+rm -f "$tmp/fifo.conf" && mkfifo "$tmp/fifo.conf"
+rc=0
+timeout 60 "$reefline" --backend "$backend" --config "$tmp/fifo.conf" --metrics off > /dev/null 2> "$tmp/bad.err" || rc=$?
+[ "$rc" = 2 ] && grep -q "fifo.conf is a FIFO, not a regular file" "$tmp/bad.err" \
+  || { cat "$tmp/bad.err"; echo "FAIL: --config FIFO: exit $rc"; exit 1; }
 echo "daemon offline ($backend): ok"

@@ -12,13 +12,16 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <set>
 #include <random>
 #include <thread>
 
 #include "ifmanager/model_if.h"
+#include "tests/onnx_builder.h"
 #include "tests/ring_port.h"
 #include "tests/tiny_zoo.h"
 #include "tools/reefgen/packet.h"
@@ -679,3 +682,236 @@ TEST_F(model_if_test, sensor_tensors_answer_their_output_tensor) {
 }
 
 }  // namespace
+
+// ---- answers under transmit pressure -----------------------------------------------------
+
+namespace {
+
+// A tensor model whose answer is the largest a response can carry: y[N, 8, 45824] = x[N, 8, 4]
+// x W, 8 x 45824 x 4 bytes = 1024 fragments of 1432 bytes (wire::max_fragments at a
+// 1500-byte MTU).
+constexpr int64_t big_rows = 8, big_k = 4, big_cols = 45824;
+
+float big_weight(int64_t k, int64_t j) { return float((j % 97) - 48) * 0.01f + float(k) * 0.5f; }
+
+fs::path write_big_answer_model(const fs::path& dir) {
+    ml::test_models::builder b;
+    b.input("x", {-1, big_rows, big_k});
+    std::vector<float> w(size_t(big_k * big_cols));
+    for (int64_t k = 0; k < big_k; ++k)
+        for (int64_t j = 0; j < big_cols; ++j) w[size_t(k * big_cols + j)] = big_weight(k, j);
+    b.init_f32("w", {big_k, big_cols}, w);
+    b.node("MatMul", {"x", "w"}, {"y"});
+    b.output("y", {-1, big_rows, big_cols});
+    const fs::path path = dir / "big_answer.onnx";
+    std::ofstream(path, std::ios::binary) << b.bytes();
+    return path;
+}
+
+reefline::reefgen::request_payload big_request(uint64_t seed, std::vector<float>& x) {
+    x.resize(size_t(big_rows * big_k));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = float(int((seed * 7 + i * 3) % 11) - 5) * 0.25f;
+    reefline::reefgen::request_payload p;
+    p.format = wire::format::tensor_f32;
+    p.dims[0] = uint16_t(big_rows);
+    p.dims[1] = uint16_t(big_k);
+    p.bytes.resize(x.size() * 4);
+    std::memcpy(p.bytes.data(), x.data(), p.bytes.size());
+    return p;
+}
+
+// Tensor answers reassembled from their datagrams, by request id.
+struct reassembled {
+    std::vector<float> values;
+    std::set<uint16_t> fragments;
+    uint16_t count = 0;
+    uint16_t dims[4] = {};
+    bool error = false;
+    bool complete() const { return count && fragments.size() == count; }
+};
+
+}  // namespace
+
+TEST_F(model_if_test, a_batch_of_the_largest_answers_is_delivered_whole_through_a_small_tx_pool) {
+    const fs::path onnx = write_big_answer_model(_dir);
+    constexpr uint32_t batch = 8;
+    start_if([&](reefline::ifm::model_if_config& c) {
+        c.name = "big";
+        c.onnx = onnx.string();
+        c.settings.tensor_output = true;
+        c.settings.batching.policy = ml::batching_policy::fixed;
+        c.settings.batching.max_batch = batch;
+        c.settings.batching.fixed_batch = batch;
+        c.settings.shed = false;
+    });
+    // The fixture's tx pool holds 1023 mbufs: less than one answer's 1024 datagrams, an
+    // eighth of the batch's.
+    ASSERT_LT(_plane->eth().tx_pool()->size, wire::max_fragments);
+    std::vector<std::vector<float>> xs(batch);
+    for (uint32_t i = 0; i < batch; ++i) reefline::testing::enqueue_request(*_plane, _rx, 500 + i, port, big_request(i, xs[i]));
+
+    std::map<uint64_t, reassembled> got;
+    auto drain = [&] {
+        void* obj;
+        while (rte_ring_dequeue(_tx, &obj) == 0) {
+            auto* m = static_cast<rte_mbuf*>(obj);
+            const gen::parsed_frame p = gen::parse_frame({rte_pktmbuf_mtod(m, const uint8_t*), m->data_len});
+            EXPECT_EQ(p.error, gen::frame_error::none);
+            const wire::fields h = wire::decode(&p.header);
+            reassembled& r = got[h.request_id];
+            r.error |= h.kind == uint8_t(wire::kind::error);
+            r.count = h.frag_count;
+            std::copy(h.dims, h.dims + 4, r.dims);
+            r.values.resize(h.total_length / 4);
+            EXPECT_TRUE(r.fragments.insert(h.frag_index).second) << "fragment sent twice";
+            if (!r.error) std::memcpy(reinterpret_cast<uint8_t*>(r.values.data()) + h.payload_offset, p.fragment.data(), p.fragment.size());
+            rte_pktmbuf_free(m);
+        }
+    };
+    auto all_complete = [&] {
+        return got.size() == batch && std::all_of(got.begin(), got.end(), [](const auto& kv) { return kv.second.complete(); });
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!all_complete() && std::chrono::steady_clock::now() < deadline) {
+        _plane->poll_rx(0);
+        _if->poll();
+        _plane->poll_tx();
+        drain();
+    }
+    ASSERT_EQ(got.size(), batch);
+    for (uint32_t i = 0; i < batch; ++i) {
+        const reassembled& r = got.at(500 + i);
+        ASSERT_FALSE(r.error);
+        ASSERT_EQ(r.count, wire::max_fragments) << "request " << 500 + i;
+        ASSERT_TRUE(r.complete()) << "request " << 500 + i << ": " << r.fragments.size() << " of " << r.count << " datagrams";
+        EXPECT_EQ(r.dims[0], big_rows);
+        EXPECT_EQ(r.dims[1], big_cols);
+        ASSERT_EQ(r.values.size(), size_t(big_rows * big_cols));
+        for (int64_t row = 0; row < big_rows; ++row)
+            for (int64_t j = 0; j < big_cols; j += 331) {
+                float want = 0;
+                for (int64_t k = 0; k < big_k; ++k) want += xs[i][size_t(row * big_k + k)] * big_weight(k, j);
+                ASSERT_NEAR(r.values[size_t(row * big_cols + j)], want, 1e-4f * (1 + std::fabs(want)));
+            }
+    }
+    const auto stats = _if->stats();
+    EXPECT_EQ(stats["responses_total"], batch);
+    EXPECT_EQ(stats["send_failures_total"], 0);
+    EXPECT_EQ(stats["batches_total"], 1) << "one batch of eight";
+    EXPECT_EQ(_if->queued(), 0u);
+}
+
+TEST_F(model_if_test, answers_a_port_never_takes_are_given_up_once_as_send_failures_and_the_if_recovers) {
+    start_if([&](reefline::ifm::model_if_config& c) {
+        c.settings.batching.max_batch = 4;
+        c.settings.shed = false;
+    });
+    // No transmit buffer to be had (what a link that is down leaves once the driver holds
+    // them all): the test holds every mbuf of the tx pool.
+    std::vector<rte_mbuf*> hoard;
+    for (rte_mbuf* m; (m = rte_pktmbuf_alloc(_plane->eth().tx_pool())) != nullptr;) hoard.push_back(m);
+    const uint16_t h = uint16_t(_if->input().height), w = uint16_t(_if->input().width), c = uint16_t(_if->input().channels);
+    const auto images = reefline::testing::random_images(4, size_t(h) * w * c, 5);
+    for (uint64_t i = 0; i < 4; ++i) send_image(10 + i, images[i], h, w, c);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (_if->stats()["send_failures_total"].get<uint64_t>() < 4 &&
+           std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20)) {
+        _plane->poll_rx(0);
+        _if->poll();
+        _plane->poll_tx();
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    const double waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto stats = _if->stats();
+    EXPECT_EQ(stats["send_failures_total"], 4) << "each answer given up once";
+    EXPECT_EQ(stats["responses_total"], 0) << "an answer that was not sent is not a response";
+    EXPECT_GE(waited_s, 0.9) << "given up before a second without progress";
+    EXPECT_EQ(_if->queued(), 0u);
+
+    // The link comes back: new requests are answered.
+    for (rte_mbuf* m : hoard) rte_pktmbuf_free(m);
+    for (uint64_t i = 0; i < 4; ++i) send_image(20 + i, images[i], h, w, c);
+    const auto answers = pump_and_collect(4);
+    ASSERT_EQ(answers.size(), 4u);
+    for (const answer& a : answers) EXPECT_EQ(a.head.kind, uint8_t(wire::kind::response)) << a.message;
+    stats = _if->stats();
+    EXPECT_EQ(stats["responses_total"], 4);
+    EXPECT_EQ(stats["send_failures_total"], 4);
+}
+
+// ---- per-token outputs and new versions of token models -----------------------------------
+
+namespace {
+
+// A token model whose output is per token: y[N, L] = table[ids] * mask, `vocab` rows of
+// table[i] = i / 2.
+fs::path write_token_tagger(const fs::path& dir, int64_t vocab, const std::string& name) {
+    ml::test_models::builder b;
+    b.input("input_ids", {-1, -1}, onnx::TensorProto::INT64);
+    b.input("attention_mask", {-1, -1}, onnx::TensorProto::INT64);
+    for (int i = 0; i < 2; ++i)  // [N, L]: two symbols, not one
+        b.g->mutable_input(i)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("L");
+    std::vector<float> table(static_cast<size_t>(vocab), 0.0f);
+    for (int64_t i = 0; i < vocab; ++i) table[size_t(i)] = float(i) * 0.5f;
+    b.init_f32("table", {vocab}, table);
+    b.node("Gather", {"table", "input_ids"}, {"tags"});
+    ml::test_models::attr_i(b.node("Cast", {"attention_mask"}, {"maskf"}), "to", onnx::TensorProto::FLOAT);
+    b.node("Mul", {"tags", "maskf"}, {"y"});
+    b.output("y", {-1, -1});
+    b.g->mutable_output(0)->mutable_type()->mutable_tensor_type()->mutable_shape()->mutable_dim(1)->set_dim_param("L");
+    const fs::path path = dir / (name + ".onnx");
+    std::ofstream(path, std::ios::binary) << b.bytes();
+    return path;
+}
+
+}  // namespace
+
+TEST_F(model_if_test, a_per_token_output_of_rank_two_is_cut_to_the_requests_tokens) {
+    const fs::path onnx = write_token_tagger(_dir, 50, "tagger");
+    start_if([&](reefline::ifm::model_if_config& c) {
+        c.name = "tagger";
+        c.onnx = onnx.string();
+        c.settings.tensor_output = true;
+        c.settings.batching.max_batch = 4;
+    });
+    ASSERT_STREQ(_if->input().format_name(), "tokens_i32");
+    EXPECT_TRUE(_if->input().per_token_output);
+    const std::vector<std::vector<int32_t>> requests = {{3, 1, 4, 1, 5}, {9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2, 3, 8, 4, 6, 2}, {7}};
+    for (size_t i = 0; i < requests.size(); ++i)
+        reefline::testing::enqueue_request(*_plane, _rx, 300 + i, port, token_payload(requests[i]));
+    const auto answers = pump_and_collect(requests.size());
+    ASSERT_EQ(answers.size(), requests.size());
+    for (const answer& a : answers) {
+        ASSERT_EQ(a.head.kind, uint8_t(wire::kind::response)) << a.message;
+        const auto& tokens = requests.at(size_t(a.head.request_id - 300));
+        EXPECT_EQ(a.head.dims[0], tokens.size()) << "request " << a.head.request_id << ": dims";
+        EXPECT_EQ(a.head.dims[1], 0);
+        ASSERT_EQ(a.tensor.size(), tokens.size()) << "request " << a.head.request_id << ": values (its bucket is 16 or 32)";
+        for (size_t j = 0; j < tokens.size(); ++j) EXPECT_EQ(a.tensor[j], float(tokens[j]) * 0.5f);
+    }
+}
+
+TEST_F(model_if_test, a_new_version_must_take_the_same_token_requests_vocabulary_included) {
+    const fs::path v1 = write_token_tagger(_dir, 50, "tagger_v1");
+    start_if([&](reefline::ifm::model_if_config& c) {
+        c.name = "tagger";
+        c.onnx = v1.string();
+        c.settings.tensor_output = true;
+    });
+    ASSERT_EQ(_if->input().vocab, 50);
+    auto load = [&](const fs::path& p) { return _runtime->load_model(p.string(), reefline::ifm::model_if::import_options()); };
+    for (const int64_t vocab : {40, 60}) {
+        const auto other = load(write_token_tagger(_dir, vocab, "tagger_" + std::to_string(vocab)));
+        try {
+            (void)_if->prepare(_if->settings(), other);
+            ADD_FAILURE() << "a version with a vocabulary of " << vocab << " replaced one of 50";
+        } catch (const std::invalid_argument& e) {
+            EXPECT_NE(std::string(e.what()).find("vocabulary of " + std::to_string(vocab) + " instead of 50"), std::string::npos)
+                << e.what();
+        }
+    }
+    // The same vocabulary, other weights: taken.
+    const auto same = load(write_token_tagger(_dir, 50, "tagger_v2"));
+    _if->commit(_if->prepare(_if->settings(), same));
+    EXPECT_EQ(_if->model(), same);
+}

@@ -237,7 +237,9 @@ std::string resolve_onnx(const std::string& path) {
     const auto st = fs::status(abs, ec);
     if (!fs::exists(st)) throw usage_error("--onnx " + path + ": no such file");
     if (fs::is_directory(st)) throw usage_error("--onnx " + path + ": is a directory, not an ONNX file");
-    const int fd = ::open(abs.c_str(), O_RDONLY | O_CLOEXEC);
+    if (!fs::is_regular_file(st)) throw usage_error("--onnx " + path + ": is not a regular file");
+    // Non-blocking: what is checked here may be swapped for a FIFO meanwhile.
+    const int fd = ::open(abs.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         throw usage_error("--onnx " + path + ": cannot be read (" + std::strerror(errno) + ")");
     const auto size = fs::file_size(abs, ec);
