@@ -112,12 +112,19 @@ result run(gpu::device& d, int64_t batch, int64_t side, size_t fragment, int ite
 
 int main(int argc, char** argv) {
     int iterations = 200;
+    int64_t side = 224;
+    bool tiny = false;
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick")) iterations = 50;
+        else if (!std::strcmp(argv[i], "--tiny")) tiny = true;  // the SIMT emulation: 64x64 images, 2 passes
         else {
-            std::fprintf(stderr, "usage: gather_bench [--quick]\n");
+            std::fprintf(stderr, "usage: gather_bench [--quick] [--tiny]\n");
             return 2;
         }
+    }
+    if (tiny) {
+        iterations = 2;
+        side = 64;
     }
     std::unique_ptr<gpu::device> d;
     try {
@@ -133,9 +140,10 @@ int main(int argc, char** argv) {
     double headline = 0;
     for (int64_t batch : {int64_t(1), int64_t(8), int64_t(32)})
         for (size_t fragment : {size_t(1432), size_t(512)}) {
-            const result r = run(*d, batch, 224, fragment, iterations);
+            if (tiny && (batch == 32 || fragment == 512)) continue;
+            const result r = run(*d, batch, side, fragment, iterations);
             const double ratio = r.memcpy_gbps > 0 ? r.gather_gbps_device / r.memcpy_gbps : 0;
-            std::printf("%6lld %6d %9zu %14.2f %14.2f %12.2f %8.2f\n", (long long)batch, 224, fragment,
+            std::printf("%6lld %6lld %9zu %14.2f %14.2f %12.2f %8.2f\n", (long long)batch, (long long)side, fragment,
                         r.gather_gbps_device, r.gather_gbps_mapped, r.memcpy_gbps, ratio);
             if (batch == 8 && fragment == 1432) headline = ratio;
         }

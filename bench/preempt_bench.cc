@@ -1,45 +1,68 @@
-// preempt_bench: the scheduler (preempt/scheduler.cc) on the cpu device, with synthetic kernels
-// (busy loops with a check point every ~10 us), or on the GPU (--device cuda|hip, in builds
-// with -Dcuda=enabled / -Dhip=enabled) with the kernel library's gpu_spin kernel (the same
-// loops on the GPU clock; BE kernels fill every SM, 4 blocks each).
+// preempt_bench: the scheduler (preempt/scheduler.cc) on the cpu device, or on the GPU
+// (--device cuda|hip, in builds with -Dcuda=enabled / -Dhip=enabled).
 //
-// On the GPU the RT kernel's first block marks a host-mapped word and the host timestamps the
-// moment it sees it: the latency includes that PCIe round trip (~1-2 us).
-//
-// 1. Preemption latency (RT arrival = submit -> first RT block running), p50/p99: reset-based
-//    (reef: vHQ reset, flag, kill at a check point) vs wait-based (REEF-N style: vHQ reset but
-//    no flag, no kill: the RT task is launched once the BE launches in flight have drained).
-//    One BE task of Q queued kernels of L us; RT tasks arrive at random times.
-// 2. RT end-to-end latency with closed-loop BE clients, and overall throughput (tasks/s),
-//    for reef, seq, streams, prema against rt_only.
+// 1. Preemption latency, honestly: RT arrival (submit) -> first RT block running, under BE
+//    load that holds every compute unit, with the stages of each preemption:
+//      submit   the RT task's submit() returned (on levels: the BE level raised)
+//      notice   the first running BE block stopped at a check point (spin loads)
+//      launch   the scheduler launched the RT task
+//      first    the RT kernel's first block running: the preemption latency
+//      drain    the RT kernel's last block running: its blocks need every unit (one per unit,
+//               and on a GPU as much shared memory as a block may have), so this is when the
+//               last BE block left the last unit
+//      done     the RT task ended
+//    Device times come from the kernels' own clocks (the cpu device: steady_clock; a GPU: its
+//    global timer, mapped onto the host's clock by ping launches, +-half a ping's round trip).
+//    BE loads: `spin` (short blocks that leave room beside them: on a GPU, 32-thread blocks
+//    without shared memory, which RT blocks fit beside, so that no BE block has to leave: the
+//    old, flattering measurement), `full` (blocks that hold a whole unit: on a GPU the most
+//    shared memory a block may have; their length is the check interval's reach) and, with
+//    --model FILE, `model` (the model at batch 8 as BE tasks: real convolution blocks; the RT
+//    task is then also measured as the model's first kernel and as the whole model at batch 1).
+//    Reset-based (reef: the BE level raised, or each BE queue's flag with --flags) against
+//    wait-based (REEF-N: launches in flight run to their end). p50, p99, p99.9.
+// 2. RT end-to-end latency with closed-loop BE clients, and overall throughput (tasks/s), for
+//    reef, seq, streams, prema against rt_only.
 // 3. Restore overhead: re-executed kernels per preemption, exact vs approximate restore.
 //
-// --quick: only what the last line needs. --device cpu|cuda|hip (default cpu). Last line:
-//   reset_p99_us=A wait_p99_us=B rt_overhead_pct=C throughput_vs_rt_only=D
+// --quick: only what the last line needs (the `full` load, reset and wait, rt_only and reef).
+// Last line:
+//   reset_p50_us=A reset_p99_us=B reset_p999_us=C drain_p99_us=D wait_p99_us=E rt_overhead_pct=F
+//   throughput_vs_rt_only=G
 //
-// Every measurement prints a progress line on stderr. --csv FILE: the preemption latencies, one
-// row per mode and configuration (bench/plot.py preemption plots them); --csv-policies FILE:
-// the policy table, one row per policy and number of BE clients.
+// Every measurement prints a progress line on stderr. --csv FILE: the preemption latencies and
+// stages, one row per mode, load and configuration (bench/plot.py preemption plots them);
+// --csv-policies FILE: the policy table, one row per policy and number of BE clients.
 #include "preempt/scheduler.h"
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <pthread.h>
+#include <sched.h>
 
 #include "bench/bench_report.h"
 
 #if defined(REEFLINE_GPU_BACKEND)
 #include "libml/kernels/gpu/launcher.h"
 #include "preempt/gpu_device.h"
+#endif
+#if defined(REEFLINE_BENCH_MODELS)
+#include "libml/libml.h"
+#include "libml/synthetic_inputs.h"
 #endif
 
 namespace {
@@ -51,64 +74,225 @@ int64_t now_ns() {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(clk::now().time_since_epoch()).count();
 }
 
+// ---- the kernels -------------------------------------------------------------------------------
+
+// A block of known length that checks every `check_us`; with `starts` it records when it
+// started, with `stops` when it stopped at a check point (steady_clock ns, per block).
 struct busy_args {
-    uint32_t us;                   // block length
-    std::atomic<int64_t>* first;   // time the first block started (null: not recorded)
+    uint32_t us;
+    uint32_t check_us;
+    int64_t* starts;
+    int64_t* stops;
 };
 
 bool busy_block(const void* a, const block_context& ctx) {
     const auto& p = *static_cast<const busy_args*>(a);
     const int64_t t0 = now_ns();
-    if (p.first) {
-        int64_t z = 0;
-        p.first->compare_exchange_strong(z, t0);
-    }
-    const int64_t end = t0 + int64_t(p.us) * 1000;
-    int64_t next_check = t0 + 10'000;
+    if (p.starts) reinterpret_cast<std::atomic<int64_t>*>(p.starts + ctx.block)->store(t0, std::memory_order_relaxed);
+    const int64_t end = t0 + int64_t(p.us) * 1000, every = int64_t(p.check_us) * 1000;
+    int64_t next_check = t0 + every;
     for (;;) {
         const int64_t t = now_ns();
         if (t >= end) return true;
         if (t >= next_check) {
-            if (ctx.preempted()) return false;
-            next_check = t + 10'000;
+            if (ctx.preempted()) {
+                if (p.stops) reinterpret_cast<std::atomic<int64_t>*>(p.stops + ctx.block)->store(t, std::memory_order_relaxed);
+                return false;
+            }
+            next_check = t + every;
         }
     }
 }
 const kernel_info k_busy{"busy", busy_block, nullptr, 128, 32, 0, 0};
 
-// --device: the cpu backend, or the build's GPU backend.
-bool g_gpu = false;
-uint32_t g_gpu_units = 1;  // the GPU's compute units
-
 #if defined(REEFLINE_GPU_BACKEND)
 const kernel_info k_gpu_spin{"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
 #endif
 
-// How the RT task's first block reports its start: a steady_clock time (cpu), or a host-mapped
-// word the GPU kernel sets (the host timestamps when it sees it).
-struct start_probe {
-    std::atomic<int64_t> first{0};
-    uint32_t* mapped = nullptr;
+// --device: the cpu backend, or the build's GPU backend.
+bool g_gpu = false;
+uint32_t g_units = 1;        // compute units of the cpu device (--units)
+uint32_t g_gpu_units = 1;    // the GPU's compute units
+uint32_t g_check_us = 10;    // BE blocks' check interval (--check-us)
+bool g_use_levels = true;    // --flags: per-queue flags instead of the BE level
+std::string g_model_path;    // --model
+
+int g_dispatcher_cpu = -1;  // --pin: the scheduler thread's CPU (the last one); units on the others
+
+std::unique_ptr<device> make_dev() {
+#if defined(REEFLINE_GPU_BACKEND)
+    if (g_gpu) return make_gpu_device();
+#endif
+    cpu_device_options o;
+    o.compute_units = g_units;
+    o.scratch_per_unit = 1u << 16;
+    if (g_dispatcher_cpu < 0) return make_cpu_device(o);
+    // The device pins its units where they are as many as the CPUs its creator may run on:
+    // created from a thread allowed every CPU but the dispatcher's.
+    std::unique_ptr<device> d;
+    std::thread([&] {
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        for (int c = 0; c < g_dispatcher_cpu; ++c) CPU_SET(c, &set);
+        (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
+        d = make_cpu_device(o);
+    }).join();
+    return d;
+}
+
+uint32_t units_of_device() { return g_gpu ? g_gpu_units : g_units; }
+
+// Per-block time words the kernels write (host-mapped on a GPU), and the map from the device's
+// clock to the host's.
+struct probe_words {
+    device* dev = nullptr;
+    uint32_t n = 0;
+    int64_t* words = nullptr;
+    probe_words(device& d, uint32_t count) : dev(&d), n(count) {
+        words = static_cast<int64_t*>(d.alloc(size_t(count) * 8, g_gpu ? memory_kind::host_mapped : memory_kind::device));
+        if (!words) throw std::bad_alloc();
+        clear();
+    }
+    ~probe_words() { dev->free(words); }
+    probe_words(const probe_words&) = delete;
+    probe_words& operator=(const probe_words&) = delete;
+    void clear() {
+        for (uint32_t i = 0; i < n; ++i) reinterpret_cast<std::atomic<int64_t>*>(words + i)->store(0);
+    }
+    int64_t at(uint32_t i) const { return reinterpret_cast<std::atomic<int64_t>*>(words + i)->load(); }
+    // Least and greatest non-zero word (0, 0 when none).
+    std::pair<int64_t, int64_t> range() const {
+        int64_t lo = 0, hi = 0;
+        for (uint32_t i = 0; i < n; ++i)
+            if (const int64_t v = at(i)) {
+                lo = lo ? std::min(lo, v) : v;
+                hi = std::max(hi, v);
+            }
+        return {lo, hi};
+    }
 };
 
-task busy_task(task_class cls, uint32_t kernels, uint32_t us, start_probe* probe = nullptr) {
+// host ns = device ns + offset. The cpu device's kernels read the host's clock (offset 0); a
+// GPU's global timer is mapped by ping launches: a one-block kernel records its start, the host
+// its launch and the moment it sees the record; the ping with the shortest round trip wins.
+struct clock_map {
+    int64_t offset = 0;
+    double error_us = 0;  // half the best ping's round trip
+};
+
+clock_map calibrate_clock(device& d) {
+    clock_map m;
+#if defined(REEFLINE_GPU_BACKEND)
+    // The SIMT emulation's GPU clock is the host's steady clock (its launches take far longer
+    // than a ping could measure).
+    if (!g_gpu || std::strcmp(reefline::ml::kernels::gpu_runtime_name(), "SIMT emulation") == 0) return m;
+    stream* s = d.create_stream(d.caps().highest_priority);
+    probe_words start(d, 1);
+    int64_t best = INT64_MAX;
+    for (int i = 0; i < 32; ++i) {
+        start.clear();
+        reefline::ml::kernels::gpu_spin_args a{0, 1'000'000, nullptr};
+        a.block_start_ns = reinterpret_cast<uint64_t*>(start.words);
+        const int64_t before = now_ns();
+        d.launch(s, launch{&k_gpu_spin, &a, uint32_t(sizeof a), 1, 0, 1, nullptr, 0});
+        while (start.at(0) == 0 && now_ns() - before < 1'000'000'000) {
+        }
+        const int64_t after = now_ns(), dev_t = start.at(0);
+        d.synchronize(s);
+        if (dev_t && after - before < best) {
+            best = after - before;
+            m.offset = (before + after) / 2 - dev_t;
+            m.error_us = double(best) / 2000.0;
+        }
+    }
+    d.ops().stream_destroy(&d, s);
+#else
+    (void)d;
+#endif
+    return m;
+}
+
+// ---- loads -------------------------------------------------------------------------------------
+
+enum class be_load { spin, full, model };
+const char* load_name(be_load l) { return l == be_load::spin ? "spin" : l == be_load::full ? "full" : "model"; }
+
+enum class rt_kind { spin, first_kernel, model };
+const char* rt_name(rt_kind k) { return k == rt_kind::spin ? "spin" : k == rt_kind::first_kernel ? "first_kernel" : "model"; }
+
+// A spin task: `kernels` launches of `grid` blocks of `us` each.
+task spin_task(task_class cls, uint32_t kernels, uint32_t grid, uint32_t us, bool fill_units, int64_t* starts,
+               int64_t* stops) {
     task t;
     t.cls = cls;
     for (uint32_t i = 0; i < kernels; ++i) {
 #if defined(REEFLINE_GPU_BACKEND)
         if (g_gpu) {
-            // BE kernels occupy the whole GPU; an RT kernel a quarter of it.
-            const uint32_t grid = cls == task_class::be ? 4 * g_gpu_units : std::max<uint32_t>(1, g_gpu_units / 4);
-            const reefline::ml::kernels::gpu_spin_args a{uint64_t(us) * 1000, 10'000,
-                                                         i == 0 && probe ? probe->mapped : nullptr};
+            reefline::ml::kernels::gpu_spin_args a{uint64_t(us) * 1000, uint64_t(g_check_us) * 1000, nullptr};
+            a.shared_bytes = fill_units ? UINT32_MAX : 0;
+            a.block_start_ns = reinterpret_cast<uint64_t*>(starts);
+            a.block_stop_ns = reinterpret_cast<uint64_t*>(stops);
             t.launches.push_back(task_launch::make(&k_gpu_spin, a, grid));
             continue;
         }
 #endif
-        t.launches.push_back(task_launch::make(&k_busy, busy_args{us, i == 0 && probe ? &probe->first : nullptr}, 1));
+        (void)fill_units;
+        t.launches.push_back(task_launch::make(&k_busy, busy_args{us, g_check_us, starts, stops}, grid));
     }
     return t;
 }
+
+// Keeps BE tasks running on `s` from `clients` closed-loop clients until stopped. Each task is
+// made by `make` (called on the client's thread).
+struct be_clients {
+    scheduler& s;
+    std::function<task()> make;
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> done{0};
+    std::vector<std::thread> th;
+    be_clients(scheduler& sc, uint32_t n, std::function<task()> m) : s(sc), make(std::move(m)) {
+        for (uint32_t i = 0; i < n; ++i)
+            th.emplace_back([this, i] {
+                while (!stop.load()) {
+                    task t = make();
+                    t.be_queue = int(i);
+                    const task_result r = s.wait(s.submit(std::move(t)));
+                    if (r.status == task_status::completed) done.fetch_add(1);
+                    else if (r.status == task_status::rejected) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+                }
+            });
+    }
+    void join() {
+        stop = true;
+        for (auto& t : th) t.join();
+    }
+};
+
+#if defined(REEFLINE_BENCH_MODELS)
+// The model as BE tasks at batch 8 and as RT tasks at batch 1, on the measurement's device.
+struct model_tasks {
+    std::unique_ptr<reefline::ml::runtime> rt;
+    std::unique_ptr<reefline::ml::instance> be, rt1;
+    std::vector<task_launch> be_launches, rt_launches;
+    model_tasks(device& d, const std::string& path) : rt(std::make_unique<reefline::ml::runtime>(d)) {
+        auto m = rt->load_model(path);
+        be = rt->link_model(m);
+        rt->configure_batch(*be, 8);
+        rt1 = rt->link_model(m, -1);
+        rt->configure_batch(*rt1, 1);
+        rt->write_inputs(*be, reefline::ml::synthetic_inputs(be->inputs(), 2));
+        rt->write_inputs(*rt1, reefline::ml::synthetic_inputs(rt1->inputs(), 1));
+        be_launches = rt->task_launches(*be);
+        rt_launches = rt->task_launches(*rt1);
+    }
+};
+#endif
+
+// ---- preemption latency --------------------------------------------------------------------------
+
+struct stage_samples {
+    std::vector<double> submit, notice, launch, first, drain, done;
+};
 
 double pct(std::vector<double> v, double p) {
     if (v.empty()) return 0;
@@ -123,88 +307,111 @@ double mean(const std::vector<double>& v) {
     return v.empty() ? 0 : s / double(v.size());
 }
 
-uint32_t g_units = 1;
-
-std::unique_ptr<device> make_dev() {
-#if defined(REEFLINE_GPU_BACKEND)
-    if (g_gpu) return make_gpu_device();
-#endif
-    cpu_device_options o;
-    o.compute_units = g_units;
-    o.scratch_per_unit = 1u << 16;
-    return make_cpu_device(o);
-}
-
-// Keeps BE tasks running on `s` from `clients` closed-loop clients until stopped.
-struct be_clients {
-    scheduler& s;
-    uint32_t kernels, us;
-    std::atomic<bool> stop{false};
-    std::atomic<uint64_t> done{0};
-    std::vector<std::thread> th;
-    be_clients(scheduler& sc, uint32_t n, uint32_t k, uint32_t u) : s(sc), kernels(k), us(u) {
-        for (uint32_t i = 0; i < n; ++i)
-            th.emplace_back([this, i] {
-                while (!stop.load()) {
-                    task t = busy_task(task_class::be, kernels, us);
-                    t.be_queue = int(i);
-                    const task_result r = s.wait(s.submit(std::move(t)));
-                    if (r.status == task_status::completed) done.fetch_add(1);
-                    else if (r.status == task_status::rejected) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-                }
-            });
-    }
-    void join() {
-        stop = true;
-        for (auto& t : th) t.join();
-    }
-};
-
-// Preemption latency with one BE task of `queued` kernels of `us` each kept running.
 struct lat_result {
-    double p50, p99;
-    double start_p50;  // arrival -> the scheduler launched the RT task
-    size_t measured;   // samples whose RT task completed and was seen starting
+    double p50 = 0, p99 = 0, p999 = 0;  // arrival -> first RT block running (rt_kind::spin), or done
+    double drain_p50 = 0, drain_p99 = 0;
+    double submit_p50 = 0, notice_p50 = 0, launch_p50 = 0, done_p50 = 0;
+    size_t measured = 0;
+    double clock_error_us = 0;
 };
-lat_result preemption_latency(preempt_mode mode, uint32_t queued, uint32_t us, int samples, uint32_t seed) {
+
+lat_result preemption_latency(preempt_mode mode, be_load load, rt_kind rk, uint32_t queued, uint32_t us, int samples,
+                              uint32_t seed) {
     auto dev = make_dev();
+    const clock_map clock = calibrate_clock(*dev);
     scheduler_options o;
     o.pol = policy::reef;
     o.preempt = mode;
+    o.use_levels = g_use_levels;
+    o.dispatcher_cpu = g_dispatcher_cpu;
     scheduler s(*dev, o);
     std::mt19937 rng(seed);
-    be_clients be(s, 1, queued, us);
-    std::vector<double> lat, st;
-    start_probe probe;
-    if (g_gpu) {
-        probe.mapped = static_cast<uint32_t*>(dev->alloc(64, memory_kind::host_mapped));
-        if (!probe.mapped) throw std::bad_alloc();
+    const uint32_t units = units_of_device();
+    // BE: blocks on every unit, twice over (a GPU: spin 4 small blocks per unit, full 2 that
+    // each hold a unit's shared memory); RT: one block per unit.
+    const uint32_t be_grid = g_gpu ? (load == be_load::spin ? 4 * units : 2 * units) : std::max<uint32_t>(1, units);
+    probe_words be_stops(*dev, be_grid), rt_starts(*dev, units);
+    std::function<task()> make_be;
+    std::function<task()> make_rt;
+#if defined(REEFLINE_BENCH_MODELS)
+    std::unique_ptr<model_tasks> model;
+    if (load == be_load::model || rk != rt_kind::spin) model = std::make_unique<model_tasks>(*dev, g_model_path);
+#endif
+    if (load == be_load::model) {
+#if defined(REEFLINE_BENCH_MODELS)
+        make_be = [&] {
+            task t;
+            t.cls = task_class::be;
+            t.launches = model->be_launches;
+            return t;
+        };
+#endif
+    } else {
+        make_be = [&, fill = load == be_load::full] {
+            return spin_task(task_class::be, queued, be_grid, us, fill, nullptr, be_stops.words);
+        };
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    if (rk == rt_kind::spin) {
+        make_rt = [&] { return spin_task(task_class::rt, 1, units, 20, true, rt_starts.words, nullptr); };
+    } else {
+#if defined(REEFLINE_BENCH_MODELS)
+        make_rt = [&] {
+            task t;
+            t.cls = task_class::rt;
+            t.launches = model->rt_launches;
+            if (rk == rt_kind::first_kernel) t.launches.resize(1);
+            return t;
+        };
+#endif
+    }
+    be_clients be(s, 1, make_be);
+    stage_samples st;
+    std::vector<double> lat;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     for (int i = 0; i < samples; ++i) {
         // Arrive at a random point of a BE kernel (and after the previous restore).
         std::this_thread::sleep_for(std::chrono::microseconds(500 + rng() % 1500));
-        probe.first.store(0);
-        if (probe.mapped) *reinterpret_cast<volatile uint32_t*>(probe.mapped) = 0;
-        const task_id id = s.submit(busy_task(task_class::rt, 1, 20, &probe));
-        if (probe.mapped) {
-            // Poll the word the RT kernel's first block sets (bounded: a failed task never sets it).
-            const int64_t give_up = now_ns() + 1'000'000'000;
-            while (*reinterpret_cast<volatile uint32_t*>(probe.mapped) == 0 && now_ns() < give_up) {
-            }
-            if (*reinterpret_cast<volatile uint32_t*>(probe.mapped) != 0) probe.first.store(now_ns());
-        }
+        be_stops.clear();
+        rt_starts.clear();
+        task rt = make_rt();
+        const task_id id = s.submit(std::move(rt));
+        const int64_t submitted = now_ns();
         const task_result r = s.wait(id);
-        if (r.status == task_status::completed && probe.first.load()) {
-            lat.push_back(double(probe.first.load() - r.submit_ns) / 1000.0);
-            st.push_back(double(r.start_ns - r.submit_ns) / 1000.0);
+        if (r.status != task_status::completed) continue;
+        const double arrival = double(r.submit_ns);
+        auto us_since = [&](double t) { return (t - arrival) / 1000.0; };
+        st.submit.push_back(us_since(double(submitted)));
+        st.launch.push_back(us_since(double(r.start_ns)));
+        st.done.push_back(us_since(double(r.end_ns)));
+        if (const auto [lo, hi] = be_stops.range(); lo) st.notice.push_back(us_since(double(lo + clock.offset)));
+        if (rk == rt_kind::spin) {
+            const auto [lo, hi] = rt_starts.range();
+            if (!lo) continue;
+            lat.push_back(us_since(double(lo + clock.offset)));
+            st.first.push_back(lat.back());
+            st.drain.push_back(us_since(double(hi + clock.offset)));
+        } else {
+            lat.push_back(st.done.back());
         }
     }
     be.join();
     s.shutdown();
-    if (probe.mapped) dev->free(probe.mapped);
-    return {pct(lat, 50), pct(lat, 99), pct(st, 50), lat.size()};
+    lat_result res;
+    res.p50 = pct(lat, 50);
+    res.p99 = pct(lat, 99);
+    res.p999 = pct(lat, 99.9);
+    res.drain_p50 = pct(st.drain, 50);
+    res.drain_p99 = pct(st.drain, 99);
+    res.submit_p50 = pct(st.submit, 50);
+    res.notice_p50 = st.notice.empty() ? -1 : pct(st.notice, 50);
+    res.launch_p50 = pct(st.launch, 50);
+    res.done_p50 = pct(st.done, 50);
+    res.measured = lat.size();
+    res.clock_error_us = clock.error_us;
+    return res;
 }
+
+// ---- RT latency and throughput under BE load ----------------------------------------------------
 
 // RT closed-loop client (4 kernels of 100 us, 300 us think time) with `be_n` BE clients.
 struct load_result {
@@ -216,14 +423,18 @@ load_result load_run(policy pol, restore_mode rm, uint32_t be_n, double seconds,
     scheduler_options o;
     o.pol = pol;
     o.restore = rm;
+    o.use_levels = g_use_levels;
+    o.dispatcher_cpu = g_dispatcher_cpu;
     scheduler s(*dev, o);
     std::mt19937 rng(seed);
-    be_clients be(s, be_n, 10, 200);
+    const uint32_t units = units_of_device();
+    const uint32_t be_grid = g_gpu ? 4 * units : 1, rt_grid = g_gpu ? std::max<uint32_t>(1, units / 4) : 1;
+    be_clients be(s, be_n, [&] { return spin_task(task_class::be, 10, be_grid, 200, false, nullptr, nullptr); });
     std::vector<double> lat;
     const int64_t t0 = now_ns();
     const int64_t end = t0 + int64_t(seconds * 1e9);
     while (now_ns() < end) {
-        const task_result r = s.wait(s.submit(busy_task(task_class::rt, 4, 100)));
+        const task_result r = s.wait(s.submit(spin_task(task_class::rt, 4, rt_grid, 100, false, nullptr, nullptr)));
         if (r.status == task_status::completed) lat.push_back(double(r.end_ns - r.submit_ns) / 1000.0);
         std::this_thread::sleep_for(std::chrono::microseconds(200 + rng() % 200));
     }
@@ -248,19 +459,31 @@ load_result load_run(policy pol, restore_mode rm, uint32_t be_n, double seconds,
 int main(int argc, char** argv) {
     namespace report = reefline::bench;
     bool quick = false;
+    int samples = 0;
     std::string device_name = "cpu", csv_path, csv_policies_path;
     const char* usage =
-        "usage: preempt_bench [--quick] [--units N] [--device cpu|cuda|hip] [--csv FILE] [--csv-policies FILE]\n"
+        "usage: preempt_bench [--quick] [--units N] [--device cpu|cuda|hip] [--check-us N] [--flags] [--model FILE]\n"
+        "                     [--samples N] [--csv FILE] [--csv-policies FILE]\n"
         "  --quick              only what the last line needs\n"
         "  --units N            compute units of the cpu device (default 1)\n"
         "  --device D           cpu, or this build's GPU backend\n"
-        "  --csv FILE           preemption latencies as CSV, one row per mode and configuration\n"
+        "  --check-us N         BE blocks' check interval, us (default 10)\n"
+        "  --flags              stop BE work by per-queue task flags, not by the BE preemption level\n"
+        "  --pin                the scheduler thread spinning on the last CPU, the cpu device's units on the others\n"
+        "  --model FILE         also the model as BE load (batch 8) and as RT task (first kernel, whole at batch 1)\n"
+        "  --samples N          preemptions per measurement (default 200, quick 150)\n"
+        "  --csv FILE           preemption latencies and stages as CSV, one row per mode, load and configuration\n"
         "  --csv-policies FILE  the policy table as CSV, one row per policy and number of BE clients\n"
         "progress (one line per measurement) goes to stderr; stdout has the tables and the last line\n";
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick")) quick = true;
         else if (!std::strcmp(argv[i], "--units") && i + 1 < argc) g_units = uint32_t(std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device_name = argv[++i];
+        else if (!std::strcmp(argv[i], "--check-us") && i + 1 < argc) g_check_us = uint32_t(std::atoi(argv[++i]));
+        else if (!std::strcmp(argv[i], "--flags")) g_use_levels = false;
+        else if (!std::strcmp(argv[i], "--pin")) g_dispatcher_cpu = int(std::thread::hardware_concurrency()) - 1;
+        else if (!std::strcmp(argv[i], "--model") && i + 1 < argc) g_model_path = argv[++i];
+        else if (!std::strcmp(argv[i], "--samples") && i + 1 < argc) samples = std::atoi(argv[++i]);
         else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
         else if (!std::strcmp(argv[i], "--csv-policies") && i + 1 < argc) csv_policies_path = argv[++i];
         else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
@@ -272,13 +495,23 @@ int main(int argc, char** argv) {
         }
     }
     if (g_units == 0) g_units = 1;
+    if (g_check_us == 0) g_check_us = 1;
+    if (samples <= 0) samples = quick ? 150 : 200;
+#if !defined(REEFLINE_BENCH_MODELS)
+    if (!g_model_path.empty()) {
+        std::fprintf(stderr, "preempt_bench: --model needs the full build (libml); this is the GPU core build\n");
+        return 2;
+    }
+#endif
     // Opened before any measurement: an unwritable path fails now, naming the file.
     std::unique_ptr<report::csv_writer> csv, csv_policies;
     try {
         if (!csv_path.empty())
             csv = std::make_unique<report::csv_writer>(
-                csv_path, std::vector<std::string>{"device", "sweep", "mode", "queued_kernels", "kernel_us", "samples",
-                                                   "measured", "p50_us", "p99_us", "launch_p50_us"});
+                csv_path, std::vector<std::string>{"device", "sweep", "mode", "preempt_by", "be_load", "rt", "queued_kernels",
+                                                   "kernel_us", "check_us", "samples", "measured", "p50_us", "p99_us",
+                                                   "p999_us", "drain_p50_us", "drain_p99_us", "submit_p50_us",
+                                                   "notice_p50_us", "launch_p50_us", "done_p50_us", "clock_error_us"});
         if (!csv_policies_path.empty())
             csv_policies = std::make_unique<report::csv_writer>(
                 csv_policies_path,
@@ -297,11 +530,15 @@ int main(int argc, char** argv) {
             return 2;
         }
         try {
-            const device_caps c = make_gpu_device()->caps();
+            const auto d = make_gpu_device();
+            const device_caps c = d->caps();
+            gpu_device_stats gs{};
+            gpu_device_stats_of(*d, gs);
             g_gpu = true;
             g_gpu_units = std::max<uint32_t>(1, c.compute_units);
-            std::printf("preempt_bench: %s device %s, %u compute units%s\n", device_name.c_str(), c.name.c_str(),
-                        c.compute_units, quick ? ", quick" : "");
+            std::printf("preempt_bench: %s device %s, %u compute units, %u B shared memory per full block, levels by %s%s\n",
+                        device_name.c_str(), c.name.c_str(), c.compute_units,
+                        reefline::ml::kernels::gpu_spin_full_shared_bytes(), gs.level_path, quick ? ", quick" : "");
         } catch (const no_device_error& e) {
             std::fprintf(stderr, "preempt_bench: %s\n", e.what());
             return 77;
@@ -314,55 +551,93 @@ int main(int argc, char** argv) {
     } else {
         std::printf("preempt_bench: cpu device, %u compute unit(s)%s\n", g_units, quick ? ", quick" : "");
     }
+    std::printf("BE blocks check every %u us; BE work stopped by %s\n", g_check_us,
+                g_use_levels ? "its preemption level (one write)" : "each BE queue's task flag");
     std::fflush(stdout);
 
     const uint32_t queued_sweep[] = {10, 50, 200, 1000};   // kernels of 200 us
     const uint32_t length_sweep[] = {10, 100, 200, 1000};  // us, 200 queued
+    const bool models = !g_model_path.empty();
     constexpr unsigned policy_runs_full = 12, policy_runs_quick = 2;
-    report::progress progress("preempt_bench", quick ? 2 + policy_runs_quick
-                                                     : unsigned(2 * (std::size(queued_sweep) + std::size(length_sweep))) +
-                                                           2 + policy_runs_full);
-    const int samples = quick ? 100 : 200;
+    const unsigned latency_runs = quick ? 2 : unsigned(2 * (std::size(queued_sweep) + std::size(length_sweep))) + 4 +
+                                                  (models ? 6 : 0);
+    report::progress progress("preempt_bench", latency_runs + (quick ? policy_runs_quick : policy_runs_full));
     // One preemption-latency measurement: a progress line and a CSV row.
-    const auto latency = [&](const char* sweep, preempt_mode mode, uint32_t queued, uint32_t us, uint32_t seed) {
+    const auto latency = [&](const char* sweep, preempt_mode mode, be_load load, rt_kind rk, uint32_t queued, uint32_t us,
+                             uint32_t seed) {
         const char* mode_name = mode == preempt_mode::reset ? "reset" : "wait";
-        auto step = progress.begin(std::string("preemption latency, ") + mode_name + ", " + std::to_string(queued) +
-                                   " queued BE kernels of " + std::to_string(us) + " us");
-        const lat_result r = preemption_latency(mode, queued, us, samples, seed);
-        char result[64];
-        std::snprintf(result, sizeof result, "p99 %.1f us", r.p99);
+        auto step = progress.begin(std::string("preemption latency, ") + mode_name + ", " + load_name(load) + " BE load, " +
+                                   rt_name(rk) + " RT, " + std::to_string(queued) + " queued BE kernels of " +
+                                   std::to_string(us) + " us");
+        const lat_result r = preemption_latency(mode, load, rk, queued, us, samples, seed);
+        char result[96];
+        std::snprintf(result, sizeof result, "p99 %.1f us, drain p99 %.1f us", r.p99, r.drain_p99);
         step.result(result);
         if (csv)
-            csv->row({device_name, sweep, mode_name, queued, us, samples, r.measured, report::csv_cell::fixed(r.p50, 1),
-                      report::csv_cell::fixed(r.p99, 1), report::csv_cell::fixed(r.start_p50, 1)});
+            csv->row({device_name, sweep, mode_name, g_use_levels ? "level" : "flags", load_name(load), rt_name(rk), queued,
+                      us, g_check_us, samples, r.measured, report::csv_cell::fixed(r.p50, 1),
+                      report::csv_cell::fixed(r.p99, 1), report::csv_cell::fixed(r.p999, 1),
+                      report::csv_cell::fixed(r.drain_p50, 1), report::csv_cell::fixed(r.drain_p99, 1),
+                      report::csv_cell::fixed(r.submit_p50, 1), report::csv_cell::fixed(r.notice_p50, 1),
+                      report::csv_cell::fixed(r.launch_p50, 1), report::csv_cell::fixed(r.done_p50, 1),
+                      report::csv_cell::fixed(r.clock_error_us, 2)});
         return r;
+    };
+    const auto stage_row = [](const char* what, const lat_result& r) {
+        std::printf("%-30s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f\n", what, r.submit_p50,
+                    r.notice_p50, r.launch_p50, r.p50, r.p99, r.p999, r.drain_p50, r.drain_p99, r.done_p50);
+        std::fflush(stdout);
+    };
+    const auto stage_header = [] {
+        std::printf("%-30s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "stages (us from RT arrival)", "submit", "notice",
+                    "launch", "first50", "first99", "first999", "drain50", "drain99", "done50");
     };
     try {
         if (!quick) {
-            std::printf("\npreemption latency (us) vs queued BE kernels (kernel 200 us)\n");
-            std::printf("%8s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
+            std::printf("\npreemption latency (us, arrival -> first RT block) vs queued BE kernels (full load, kernels of 200 us)\n");
+            std::printf("%8s %12s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "reset_p999", "drain_p99",
+                        "wait_p99");
             std::fflush(stdout);
             for (uint32_t q : queued_sweep) {
-                const lat_result r = latency("queued", preempt_mode::reset, q, 200, q);
-                const lat_result w = latency("queued", preempt_mode::wait, q, 200, q);
-                std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, w.p50, w.p99);
+                const lat_result r = latency("queued", preempt_mode::reset, be_load::full, rt_kind::spin, q, 200, q);
+                const lat_result w = latency("queued", preempt_mode::wait, be_load::full, rt_kind::spin, q, 200, q);
+                std::printf("%8u %12.1f %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, r.p999, r.drain_p99, w.p99);
                 std::fflush(stdout);
             }
-            std::printf("\npreemption latency (us) vs BE kernel length (200 queued)\n");
-            std::printf("%8s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "wait_p50", "wait_p99");
+            std::printf("\npreemption latency (us) vs BE kernel length (full load, 200 queued)\n");
+            std::printf("%8s %12s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "reset_p999", "drain_p99",
+                        "wait_p99");
             std::fflush(stdout);
             for (uint32_t us : length_sweep) {
-                const lat_result r = latency("length", preempt_mode::reset, 200, us, us);
-                const lat_result w = latency("length", preempt_mode::wait, 200, us, us);
-                std::printf("%8u %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, w.p50, w.p99);
+                const lat_result r = latency("length", preempt_mode::reset, be_load::full, rt_kind::spin, 200, us, us);
+                const lat_result w = latency("length", preempt_mode::wait, be_load::full, rt_kind::spin, 200, us, us);
+                std::printf("%8u %12.1f %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, r.p999, r.drain_p99, w.p99);
                 std::fflush(stdout);
             }
         }
-        const lat_result reset = latency("contract", preempt_mode::reset, 200, 200, 1);
-        const lat_result wait = latency("contract", preempt_mode::wait, 200, 200, 1);
-        std::printf("\npreemption latency, 200 queued BE kernels of 200 us: reset p50 %.1f p99 %.1f us, "
-                    "wait p50 %.1f p99 %.1f us (arrival -> RT launched p50: reset %.1f, wait %.1f us)\n", reset.p50, reset.p99,
-                    wait.p50, wait.p99, reset.start_p50, wait.start_p50);
+        std::printf("\n");
+        stage_header();
+        const lat_result reset = latency("contract", preempt_mode::reset, be_load::full, rt_kind::spin, 200, 200, 1);
+        stage_row("reset, full BE load", reset);
+        const lat_result wait = latency("contract", preempt_mode::wait, be_load::full, rt_kind::spin, 200, 200, 1);
+        stage_row("wait, full BE load", wait);
+        if (!quick) {
+            stage_row("reset, spin BE load", latency("loads", preempt_mode::reset, be_load::spin, rt_kind::spin, 200, 200, 2));
+            stage_row("wait, spin BE load", latency("loads", preempt_mode::wait, be_load::spin, rt_kind::spin, 200, 200, 2));
+            if (models) {
+                stage_row("reset, model BE load", latency("models", preempt_mode::reset, be_load::model, rt_kind::spin, 0, 0, 3));
+                stage_row("wait, model BE load", latency("models", preempt_mode::wait, be_load::model, rt_kind::spin, 0, 0, 3));
+                stage_row("reset, model BE, RT kernel 0",
+                          latency("models", preempt_mode::reset, be_load::model, rt_kind::first_kernel, 0, 0, 4));
+                stage_row("wait, model BE, RT kernel 0",
+                          latency("models", preempt_mode::wait, be_load::model, rt_kind::first_kernel, 0, 0, 4));
+                stage_row("reset, model BE, RT model",
+                          latency("models", preempt_mode::reset, be_load::model, rt_kind::model, 0, 0, 5));
+                stage_row("wait, model BE, RT model",
+                          latency("models", preempt_mode::wait, be_load::model, rt_kind::model, 0, 0, 5));
+            }
+        }
+        std::printf("(notice: -1 where no BE block was caught running; first/drain for model RT tasks: their end)\n");
 
         const double secs = quick ? 4.0 : 6.0;
         // One policy run: a progress line and a CSV row; the table row is printed by the caller.
@@ -410,8 +685,9 @@ int main(int argc, char** argv) {
         if (csv_policies) csv_policies->commit();
         const double overhead = ref.rt_mean_us > 0 ? (reef1.rt_mean_us / ref.rt_mean_us - 1.0) * 100.0 : 0;
         const double tput = ref.tasks_per_s > 0 ? reef1.tasks_per_s / ref.tasks_per_s : 0;
-        std::printf("reset_p99_us=%.1f wait_p99_us=%.1f rt_overhead_pct=%.1f throughput_vs_rt_only=%.2f\n", reset.p99,
-                    wait.p99, overhead, tput);
+        std::printf("reset_p50_us=%.1f reset_p99_us=%.1f reset_p999_us=%.1f drain_p99_us=%.1f wait_p99_us=%.1f "
+                    "rt_overhead_pct=%.1f throughput_vs_rt_only=%.2f\n",
+                    reset.p50, reset.p99, reset.p999, reset.drain_p99, wait.p99, overhead, tput);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "preempt_bench: %s\n", e.what());
         return 1;

@@ -18,6 +18,10 @@
 // bits of the launch index and the number of blocks not yet dispatched, so a worker that read
 // a stale head can never claim a block of a newer launch that reused the slot.
 //
+// Preemption levels: the epochs are words of the device state; raise_levels advances them (a
+// plain store from any thread) and a launch of a raised level made at an older epoch is
+// treated exactly as a launch of a flagged task (below): the flag check reads both.
+//
 // Preemption: a block is dispatched only after the claimer has read task->preempt == 0. A
 // claimer that finds the flag raised (or a block that returns false at a check point) marks the
 // launch failed and zeroes its undispatched count at once, so no further block of it runs. The
@@ -182,6 +186,7 @@ struct alignas(64) slot {
     uint32_t offset = 0;
     uint32_t count = 0;
     uint32_t kernel_index = 0;
+    uint32_t level = 0, epoch = 0;  // preemption level and the epoch the launch was made at
     std::unique_ptr<unsigned char, aligned_deleter> heap;  // args above kInlineArgs, reused
     size_t heap_cap = 0;
     // DKP: the pads of this launch (entries of the device's pad pool and their generations).
@@ -285,6 +290,8 @@ struct cpu_device_state {
     // woken worker outside the subset would go back to sleep and leave the blocks waiting).
     std::atomic<uint32_t> bound_streams{0};
     std::atomic<bool> stop{false};
+    // Preemption levels' epochs (raise_levels), read at every check of a launch with a level.
+    alignas(64) std::atomic<uint32_t> level_epochs[preempt_levels] = {};
 
     alignas(64) std::mutex mu;  // everything below
     std::vector<std::unique_ptr<cpu_stream>> streams;  // all ever created; live or reusable
@@ -314,16 +321,23 @@ constexpr uint64_t kIdBits = ~uint64_t{0xffffffff};
 
 void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl);
 
-// Lazy eviction: if launch `idx` (in `sl`) belongs to a flagged task, takes all its
-// undispatched blocks off the device and marks it failed. Returns how many it took (0: not
-// flagged, nothing left, or the slot moved on); the caller accounts for them.
-uint32_t evict_if_flagged(slot& sl, uint64_t idx) {
+// Whether a launch must stop: its task's flag is raised, or its level was raised after it
+// was made.
+bool stopped(const cpu_device_state* d, const slot& sl, const task_words* t) {
+    if (t && t->preempt.load(std::memory_order_acquire) != 0) return true;
+    return sl.level != 0 && epoch_passed(d->level_epochs[sl.level].load(std::memory_order_acquire), sl.epoch);
+}
+
+// Lazy eviction: if launch `idx` (in `sl`) must stop (a flagged task, a raised level), takes
+// all its undispatched blocks off the device and marks it failed. Returns how many it took (0:
+// not stopped, nothing left, or the slot moved on); the caller accounts for them.
+uint32_t evict_if_flagged(const cpu_device_state* d, slot& sl, uint64_t idx) {
     uint64_t cw = sl.claim.load(std::memory_order_acquire);
     for (;;) {
         if ((cw >> 32) != static_cast<uint32_t>(idx) || static_cast<uint32_t>(cw) == 0) return 0;
         // While blocks are left the launch cannot finish, so the slot still holds it.
         const task_words* t = sl.task.load(std::memory_order_relaxed);
-        if (!t || t->preempt.load(std::memory_order_acquire) == 0) return 0;
+        if (!stopped(d, sl, t)) return 0;
         if (sl.claim.compare_exchange_weak(cw, cw & kIdBits, std::memory_order_acq_rel,
                                            std::memory_order_acquire)) {
             sl.failed.store(1, std::memory_order_relaxed);
@@ -479,7 +493,7 @@ bool try_claim(cpu_device_state* d, cpu_stream* s, claimed& c) {
         const uint64_t h = s->head.load(std::memory_order_seq_cst);
         if (h == s->tail.load(std::memory_order_seq_cst)) return false;
         slot& sl = s->slots[h & s->mask];
-        if (const uint32_t n = evict_if_flagged(sl, h)) {
+        if (const uint32_t n = evict_if_flagged(d, sl, h)) {
             account(d, s, sl, n);
             continue;  // the next launch may be runnable now
         }
@@ -552,7 +566,7 @@ void finish_launch(cpu_device_state* d, cpu_stream* s, slot* sl) {
         if (t <= h + 1) return;
 
         slot& next = s->slots[(h + 1) & s->mask];
-        if (const uint32_t n = evict_if_flagged(next, h + 1)) {
+        if (const uint32_t n = evict_if_flagged(d, next, h + 1)) {
             const uint32_t units = next.units.load(std::memory_order_relaxed);
             if (next.done.fetch_add(n, std::memory_order_acq_rel) + n != units) return;
             sl = &next;
@@ -577,11 +591,12 @@ void run_claimed(cpu_device_state* d, worker& w, const claimed& c) {
     uint32_t accounted = 1;
     bool ok = true;
     task_words* task = sl.task.load(std::memory_order_relaxed);
-    if (task && task->preempt.load(std::memory_order_acquire) != 0) {
+    if (stopped(d, sl, task)) {
         ok = false;
     } else if (sl.count != 0) {
         block_context ctx{sl.offset + c.unit, sl.grid, w.id, task, w.scratch,
-                          w.scratch ? d->options.scratch_per_unit : 0};
+                          w.scratch ? d->options.scratch_per_unit : 0,
+                          sl.level ? &d->level_epochs[sl.level] : nullptr, sl.epoch};
         ok = sl.fn(sl.args, ctx);
     }
     if (!ok) {
@@ -831,6 +846,7 @@ void check_launch(const cpu_device_state* d, const launch& l) {
     if (l.args_size != 0 && !l.args) throw std::invalid_argument("cpu device: args_size without args");
     if (l.kernel->scratch_bytes > d->options.scratch_per_unit)
         throw std::invalid_argument("cpu device: kernel needs more scratch than a compute unit has");
+    if (l.level >= preempt_levels) throw std::invalid_argument("cpu device: preemption level out of range");
 }
 
 // Copies a launch's argument bytes into inline storage or a reused heap buffer.
@@ -921,6 +937,8 @@ void enqueue(cpu_device_state* d, cpu_stream* s, const launch& l, const launch* 
     sl.offset = l.block_offset;
     sl.count = l.block_count;
     sl.kernel_index = l.kernel_index;
+    sl.level = l.level;
+    sl.epoch = l.epoch;
     sl.args = keep_args(l, sl.inline_args, sl.heap, sl.heap_cap);
     sl.n_pads = kept;
     uint32_t pad_blocks = 0;
@@ -1041,6 +1059,17 @@ void op_task_words_destroy(device* dev, task_words* w) {
 // Workers read the flag where the host writes it: a plain store is all it takes.
 void op_task_flag_set(device*, task_words* w, uint32_t value) { w->preempt.store(value, std::memory_order_seq_cst); }
 
+// The same for levels: a store per level raised, read by every check of their launches.
+void op_raise_levels(device* dev, uint32_t mask) {
+    cpu_device_state* d = state_of(dev);
+    for (uint32_t l = 1; l < preempt_levels; ++l)
+        if (mask >> l & 1) d->level_epochs[l].fetch_add(1, std::memory_order_seq_cst);
+}
+
+uint32_t op_level_epoch(const device* dev, uint32_t level) {
+    return level < preempt_levels ? state_of(dev)->level_epochs[level].load(std::memory_order_seq_cst) : 0;
+}
+
 const device_ops cpu_ops = {
     op_destroy,
     op_caps,
@@ -1067,6 +1096,8 @@ const device_ops cpu_ops = {
     op_padding_stats,
     nullptr,  // kernel_resources_of: kernel_info's figures are the cpu kernels' own
     op_stream_set_units,
+    op_raise_levels,
+    op_level_epoch,
 };
 
 }  // namespace

@@ -15,6 +15,12 @@
 //   completion counter that the launch's last block advances to `kernel_index + 1`. A flagged
 //   launch exits without advancing the counter; the task restores from the first kernel whose
 //   counter value was not reached.
+// - Preemption levels: a launch may also carry a level (1 .. preempt_levels - 1) and the
+//   level's epoch when it was made. raise_levels() advances the epochs of some levels in one
+//   write; every launch of such a level made before it (an older epoch) then stops as a
+//   flagged one does, queued or running, while launches made after it run. It is how an RT
+//   arrival stops every BE queue at once without touching their tasks' flags: one store from
+//   the submitting thread on the cpu device, one device write on a GPU.
 #pragma once
 
 #include <atomic>
@@ -43,6 +49,15 @@ struct alignas(64) task_words {
     std::atomic<uint32_t> pads_running;  // DKP: pads of the task that started and may run a block
 };
 
+// Preemption levels (device_ops::raise_levels): level 0 is none (only the task's flag stops a
+// launch); 1 .. preempt_levels - 1 are raised together or apart.
+inline constexpr uint32_t preempt_levels = 4;
+
+// Whether a launch made at `launch_epoch` is stale once its level's epoch reads `now`: only an
+// epoch newer than the launch's (a raise after it was made). A launch made just after a raise,
+// whose device copy of the epoch may still be on its way, reads an older value and runs.
+constexpr bool epoch_passed(uint32_t now, uint32_t launch_epoch) { return int32_t(now - launch_epoch) > 0; }
+
 // Handed to every block: where it is, and how to check the preemption flag.
 struct block_context {
     uint32_t block;         // block index within the whole grid
@@ -51,10 +66,14 @@ struct block_context {
     const task_words* task;
     void* scratch;          // per-compute-unit scratch memory (cpu backend)
     size_t scratch_size;
+    const std::atomic<uint32_t>* level_epoch = nullptr;  // the launch's level's epoch, or null
+    uint32_t epoch = 0;                                  // the epoch the launch was made at
 
-    // A check point: true when the task was preempted and the block must return now.
+    // A check point: true when the task was preempted (its flag, or a raise of its launch's
+    // level) and the block must return now.
     bool preempted() const {
-        return task && task->preempt.load(std::memory_order_relaxed) != 0;
+        if (task && task->preempt.load(std::memory_order_relaxed) != 0) return true;
+        return level_epoch && epoch_passed(level_epoch->load(std::memory_order_relaxed), epoch);
     }
 };
 
@@ -92,6 +111,8 @@ struct launch {
     uint32_t block_count;
     task_words* task;       // may be null (no preemption, no counter)
     uint32_t kernel_index;  // position in the task; completion sets task->completed to index+1
+    uint32_t level = 0;     // preemption level (0: none), and its epoch when the launch was made
+    uint32_t epoch = 0;     // (device_ops::level_epoch, read before the launch was decided on)
 };
 
 struct stream;  // opaque, owned by the device
@@ -204,6 +225,15 @@ struct device_ops {
     // anywhere); on cuda and hip a padded launch on a bound stream is a plain launch (its pads
     // dropped), since the DKP kernel splits the whole device by SM id.
     void (*stream_set_units)(device* d, stream* s, uint64_t units);
+
+    // Preemption levels. raise_levels advances the epoch of every level in `mask` (bit l:
+    // level l, 1 .. preempt_levels - 1) in one write and returns at once, from any thread: every
+    // launch of those levels made at an older epoch then stops as a flagged launch does (queued
+    // ones run no block, running blocks stop at their next check point; none advances its
+    // task's counter), within microseconds. level_epoch is the epoch a launch made now
+    // carries. Null on a backend without levels (callers then raise each task's flag).
+    void (*raise_levels)(device* d, uint32_t mask);
+    uint32_t (*level_epoch)(const device* d, uint32_t level);
 };
 
 class device {

@@ -20,6 +20,15 @@
 // writes the twin with a 4-byte copy from pinned memory on a stream of its own, the highest
 // priority: the copy engine delivers it while every SM is busy with the kernels it stops.
 //
+// Preemption levels (raise_levels): their epochs live in one line of device memory that kernels
+// read at every check, beside a pinned host line that is the host's view (level_epoch) and the
+// source of the copy path. A raise advances the host words and delivers the line on the flag
+// stream (highest priority), in the order of the raises (level_mu): by cuStreamWriteValue32
+// (hipStreamWriteValue32), a write the stream's front end makes without a copy engine or an SM
+// (gpu_level_path::write_value, where the driver has it), or by a copy of the line. Kernels stop
+// a launch only when the device's epoch is newer than the launch's (epoch_passed), so a launch
+// made after a raise never waits for the raise to land, and nothing is ever lowered.
+//
 // Streams are non-blocking CUDA streams with priorities (the scheduler gives its RT stream
 // caps().highest_priority, the runtime's greatest priority). Each has a launch counter in
 // device memory, which the launches use to find their last block (preempt/gpu_kernels.h), and
@@ -101,6 +110,8 @@ constexpr size_t kCell = 64;               // one task_words, or one stream's fi
 constexpr size_t kSlabBytes = 64 * 1024;   // host-mapped cells per cudaHostAlloc
 constexpr size_t kMaxSlabs = 1024;
 constexpr uint32_t kOwnerRunningWord = 2;  // in a cell's flag twin: DKP pads of the task running
+constexpr uint32_t kFlagValueBytes = 256;  // pinned: a 0 cell, a 1 cell, the levels' host line
+constexpr uint32_t kLevelWords = 32;       // the levels' host line, in flag_values
 
 inline void cpu_relax() {
 #if defined(__x86_64__) || defined(__i386__)
@@ -201,6 +212,16 @@ struct gpu_device_state {
     uint32_t* flag_values = nullptr;
     cudaEvent_t flag_written = nullptr;
     std::mutex flag_mu;  // one flag copy at a time, in order (raise then lower of one task)
+    // Preemption levels: the device line kernels read, the host line (pinned, in flag_values at
+    // kLevelWords), how raises reach the device, and the order they are queued in.
+    uint32_t* level_dev = nullptr;
+    uint32_t* level_host = nullptr;
+    gpu_level_path level_path = gpu_level_path::copy;
+    std::mutex level_mu;
+#if defined(RL_GPU_GREEN_CONTEXTS)
+    PFN_cuStreamWriteValue32_v11070 write_value32 = nullptr;
+#endif
+    std::atomic<uint64_t> level_raises{0};
 
     std::mutex mu;  // everything below
     std::vector<std::byte*> free_cells;
@@ -618,6 +639,7 @@ void op_destroy(device* dev) {
         (void)cudaEventDestroy(d->flag_written);
         (void)cudaStreamDestroy(d->flag_stream);
         (void)cudaFreeHost(d->flag_values);
+        (void)cudaFree(d->level_dev);
     }
     delete d;
 }
@@ -811,6 +833,7 @@ resolved_kernel check_launch(gpu_device_state* d, const launch& l) {
         throw std::invalid_argument(std::string(kBackend) + " device: block slice outside the grid of " + name);
     if (l.args_size != 0 && !l.args)
         throw std::invalid_argument(std::string(kBackend) + " device: args_size without args");
+    if (l.level >= preempt_levels) throw std::invalid_argument(std::string(kBackend) + " device: preemption level out of range");
     const resolved_kernel r = resolve(d, l.kernel);
     if (!r.entry)
         throw std::runtime_error(std::string(kBackend) + " device: kernel '" + name +
@@ -885,6 +908,8 @@ void op_launch(device* dev, stream* st, const launch& l) {
     p.flags = launch_flags(d);
     p.task = l.task ? cell_device_address(d, l.task) : nullptr;
     p.flag = l.task ? cell_flag_address(d, l.task) : nullptr;
+    p.level = l.level ? d->level_dev + l.level : nullptr;
+    p.epoch = l.epoch;
     p.counter = s->counter;
     p.stream_done = s->done_dev;
     p.stream = static_cast<void*>(s->cur.load(std::memory_order_relaxed));
@@ -1225,6 +1250,76 @@ void op_task_flag_set(device* dev, task_words* w, uint32_t value) {
     write_flag(d, flag, value);
 }
 
+// ---- preemption levels ---------------------------------------------------------------------
+
+// The path asked for, or copy where it cannot be had (REEFLINE_LEVEL_PATH=copy|write_value
+// overrides the options, for benchmarks that compare them on one build).
+gpu_level_path choose_level_path(gpu_device_state* d, gpu_level_path want) {
+    if (const char* env = std::getenv("REEFLINE_LEVEL_PATH")) {
+        if (std::strcmp(env, "copy") == 0) want = gpu_level_path::copy;
+        else if (std::strcmp(env, "write_value") == 0) want = gpu_level_path::write_value;
+    }
+    if (want != gpu_level_path::write_value) return gpu_level_path::copy;
+#if defined(RL_GPU_EMU)
+    (void)d;
+    return gpu_level_path::copy;  // the emulation has no stream memory operations
+#elif defined(RL_GPU_HIP)
+    (void)d;
+    return gpu_level_path::write_value;
+#elif defined(RL_GPU_GREEN_CONTEXTS)
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &p, 11070, cudaEnableDefault, &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess || !p) {
+        (void)cudaGetLastError();
+        return gpu_level_path::copy;
+    }
+    d->write_value32 = reinterpret_cast<PFN_cuStreamWriteValue32_v11070>(p);
+    return gpu_level_path::write_value;
+#else
+    (void)d;
+    return gpu_level_path::copy;
+#endif
+}
+
+void op_raise_levels(device* dev, uint32_t mask) {
+    gpu_device_state* d = state_of(dev);
+    mask &= (1u << preempt_levels) - 2;  // levels 1 .. preempt_levels - 1
+    if (!mask) return;
+    bind(d);
+    cudaError_t e = cudaSuccess;
+    // Raises are delivered in the order they advance the words: a later write never lands
+    // before an earlier one (the device's epochs only move forward).
+    std::lock_guard lk(d->level_mu);
+    for (uint32_t l = 1; l < preempt_levels; ++l)
+        if (mask >> l & 1) std::atomic_ref<uint32_t>(d->level_host[l]).fetch_add(1, std::memory_order_seq_cst);
+    if (d->level_path == gpu_level_path::write_value) {
+        for (uint32_t l = 1; l < preempt_levels && e == cudaSuccess; ++l) {
+            if (!(mask >> l & 1)) continue;
+            const uint32_t value = std::atomic_ref<uint32_t>(d->level_host[l]).load(std::memory_order_relaxed);
+#if defined(RL_GPU_HIP)
+            e = hipStreamWriteValue32(d->flag_stream, d->level_dev + l, value, 0);
+#elif defined(RL_GPU_GREEN_CONTEXTS)
+            const CUresult r = d->write_value32(reinterpret_cast<CUstream>(d->flag_stream),
+                                                reinterpret_cast<CUdeviceptr>(d->level_dev + l), value, 0);
+            if (r != CUDA_SUCCESS) e = cudaErrorInvalidValue;
+#endif
+        }
+    } else {
+        // The copy reads the pinned line when it runs: a later raise's values, if one came
+        // meanwhile, which is as right (epochs only grow).
+        e = cudaMemcpyAsync(d->level_dev, d->level_host, preempt_levels * sizeof(uint32_t), cudaMemcpyHostToDevice,
+                            d->flag_stream);
+    }
+    if (e != cudaSuccess) fail("raising preemption levels", e);
+    d->level_raises.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint32_t op_level_epoch(const device* dev, uint32_t level) {
+    const gpu_device_state* d = state_of(dev);
+    return level < preempt_levels ? std::atomic_ref<uint32_t>(d->level_host[level]).load(std::memory_order_seq_cst) : 0;
+}
+
 void op_task_words_destroy(device* dev, task_words* w) {
     if (!w) return;
     gpu_device_state* d = state_of(dev);
@@ -1263,6 +1358,8 @@ const device_ops gpu_ops = {
     op_padding_stats,
     op_kernel_resources_of,
     op_stream_set_units,
+    op_raise_levels,
+    op_level_epoch,
 };
 
 std::unique_ptr<device> make_device(const gpu_device_options& options) {
@@ -1307,17 +1404,24 @@ std::unique_ptr<device> make_device(const gpu_device_options& options) {
     d->caps.highest_priority = greatest;
     d->caps.gpu = true;
     void* values = nullptr;
-    e = cudaHostAlloc(&values, 128, cudaHostAllocPortable);
+    void* levels = nullptr;
+    e = cudaHostAlloc(&values, kFlagValueBytes, cudaHostAllocPortable);
     if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&d->flag_stream, cudaStreamNonBlocking, greatest);
     if (e == cudaSuccess) e = cudaEventCreateWithFlags(&d->flag_written, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaMalloc(&levels, 64);
+    if (e == cudaSuccess) e = cudaMemset(levels, 0, 64);
     if (e != cudaSuccess) {
         (void)cudaFreeHost(values);
+        (void)cudaFree(levels);
         delete d;
-        fail("preemption flag stream", e);
+        fail("preemption flag stream and levels", e);
     }
     d->flag_values = static_cast<uint32_t*>(values);
-    std::memset(values, 0, 128);
+    std::memset(values, 0, kFlagValueBytes);
     d->flag_values[16] = 1;
+    d->level_dev = static_cast<uint32_t*>(levels);
+    d->level_host = d->flag_values + kLevelWords;
+    d->level_path = choose_level_path(d, options.level_path);
     // DKP, when the kernel library has a padded launcher.
     d->padded = find_gpu_padded_library();
     if (d->padded) {
@@ -1372,6 +1476,8 @@ bool gpu_device_stats_of(const device& dv, gpu_device_stats& out) {
     out.unit_switches = d->unit_switches.load(std::memory_order_relaxed);
     out.unit_streams_made = d->unit_streams_made.load(std::memory_order_relaxed);
     out.unit_streams_live = d->unit_streams_live.load(std::memory_order_relaxed);
+    out.level_path = d->level_path == gpu_level_path::write_value ? "write_value" : "copy";
+    out.level_raises = d->level_raises.load(std::memory_order_relaxed);
     return true;
 }
 

@@ -29,6 +29,12 @@ struct no_device_error : std::runtime_error {
 // bf16 inputs and fp32 accumulation (nvcc builds; the HIP build runs fp32 for all three).
 enum class gpu_math : uint8_t { fp32, tensor_f16, tensor_bf16 };
 
+// How a raise of preemption levels (device_ops::raise_levels) reaches the device's epoch line:
+// a stream memory write on the flag stream (cuStreamWriteValue32 / hipStreamWriteValue32: the
+// stream's front end writes it, no copy engine, no SM; where the driver has it), or a copy of
+// the line from pinned memory on that stream. REEFLINE_LEVEL_PATH=copy|write_value overrides.
+enum class gpu_level_path : uint8_t { write_value, copy };
+
 struct gpu_device_options {
     int ordinal = 0;
     uint32_t queue_depth = 64;  // launches outstanding per stream before launch() blocks
@@ -36,6 +42,7 @@ struct gpu_device_options {
     // Device memory cached by the pool (freed blocks kept for reuse) before it gives memory
     // back to the runtime.
     size_t pool_cache_bytes = size_t(1) << 30;
+    gpu_level_path level_path = gpu_level_path::write_value;  // falls back to copy where unavailable
 };
 
 // Throws no_device_error("no CUDA device: <reason>") when there is none.
@@ -61,6 +68,9 @@ struct gpu_device_stats {
     // unit sets, and those alive now (at most 8 per stream once idle).
     uint64_t units_binds = 0, units_fallbacks = 0, unit_switches = 0, unit_streams_made = 0;
     uint32_t unit_streams_live = 0;
+    // Preemption levels: the path raises take ("write_value" or "copy") and how many there were.
+    const char* level_path = "";
+    uint64_t level_raises = 0;
 };
 // False when `d` is not a GPU device.
 bool gpu_device_stats_of(const device& d, gpu_device_stats& out);

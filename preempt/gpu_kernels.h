@@ -12,7 +12,9 @@
 // - GPU block i of the launch runs the work of block block_offset + i of the kernel's grid.
 // - With a task: each block reads the task's preemption flag (`flag`, device memory that the
 //   backend writes) at its start, and long blocks again at check points (GEMM/conv: per K chunk
-//   of args.tile_k); a block that sees it raised exits without finishing its work.
+//   of args.tile_k); a block that sees it raised exits without finishing its work. With a
+//   level (`level`: device memory, the level's epoch, which device_ops::raise_levels advances)
+//   the same holds when that word has passed the launch's `epoch` (epoch_passed).
 //   The last block of the launch to finish (counted in `counter`, device memory the backend
 //   owns per stream, zero between launches) advances the task's completed word to
 //   kernel_index + 1 unless some block of the launch exited on the flag, and resets the counter.
@@ -46,6 +48,8 @@ struct gpu_launch_params {
     uint32_t flags;          // gpu_launch_flag
     uint32_t* task;          // device address of the task words {preempt, completed}, or null
     const uint32_t* flag;    // device memory: the task's preemption flag that kernels check, or null
+    const uint32_t* level;   // device memory: the launch's preemption level's epoch, or null
+    uint32_t epoch;          // the level's epoch when the launch was made
     uint32_t* counter;       // device memory: {blocks finished, some block exited on the flag}
     uint32_t* stream_done;   // device address of the stream's host-mapped finished word
     void* stream;            // cudaStream_t / hipStream_t

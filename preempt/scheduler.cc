@@ -1,6 +1,9 @@
 // The GPU scheduler: see scheduler.h for the design.
 #include "preempt/scheduler.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -103,6 +106,10 @@ scheduler::scheduler(device& dev, scheduler_options options) : _dev(dev), _opt(o
     // runs) and let each pick from what the BE queues offer then.
     if (_opt.pol != policy::reef || !_dev.ops().launch_padded) _opt.padding.reset();
     _rt = make_q(caps.highest_priority, _opt.padding ? std::min<uint32_t>(2, depth) : depth);
+    // Reset-based preemption by level: every BE launch at be_level, which an RT arrival raises
+    // with one write (device_ops::raise_levels) instead of a flag write per BE queue.
+    _levels = _opt.use_levels && _opt.pol == policy::reef && _opt.preempt == preempt_mode::reset && _dev.ops().raise_levels &&
+              _dev.ops().level_epoch;
     _stats.padding = _opt.padding != nullptr;
     for (uint32_t i = 0; i < _opt.be_queues; ++i)
         _be.push_back(make_q(caps.lowest_priority, wide ? depth : _opt.vhq_capacity));
@@ -139,16 +146,23 @@ task_id scheduler::submit(task t) {
         finish(r, task_status::rejected);
         return id;
     }
-    // Fast path of an RT arrival under reef (reset): raise every BE task's flag from here, so
-    // that BE blocks stop at their next check point even before the scheduler thread runs (on
-    // an oversubscribed machine it may wait for a core). Only raising is done here; the
-    // scheduler thread still preempts formally, and only it clears a flag (after a drain).
-    // A flag raised on an idle vHQ is cleared when its next task starts.
-    if (r->t.cls == task_class::rt && _opt.pol == policy::reef && _opt.preempt == preempt_mode::reset)
+    // Fast path of an RT arrival under reef (reset): stop the BE work from here, so that BE
+    // blocks stop at their next check point even before the scheduler thread runs (on an
+    // oversubscribed machine it may wait for a core). With levels it is one write (the BE level
+    // raised) and no per-queue state: the arrival is counted first, so that a BE launch the
+    // scheduler thread decides on after reading the new epoch sees the arrival and is not made
+    // (pump), and one decided on before it carries the old epoch and stops. Without levels every
+    // BE queue's flag is raised; the scheduler thread still preempts formally, and only it
+    // clears a flag (after a drain); a flag raised on an idle vHQ is cleared when its next task
+    // starts.
+    const bool rt_reset = r->t.cls == task_class::rt && _opt.pol == policy::reef && _opt.preempt == preempt_mode::reset;
+    if (rt_reset && _levels) _rt_submitted.fetch_add(1, std::memory_order_seq_cst);
+    else if (rt_reset)
         for (auto& q : _be) raise_flag(*q);
     _incoming.push_back(r);
     _incoming_n.fetch_add(1, std::memory_order_release);
     lk.unlock();
+    if (rt_reset && _levels) _dev.ops().raise_levels(&_dev, 1u << be_level);
     _in_cv.notify_one();
     return id;
 }
@@ -252,10 +266,22 @@ void scheduler::start_task(vhq& q, record* r) {
 void scheduler::pump(vhq& q) {
     if (q.st != vhq::state::running || !q.pending) return;
     std::vector<launch>& p = *q.pending;
+    // BE launches under levels: the epoch is read before the check for RT arrivals that the
+    // loop has not taken in yet (submit counts an arrival before it raises the level).
+    const bool level = _levels && &q != _rt.get();
+    uint32_t epoch = 0;
+    if (level) {
+        epoch = _dev.ops().level_epoch(&_dev, be_level);
+        if (_rt_submitted.load(std::memory_order_seq_cst) != _rt_intaken) return;
+    }
     try {
         while (q.head < p.size()) {
             const uint32_t done = q.w->completed.load(std::memory_order_acquire);
             if (q.submitted - done >= q.cap) break;
+            if (level) {
+                p[q.head].level = be_level;
+                p[q.head].epoch = epoch;
+            }
             _dev.launch(q.s, p[q.head]);
             ++q.head;
             ++q.submitted;
@@ -394,12 +420,13 @@ bool scheduler::check_done(vhq& q) {
 
 void scheduler::preempt(vhq& q) {
     if (q.st != vhq::state::running) return;
-    if (q.pending) {  // O(1): hand the pending list to the reclamation thread
-        std::lock_guard lk(_rc_mu);
-        _rc_queue.push_back(std::move(q.pending));
-    }
-    _rc_cv.notify_one();
-    if (_opt.preempt == preempt_mode::reset) raise_flag(q);
+    // O(1): the pending list goes to the reclamation thread, handed over after this step
+    // (hand_over_reclaim): waking that thread here would cost the RT arrival a futex call per
+    // queue, and on a small machine the woken thread takes a core from the RT launch.
+    if (q.pending) _rc_local.push_back(std::move(q.pending));
+    // With levels the arrival's raise stopped every launch the queue had made (all at the BE
+    // level, older epochs): nothing to write here.
+    if (_opt.preempt == preempt_mode::reset && !_levels) raise_flag(q);
     _dev.ops().event_record(&_dev, q.drain, q.s);
     q.st = vhq::state::preempted;
     ++q.cur->res.preemptions;
@@ -947,6 +974,7 @@ void scheduler::intake() {
             continue;
         }
         if (r->t.cls == task_class::rt) {
+            if (_levels) ++_rt_intaken;  // submit counted it in _rt_submitted
             _rt->waiting.push_back(r);
             continue;
         }
@@ -1007,12 +1035,22 @@ void scheduler::cancel_all() {
 }
 
 void scheduler::loop() {
+#if defined(__linux__)
+    if (_opt.dispatcher_cpu >= 0) {
+        cpu_set_t one;
+        CPU_ZERO(&one);
+        CPU_SET(_opt.dispatcher_cpu, &one);
+        (void)pthread_setaffinity_np(pthread_self(), sizeof one, &one);  // unpinned if refused
+    }
+#endif
+    const bool spin = _opt.dispatcher_cpu >= 0;
     int64_t idle_since = 0;
     for (;;) {
         intake();
         if (_stop.load(std::memory_order_acquire)) {
             intake();
             cancel_all();
+            hand_over_reclaim();
             return;
         }
         bool busy = false;
@@ -1024,19 +1062,20 @@ void scheduler::loop() {
         case policy::prema: busy = step_prema(); break;
         case policy::abacus: busy = step_abacus(); break;
         }
+        hand_over_reclaim();  // after the step's RT launch
         if (busy) {
             // Poll; give the core away between polls so that a compute unit sharing it (an
             // oversubscribed machine) is not starved. On a dedicated core yield returns at once.
             idle_since = 0;
             relax();
-            std::this_thread::yield();
+            if (!spin) std::this_thread::yield();
             continue;
         }
         const int64_t t = now_ns();
         if (idle_since == 0) idle_since = t;
-        if (t - idle_since < _opt.idle_spin_ns) {
+        if (spin || t - idle_since < _opt.idle_spin_ns) {
             relax();
-            std::this_thread::yield();
+            if (!spin) std::this_thread::yield();
             continue;
         }
         std::unique_lock lk(_in_mu);
@@ -1045,6 +1084,16 @@ void scheduler::loop() {
         });
         idle_since = 0;
     }
+}
+
+void scheduler::hand_over_reclaim() {
+    if (_rc_local.empty()) return;
+    {
+        std::lock_guard lk(_rc_mu);
+        for (auto& l : _rc_local) _rc_queue.push_back(std::move(l));
+    }
+    _rc_local.clear();
+    _rc_cv.notify_one();
 }
 
 void scheduler::reclaim_loop() {

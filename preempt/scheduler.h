@@ -17,9 +17,12 @@
 // list is detached in O(1) and handed to a reclamation thread that frees it, its preemption
 // flag is raised so queued launches exit without running and running blocks exit at their next
 // check point, and a drain marker (event) is recorded on its stream), and the RT task is
-// launched at once. (Fast path: submit() of an RT task raises the BE flags itself, so BE blocks
-// stop at their next check point even before the scheduler thread gets a core; only the
-// scheduler thread clears a flag, after a drain.) When the RT queue is empty the scheduler goes back to normal mode and
+// launched at once. On a device with preemption levels (device_ops::raise_levels) every BE
+// launch is made at one level, and submit() of an RT task raises that level itself, one write
+// from the submitting thread, before the scheduler thread even gets a core: every BE launch made
+// before it stops, queued or running, and no task flag is written or lowered. (Without levels
+// submit() raises every BE queue's flag; only the scheduler thread clears a flag, after a
+// drain.) When the RT queue is empty the scheduler goes back to normal mode and
 // restores each preempted task once its stream has drained (the device note: a stale launch
 // must never run after the flag is cleared): exact restore from the first kernel whose
 // completion was not reached, or REEF's approximate restore from (last submitted - c).
@@ -189,6 +192,15 @@ struct scheduler_options {
     restore_mode restore = restore_mode::exact;
     preempt_mode preempt = preempt_mode::reset;
     int64_t idle_spin_ns = 2'000'000;  // busy-poll this long when idle before sleeping
+    // reef, reset: stop BE work by raising the device's preemption level of BE launches (one
+    // write) where the device has levels; false: by raising each BE queue's task flag (the
+    // earlier mechanism, kept for comparison in benchmarks).
+    bool use_levels = true;
+    // The scheduler thread on this CPU (-1: where the kernel puts it), spinning while it polls
+    // instead of yielding the core between polls: an RT arrival is then seen within the poll
+    // loop's own time, not after a thread that shares its core has run. For machines that can
+    // give the dispatcher a core of its own (the cpu device's units on the others).
+    int dispatcher_cpu = -1;
     // DKP (policy reef, on a device with launch_padded): RT kernels padded with BE kernels of
     // preempted tasks on the compute units they leave idle. Null: no padding.
     std::shared_ptr<pad_selector> padding;
@@ -276,6 +288,14 @@ private:
 
     device& _dev;
     scheduler_options _opt;
+    // Reset-based preemption by level (reef, reset, a device with levels): BE launches are made
+    // at be_level; an RT submit counts itself in _rt_submitted, then raises the level; the
+    // loop counts the RT tasks it took in (_rt_intaken) and makes no BE launch while the two
+    // differ.
+    static constexpr uint32_t be_level = 1;
+    bool _levels = false;
+    std::atomic<uint64_t> _rt_submitted{0};
+    uint64_t _rt_intaken = 0;
 
     // Submission (any thread).
     std::mutex _in_mu;
@@ -312,7 +332,9 @@ private:
     abacus_group _round_report;
     int64_t _round_start = 0;
 
-    // Reclamation.
+    // Reclamation: lists detached in a step (scheduler thread), then handed to the thread.
+    std::vector<std::unique_ptr<std::vector<launch>>> _rc_local;
+    void hand_over_reclaim();
     std::mutex _rc_mu;
     std::condition_variable _rc_cv;
     std::vector<std::unique_ptr<std::vector<launch>>> _rc_queue;

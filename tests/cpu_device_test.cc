@@ -756,8 +756,14 @@ struct chain {
             args.push_back(long_args{buf[k].data(), buf[k + 1].data(), chunks, 0.01f * (k + 1), &entered[k],
                                      &interrupted[k], chunks_done[k]});
     }
-    void launch_from(device& d, stream* s, uint32_t first) {
-        for (uint32_t k = first; k < kernels; ++k) d.launch(s, make_launch(k_long, args[k], grid, w, k));
+    // At preemption level `level` (0: none) with `epoch` (device_ops::level_epoch).
+    void launch_from(device& d, stream* s, uint32_t first, uint32_t level = 0, uint32_t epoch = 0) {
+        for (uint32_t k = first; k < kernels; ++k) {
+            launch l = make_launch(k_long, args[k], grid, w, k);
+            l.level = level;
+            l.epoch = epoch;
+            d.launch(s, l);
+        }
     }
 };
 
@@ -839,6 +845,62 @@ TEST(CpuDevice, PreemptionStopsRunningAndQueuedAndRestoresExactly) {
         EXPECT_EQ(std::memcmp(a.buf[k].data(), ref.buf[k].data(), chain::n * sizeof(float)), 0) << k;
         EXPECT_EQ(std::memcmp(b.buf[k].data(), ref.buf[k].data(), chain::n * sizeof(float)), 0) << k;
     }
+}
+
+TEST(CpuDevice, ARaisedLevelStopsItsOlderLaunchesOnlyAndTheyRestoreExactly) {
+    std::vector<float> input(chain::n);
+    for (uint32_t i = 0; i < chain::n; ++i) input[i] = 0.07f * static_cast<float>(i) - 0.9f;
+    const uint32_t chunks = 20000;
+    chain ref(input, chunks);
+    for (uint32_t k = 0; k < chain::kernels; ++k)
+        for (uint32_t b = 0; b < chain::grid; ++b) {
+            block_context ctx{b, chain::grid, 0, nullptr, nullptr, 0};
+            ASSERT_TRUE(long_block(&ref.args[k], ctx));
+        }
+    auto d = make(2);
+    const auto& ops = d->ops();
+    ASSERT_NE(ops.raise_levels, nullptr);
+    stream* sa = d->create_stream(3);
+    stream* sb = d->create_stream(3);
+    stream* sc = d->create_stream(3);
+    // a at level 1, b at level 2, c at level 0 (none): only a's launches are older than the raise.
+    chain a(input, chunks), b(input, chunks), c(input, chunks);
+    for (chain* x : {&a, &b, &c}) x->w = ops.task_words_create(d.get());
+    const uint32_t e1 = ops.level_epoch(d.get(), 1), e2 = ops.level_epoch(d.get(), 2);
+    a.launch_from(*d, sa, 0, 1, e1);
+    b.launch_from(*d, sb, 0, 2, e2);
+    c.launch_from(*d, sc, 0);
+    ASSERT_TRUE(eventually([&] {
+        for (auto& x : a.chunks_done[1])
+            if (x.load() > 0) return true;
+        return false;
+    }, 60s));
+    ops.raise_levels(d.get(), 1u << 1);
+    EXPECT_EQ(ops.level_epoch(d.get(), 1), e1 + 1);
+    EXPECT_EQ(ops.level_epoch(d.get(), 2), e2);
+    d->synchronize(sa);
+    EXPECT_EQ(a.w->preempt.load(), 0u) << "a level raise writes no task flag";
+    EXPECT_EQ(a.w->completed.load(), 1u);  // kernel 0 done, kernel 1 stopped
+    EXPECT_GE(a.interrupted[1].load(), 1u);
+    EXPECT_EQ(a.entered[2].load(), 0u);    // queued launches ran no block
+    EXPECT_EQ(a.entered[3].load(), 0u);
+    // Restored at the new epoch: it runs to its end, bit-identical. A launch whose epoch is
+    // ahead of the level (made right after a raise whose write is still on its way) runs too.
+    a.launch_from(*d, sa, a.w->completed.load(), 1, ops.level_epoch(d.get(), 1) + 1);
+    for (stream* s : {sa, sb, sc}) d->synchronize(s);
+    for (chain* x : {&a, &b, &c}) {
+        EXPECT_EQ(x->w->completed.load(), chain::kernels);
+        for (uint32_t k = 1; k <= chain::kernels; ++k)
+            EXPECT_EQ(std::memcmp(x->buf[k].data(), ref.buf[k].data(), chain::n * sizeof(float)), 0) << k;
+    }
+    for (uint32_t k = 0; k < chain::kernels; ++k) {
+        EXPECT_EQ(b.interrupted[k].load(), 0u) << "level 2 was not raised";
+        EXPECT_EQ(c.interrupted[k].load(), 0u) << "level 0 is never raised";
+    }
+    // Out-of-range levels are refused.
+    launch bad = make_launch(k_long, a.args[0], chain::grid, a.w, 0);
+    bad.level = preempt_levels;
+    EXPECT_THROW(d->launch(sa, bad), std::invalid_argument);
 }
 
 // ---- queues, events, teardown ----------------------------------------------------------------

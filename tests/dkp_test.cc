@@ -343,8 +343,9 @@ TEST_F(dkp_scheduler, padded_be_kernels_progress_under_rt_load_and_results_stay_
         bt.cls = gpu::task_class::be;
         bt.launches = rt.task_launches(*bi);
         const gpu::task_id b = sched.submit(std::move(bt));
-        // RT tasks back to back until the BE task is done: it progresses only as padding (and
-        // in the short gaps between RT tasks).
+        // RT tasks back to back until the BE task is done or 400 RT tasks have run: it
+        // progresses only as padding and in the short gaps between RT tasks (RT first: a BE
+        // launch is never made while an RT task waits), then alone.
         rt.write_inputs(*ri, xr);
         std::atomic<bool> be_done{false};
         gpu::task_result br;
@@ -354,7 +355,7 @@ TEST_F(dkp_scheduler, padded_be_kernels_progress_under_rt_load_and_results_stay_
         });
         int rts = 0;
         const auto deadline = clk::now() + 60s;
-        while (!be_done && clk::now() < deadline) {
+        while (!be_done && rts < 400 && clk::now() < deadline) {
             gpu::task t;
             t.cls = gpu::task_class::rt;
             t.launches = rt.task_launches(*ri);

@@ -190,6 +190,54 @@ GPU_TEST(flag_stops_running_and_queued_launches) {
     EXPECT(r.run(spin_info, short_spin, grid));
 }
 
+GPU_TEST(a_raised_level_stops_its_older_launches_only) {
+    gpu::device& d = *the_device();
+    const auto& ops = d.ops();
+    REQUIRE(ops.raise_levels != nullptr && ops.level_epoch != nullptr);
+    gpu_runner a(d, d.caps().lowest_priority), b(d, d.caps().lowest_priority);
+    const uint32_t grid = d.caps().compute_units * 2;
+    const auto long_spin = spin(2e6, 5);
+    // a: a running launch of 2 s blocks and 20 queued, at level 1; b: one at level 2.
+    const uint32_t e1 = ops.level_epoch(&d, 1), e2 = ops.level_epoch(&d, 2);
+    auto at = [&](gpu_runner& r, uint32_t level, uint32_t epoch, uint32_t index) {
+        gpu::launch l = launch_of(spin_info, long_spin, grid, r.w, index);
+        l.level = level;
+        l.epoch = epoch;
+        return l;
+    };
+    for (uint32_t i = 0; i <= 20; ++i) d.launch(a.s, at(a, 1, e1, i));
+    const auto short_spin = spin(2000);
+    gpu::launch lb = launch_of(spin_info, short_spin, 1, b.w, 0);
+    lb.level = 2;
+    lb.epoch = e2;
+    d.launch(b.s, lb);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    const auto t0 = clk::now();
+    ops.raise_levels(&d, 1u << 1);  // one write on the flag stream: no task flag, no kernel
+    d.synchronize(a.s);
+    const double ms = ms_since(t0);
+    gpu::gpu_device_stats st{};
+    REQUIRE(gpu::gpu_device_stats_of(d, st));
+    std::printf("  level raised (%s) -> running launch and 20 queued ones gone: %.3f ms\n", st.level_path, ms);
+    EXPECT(ms < 100 || emulated()) << "took " << ms << " ms";
+    EXPECT(ops.level_epoch(&d, 1) == e1 + 1 && ops.level_epoch(&d, 2) == e2);
+    EXPECT(a.w->completed.load() == 0u) << "a stopped launch advanced the counter to " << a.w->completed.load();
+    EXPECT(a.w->preempt.load() == 0u) << "a level raise writes no task flag";
+    d.synchronize(b.s);
+    EXPECT(b.w->completed.load() == 1u) << "level 2 was not raised: its launch runs to its end";
+    // At the new epoch (and at one ahead of it: a raise still on its way) the task runs again.
+    a.next_index = 0;
+    gpu::launch again = at(a, 1, ops.level_epoch(&d, 1), 0);
+    const auto quick = spin(100);
+    again.args = &quick;
+    d.launch(a.s, again);
+    gpu::launch ahead = at(a, 1, ops.level_epoch(&d, 1) + 1, 1);
+    ahead.args = &quick;
+    d.launch(a.s, ahead);
+    d.synchronize(a.s);
+    EXPECT(a.w->completed.load() == 2u) << a.w->completed.load();
+}
+
 GPU_TEST(rt_stream_runs_while_be_stream_is_full) {
     if (emulated()) SKIP_TEST("the SIMT emulation runs one launch at a time and has no stream priorities");
     gpu::device& d = *the_device();

@@ -3,8 +3,9 @@
 // element-type helpers. Compiled by nvcc and by hipcc (vendor.h maps the names).
 //
 // The semantics are the cpu backend's (preempt/cpu_device.cc), block for block:
-// - a block checks the task's flag at its start; a raised flag makes it exit at once;
-// - GEMM/conv blocks check again per K chunk (preempt_check below);
+// - a block checks the task's flag (and its launch's preemption level) at its start; a raised
+//   flag, or a level raised since the launch was made, makes it exit at once;
+// - GEMM/conv blocks check again at every K step (gemm_conv.cu, k_checks);
 // - the launch's last block to finish advances task->completed to kernel_index + 1 unless a
 //   block of the launch exited on the flag.
 #pragma once
@@ -32,6 +33,8 @@ struct launch_ctx {
     uint32_t kernel_index;
     uint32_t sequence;
     const uint32_t* preempt;  // the task's preemption flag (device memory), or null
+    const uint32_t* level = nullptr;  // the launch's preemption level's epoch (device memory), or null
+    uint32_t epoch = 0;               // the level's epoch when the launch was made
     uint32_t* completed;
     uint32_t* counter;        // [0] blocks finished, [1] some block exited on the flag
     uint32_t* stream_done;    // host-mapped: sequence of the last finished launch on the stream
@@ -44,6 +47,8 @@ inline launch_ctx make_ctx(const gpu_launch_params& p) {
     c.kernel_index = p.kernel_index;
     c.sequence = p.sequence;
     c.preempt = p.flag;
+    c.level = p.level;
+    c.epoch = p.epoch;
     c.completed = p.task ? p.task + 1 : nullptr;
     c.counter = p.counter;
     c.stream_done = p.stream_done;
@@ -68,9 +73,18 @@ __device__ __forceinline__ uint32_t load_flag(const uint32_t* p) {
     return p ? *reinterpret_cast<const volatile uint32_t*>(p) : 0u;
 }
 
+// Whether the launch must stop: its task's flag is raised, or its level's epoch has passed
+// the launch's (device.h, epoch_passed: a copy of the epoch still on its way reads older and
+// lets the launch run). Thread 0's view; callers share it with the block.
+__device__ __forceinline__ bool stop_requested(const uint32_t* flag, const uint32_t* level, uint32_t epoch) {
+    if (flag && load_flag(flag) != 0) return true;
+    return level && int32_t(load_flag(level) - epoch) > 0;
+}
+__device__ __forceinline__ bool stop_requested(const launch_ctx& c) { return stop_requested(c.preempt, c.level, c.epoch); }
+
 // At block start. Thread 0 reads the flag; every thread learns the answer. True: run.
 __device__ __forceinline__ bool block_begin(const launch_ctx& c) {
-    return __syncthreads_or(threadIdx.x == 0 && c.preempt ? int(load_flag(c.preempt)) : 0) == 0;
+    return __syncthreads_or(threadIdx.x == 0 ? int(stop_requested(c)) : 0) == 0;
 }
 
 // At block end, by every thread (ok: the block finished its work). The last block of the
@@ -113,23 +127,6 @@ __device__ __forceinline__ uint32_t unit_id() {
     return id;
 #endif
 }
-
-// Check points inside a block's main loop (GEMM/conv: per K chunk). Thread 0 issues the
-// flag's load at one check and the block acts on it at the next, so the read's latency (an L2
-// hit: the flag is in device memory) overlaps a chunk of work instead of stalling the block. A
-// raised flag stops the block within one or two chunks.
-struct preempt_check {
-    const uint32_t* flag;
-    uint32_t pending;
-    __device__ explicit preempt_check(const uint32_t* f) : flag(f), pending(0) {}
-    // Every thread, uniformly. True: stop now.
-    __device__ __forceinline__ bool at_check_point() {
-        if (!flag) return false;
-        const bool stop = __syncthreads_or(threadIdx.x == 0 ? int(pending) : 0) != 0;
-        if (threadIdx.x == 0) pending = load_flag(flag);
-        return stop;
-    }
-};
 
 // 32-lane groups (a CUDA warp; half an AMD wavefront of 64).
 __device__ __forceinline__ double group_sum(double v) {

@@ -13,8 +13,8 @@
 //   shared memory, products accumulated in fp32; chosen per launch by the device option
 //   (gpu_device_options::math). hipcc 5.2 has no WMMA: the HIP build runs fp32 for both.
 //
-// Preemption: the block checks the flag at its start and then every args.tile_k elements of K
-// (rounded up to the K step; preempt_check overlaps the flag's read with the next chunk).
+// Preemption: the block checks the flag (and its level) at its start and then at every K step,
+// in the barrier the step already has (k_checks); args.tile_k is the cpu kernels' interval.
 // Fused epilogue, as on the cpu: GEMM alpha, bias (any bias_kind, times beta) and activation;
 // conv bias, residual and activation, in the cpu kernels' order of additions.
 #include "libml/kernels/gpu/common.cuh"
@@ -88,21 +88,19 @@ struct conv_view {
     }
 };
 
-// Preemption checks inside the K loop: every `every` elements of K, across sub-tiles.
+// Preemption checks inside the K loop: at every K step (16 or 32 of K, well under a
+// microsecond of a block's time), folded into the barrier the step has anyway: thread 0 reads
+// the task's flag and the launch's level before the step's tile loads, so the read overlaps
+// them, and the step's first barrier (__syncthreads_or instead of __syncthreads) tells every
+// thread. No barrier is added; a raise stops the block within one step.
 struct k_checks {
-    preempt_check chk;
-    int64_t every;
-    int64_t since = 0;
-    __device__ k_checks(const uint32_t* flag, int64_t tile_k, int64_t step)
-        : chk(flag), every(tile_k > step ? tile_k : step) {}
-    // Every thread, once per K step. True: stop.
-    __device__ __forceinline__ bool step(int64_t k_step) {
-        if (since >= every) {
-            since = 0;
-            if (chk.at_check_point()) return true;
-        }
-        since += k_step;
-        return false;
+    const uint32_t* flag;
+    const uint32_t* level;
+    uint32_t epoch;
+    __device__ explicit k_checks(const launch_ctx& c) : flag(c.preempt), level(c.level), epoch(c.epoch) {}
+    // Thread 0's view (the others' is 0): 1 when the block must stop.
+    __device__ __forceinline__ int read() const {
+        return threadIdx.x == 0 && (flag || level) && stop_requested(flag, level, epoch) ? 1 : 0;
     }
 };
 
@@ -122,7 +120,7 @@ __device__ bool tile_fp32(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
     v.prepare_b(n0 + tid % BN, n1);
     const bool a_fast = v.a_k_fast(), b_fast = v.b_n_fast();
     for (int64_t k0 = 0; k0 < K; k0 += BK) {
-        if (checks.step(BK)) return false;
+        const int stop = checks.read();
 #pragma unroll
         for (int r = 0; r < (BM * BK) / int(kThreads); ++r) {
             const int i = tid + r * int(kThreads);
@@ -137,7 +135,7 @@ __device__ bool tile_fp32(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
             const int64_t n = n0 + nn, k = k0 + kk;
             Bs[kk][nn] = (n < n1 && k < K) ? v.b_at(k, n) : 0.0f;
         }
-        __syncthreads();
+        if (__syncthreads_or(stop)) return false;
 #pragma unroll
         for (int kk = 0; kk < BK; ++kk) {
             float a[4], b[4];
@@ -185,7 +183,7 @@ __device__ bool tile_wmma(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
     v.prepare_b(n0 + tid % BN, n1);
     const bool a_fast = v.a_k_fast(), b_fast = v.b_n_fast();
     for (int64_t k0 = 0; k0 < K; k0 += BK) {
-        if (checks.step(BK)) return false;
+        const int stop = checks.read();
 #pragma unroll
         for (int r = 0; r < (BM * BK) / int(kThreads); ++r) {
             const int i = tid + r * int(kThreads);
@@ -200,7 +198,7 @@ __device__ bool tile_wmma(V& v, int64_t m0, int64_t m1, int64_t n0, int64_t n1, 
             const int64_t n = n0 + nn, k = k0 + kk;
             Bs[kk][nn] = to_input<T>((n < n1 && k < K) ? v.b_at(k, n) : 0.0f);
         }
-        __syncthreads();
+        if (__syncthreads_or(stop)) return false;
 #pragma unroll
         for (int ks = 0; ks < BK; ks += 16) {
             wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> af;
@@ -259,7 +257,7 @@ __device__ bool gemm_block_gpu(const gemm_args& g, const launch_ctx& ctx, int64_
     gemm_view v{g.a + t.batch * g.stride_a, g.b + t.batch * g.stride_b, g.lda, g.ldb, g.trans_a, g.trans_b};
     float* c = g.c + t.batch * g.stride_c;
     const float* bias = g.bias ? g.bias + t.batch * g.stride_bias : nullptr;
-    k_checks checks(ctx.preempt, g.tile_k, Mode == math_fp32 ? 16 : 32);
+    k_checks checks(ctx);
     const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
     for (int64_t ms = t.m0; ms < t.m1; ms += BM) {
         const int64_t me = ms + BM < t.m1 ? ms + BM : t.m1;
@@ -339,7 +337,7 @@ __device__ bool conv2d_group_gpu(const conv2d_args& c, const launch_ctx& ctx, co
     float* y = c.y + (t.image * c.c_out + co_base) * hw_out;
     const float* res = c.residual ? c.residual + (t.image * c.c_out + co_base) * hw_out : nullptr;
     const bool relu = c.ep.act == activation::relu;
-    k_checks checks(ctx.preempt, c.tile_k, Mode == math_fp32 ? 16 : 32);
+    k_checks checks(ctx);
     const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
     for (int64_t cs = t.co0; cs < t.co1; cs += BM) {
         const int64_t ce = cs + BM < t.co1 ? cs + BM : t.co1;

@@ -28,8 +28,13 @@ using gpu::gpu_tensor_f16;
 // may be null) each block that ran to its end adds 1 to it. With `hold_until` (host-mapped, may
 // be null) a block ends as soon as that word reaches `hold_count`, `ns` being then only the
 // longest it waits: tests hold a kernel until another has started or finished instead of
-// guessing how long that takes. It has no cpu counterpart: the preemption benchmark (bench/preempt_bench.cc) and the
-// GPU device tests use it as a kernel of known length.
+// guessing how long that takes. For the preemption benchmark's stages, `block_start_ns` and
+// `block_stop_ns` (host-mapped, one word per block of the grid, may be null) get the GPU clock
+// (gpu_clock_ns: %globaltimer, s_memrealtime) when block b started and when it stopped at a
+// check point; `shared_bytes` is the dynamic shared memory each block holds (UINT32_MAX: the
+// most a block may have, so that one block fills a compute unit, as a large convolution
+// block does). It has no cpu counterpart: the preemption benchmark (bench/preempt_bench.cc)
+// and the GPU device tests use it as a kernel of known length.
 struct gpu_spin_args {
     uint64_t ns;
     uint64_t check_ns;
@@ -38,7 +43,14 @@ struct gpu_spin_args {
     uint32_t* finished = nullptr;
     const uint32_t* hold_until = nullptr;
     uint32_t hold_count = 1;
+    uint32_t shared_bytes = 0;
+    uint64_t* block_start_ns = nullptr;
+    uint64_t* block_stop_ns = nullptr;
 };
+
+// The dynamic shared memory a gpu_spin block gets for shared_bytes = UINT32_MAX on the current
+// device (the most one block may hold), 0 where unknown.
+uint32_t gpu_spin_full_shared_bytes();
 
 // "CUDA", "HIP" or "SIMT emulation": the runtime the library was compiled for.
 const char* gpu_runtime_name();

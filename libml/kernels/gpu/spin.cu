@@ -43,6 +43,10 @@ __device__ bool spin_block_gpu(const gpu_spin_args& a, const launch_ctx& c, int6
     volatile uint32_t* unit_word = a.units ? reinterpret_cast<volatile uint32_t*>(a.units + block) : nullptr;
     if (unit_word) *unit_word = unit;
     const uint64_t t0 = gpu_now_ns();
+    if (a.block_start_ns) {
+        *reinterpret_cast<volatile uint64_t*>(a.block_start_ns + block) = t0;
+        __threadfence_system();
+    }
     uint64_t next = t0 + a.check_ns;
     for (;;) {
 #if defined(RL_GPU_EMU)
@@ -54,7 +58,13 @@ __device__ bool spin_block_gpu(const gpu_spin_args& a, const launch_ctx& c, int6
         if (t - t0 >= a.ns) break;
         if (a.hold_until && *reinterpret_cast<const volatile uint32_t*>(a.hold_until) >= a.hold_count) break;
         if (t >= next) {
-            if (load_flag(c.preempt)) return false;
+            if (stop_requested(c)) {
+                if (a.block_stop_ns) {
+                    *reinterpret_cast<volatile uint64_t*>(a.block_stop_ns + block) = gpu_now_ns();
+                    __threadfence_system();
+                }
+                return false;
+            }
             next = t + a.check_ns;
         }
     }
@@ -72,11 +82,46 @@ __global__ void __launch_bounds__(kLanes) spin_kernel(gpu_spin_args a, launch_ct
 
 }  // namespace
 
+}  // namespace reefline::ml::kernels::gpu_impl
+
+namespace reefline::ml::kernels {
+
+// The most dynamic shared memory one block may hold on the current device (the opt-in limit on
+// NVIDIA, which spin_kernel is allowed once).
+uint32_t gpu_spin_full_shared_bytes() {
+    static const uint32_t bytes = [] {
+#if defined(RL_GPU_EMU)
+        return uint32_t(48u << 10);
+#elif defined(RL_GPU_HIP)
+        int dev = 0, v = 0;
+        if (hipGetDevice(&dev) != hipSuccess || hipDeviceGetAttribute(&v, hipDeviceAttributeMaxSharedMemoryPerBlock, dev) != hipSuccess)
+            return 0u;
+        return uint32_t(v);
+#else
+        int dev = 0, v = 0;
+        if (cudaGetDevice(&dev) != cudaSuccess ||
+            cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess)
+            return 0u;
+        if (v > (48 << 10) &&
+            cudaFuncSetAttribute(gpu_impl::spin_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v) != cudaSuccess)
+            v = 48 << 10;
+        (void)cudaGetLastError();
+        return uint32_t(v);
+#endif
+    }();
+    return bytes;
+}
+
+}  // namespace reefline::ml::kernels
+
+namespace reefline::ml::kernels::gpu_impl {
+
 int launch_spin(const gpu_launch_params& p) {
     if (p.block_count == 0) return launch_account_only(p);
     const gpu_spin_args a = args_from<gpu_spin_args>(p);
     const launch_ctx c = make_ctx(p);
-    RL_LAUNCH(spin_kernel, dim3(p.block_count), dim3(kLanes), 0, static_cast<cudaStream_t>(p.stream), a, c);
+    const size_t shared = a.shared_bytes == UINT32_MAX ? gpu_spin_full_shared_bytes() : a.shared_bytes;
+    RL_LAUNCH(spin_kernel, dim3(p.block_count), dim3(kLanes), shared, static_cast<cudaStream_t>(p.stream), a, c);
     return int(cudaGetLastError());
 }
 
