@@ -139,9 +139,12 @@ double predictor::predict_us(std::span<const segment> group) const {
     if (!covers(group) || _layers.empty()) return std::numeric_limits<double>::quiet_NaN();
     std::array<float, max_width> x{};
     features(group, x.data());
-    // At least a microsecond (no group takes less; an output that underflows must not read as
-    // a free group); +inf where it overflows (no group fits it).
-    return std::max(1.0, profile_base_us(group) * std::exp(mlp_raw(x.data()) * _y_std + _y_mean));
+    // The ratio to the profiles within 4 standard deviations of the ratios it was trained on:
+    // a small MLP fitted to noisy samples can extrapolate wildly (a group "taking" minutes), and
+    // the scheduler drops a query whose prediction exceeds its deadline. At least a microsecond
+    // (no group takes less; an output that underflows must not read as a free group).
+    const double z = std::clamp(mlp_raw(x.data()), -4.0, 4.0);
+    return std::max(1.0, profile_base_us(group) * std::exp(z * _y_std + _y_mean));
 }
 
 double predictor::profile_base_us(std::span<const segment> group) {
