@@ -23,6 +23,16 @@ int64_t inputs_allocation(const plan& p) { return std::max<int64_t>(p.input_byte
 // that batches of slightly more segments do not reallocate every time.
 size_t gather_list_allocation(size_t needed) { return std::max<size_t>(4096, 2 * needed); }
 
+// HWC bytes one block of the image gather converts. A GPU block reads its bytes over PCIe:
+// many small blocks keep more reads in flight.
+int64_t image_bytes_per_block(int64_t channels, bool on_gpu) {
+    const int64_t per_block = on_gpu ? int64_t(1) << 12 : int64_t(1) << 16;
+    return std::max<int64_t>(channels, per_block / channels * channels);
+}
+// The image gather's block descriptors follow the rest of the gather list at this alignment,
+// so that each is one 128-byte read.
+constexpr size_t gather_descriptors_alignment = 128;
+
 // Bytes of the distinct constants of a graph and of the batch-independent form it came from
 // (specializations share most of their data).
 int64_t distinct_constant_bytes(const graph& g) {
@@ -184,12 +194,28 @@ namespace {
 constexpr int64_t tokens_per_block = 128;
 }  // namespace
 
-int64_t runtime::gather_list_bytes(int64_t batch, int64_t segments_per_request, int64_t max_length) {
+int64_t runtime::gather_list_bytes(int64_t batch, int64_t segments_per_request, int64_t max_length,
+                                   int64_t image_blocks_per_request) {
     if (segments_per_request <= 0) return 0;
-    const size_t needed = size_t(batch * segments_per_request) * sizeof(kernels::gather_segment) +
-                          size_t(batch + 1) * sizeof(uint32_t) + 8 +
-                          size_t(batch * kernels::ceil_div(max_length, tokens_per_block)) * sizeof(kernels::token_error);
+    size_t needed = size_t(batch * segments_per_request) * sizeof(kernels::gather_segment) +
+                    size_t(batch + 1) * sizeof(uint32_t) + 8 +
+                    size_t(batch * kernels::ceil_div(max_length, tokens_per_block)) * sizeof(kernels::token_error);
+    if (image_blocks_per_request > 0)
+        needed += gather_descriptors_alignment +
+                  size_t(batch * image_blocks_per_request) * sizeof(kernels::gather_block_desc);
     return int64_t(gather_list_allocation(needed));
+}
+
+int64_t runtime::image_blocks_per_request(const graph& imported) const {
+    if (_options.tiles != plan_options::tiles_for::gpu) return 0;  // the cpu blocks need no descriptors
+    request_input r;
+    try {
+        r = derive_request_input(imported);
+    } catch (const std::exception&) {
+        return 0;  // takes no requests
+    }
+    if (r.kind != request_kind::image) return 0;
+    return kernels::ceil_div(r.channels * r.height * r.width, image_bytes_per_block(r.channels, true));
 }
 
 std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& imported, const plan::weight_layout& layout,
@@ -198,6 +224,7 @@ std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& im
                                                                  std::span<const int64_t> lengths,
                                                                  int64_t* shared_arena) const {
     const int64_t max_length = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+    const int64_t image_blocks = segments_per_request > 0 ? image_blocks_per_request(imported) : 0;
     if (shared_arena) {
         // configure_batch() with a shared arena frees the instance's own (link_model's): the
         // shared one ends as large as the largest plan of the group.
@@ -212,7 +239,7 @@ std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& im
                 *shared_arena = std::max(*shared_arena, arena_allocation(p));
                 inputs += inputs_allocation(p);
             }
-            out.emplace_back(b, inputs + gather_list_bytes(b, segments_per_request, max_length));
+            out.emplace_back(b, inputs + gather_list_bytes(b, segments_per_request, max_length, image_blocks));
         }
         return out;
     }
@@ -236,7 +263,7 @@ std::vector<std::pair<int64_t, int64_t>> runtime::instance_bytes(const graph& im
             arena = std::max(arena, arena_allocation(p));
             inputs = inputs_allocation(p);
         }
-        out.emplace_back(b, arena + inputs + gather_list_bytes(b, segments_per_request, max_length));
+        out.emplace_back(b, arena + inputs + gather_list_bytes(b, segments_per_request, max_length, image_blocks));
     }
     return out;
 }
@@ -347,12 +374,19 @@ void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64
     }
     std::byte* const arena_memory = static_cast<std::byte*>(shared ? shared->_memory : in._arena);
     for (instance::variant& v : built) {
-        v.inputs = _device.alloc(v.inputs_size, gpu::memory_kind::host_mapped);
+        // Device memory: the gather kernel's stores and the model's reads stay on the device
+        // (host-mapped, every float of the batch tensor crossed PCIe twice). The host writes it
+        // only through copy_to_device.
+        v.inputs = _device.alloc(v.inputs_size, gpu::memory_kind::device);
         if (!v.inputs) {
             release();
             throw std::bad_alloc();
         }
         v.p->bind({static_cast<std::byte*>(in._model->_weights), arena_memory, static_cast<std::byte*>(v.inputs)});
+        for (const auto& [offset, data] : v.p->input_constants())
+            if (!data->empty())
+                _device.ops().copy_to_device(&_device, static_cast<std::byte*>(v.inputs) + offset, data->data(),
+                                             data->size());
     }
     in.free_variants();
     if (shared && in._shared != shared) {
@@ -407,7 +441,8 @@ void runtime::write_inputs(instance& in, std::span<const tensor> inputs) {
             throw std::invalid_argument("infer_batch: input " + std::to_string(i) + " is " + dtype_name(inputs[i].type) +
                                         shape_str(inputs[i].shape) + ", expected " + dtype_name(loc.type) + shape_str(loc.shape));
         if (inputs[i].bytes())
-            std::memcpy(in.input_memory() + loc.offset, inputs[i].data->data(), inputs[i].bytes());
+            _device.ops().copy_to_device(&_device, in.input_memory() + loc.offset, inputs[i].data->data(),
+                                         inputs[i].bytes());
     }
 }
 
@@ -558,11 +593,32 @@ gpu::task_launch runtime::gather_for(instance& in, const request_batch& b) {
     }
     const plan& p = in.current_plan();
     std::byte* inputs = in.input_memory();
+    const bool on_gpu = _options.tiles == plan_options::tiles_for::gpu;
+    kernels::gather_args image{};
+    if (r.kind == request_kind::image) {
+        const shape_t& s = p.inputs()[0].shape;
+        image.y = reinterpret_cast<float*>(inputs + p.inputs()[0].offset);
+        image.batch = s[0];
+        image.c = s[1];
+        image.h = s[2];
+        image.w = s[3];
+        for (int i = 0; i < 4; ++i) {
+            image.mean[i] = b.mean[i];
+            image.inv_std[i] = 1.0f / b.std[i];
+        }
+        image.bytes_per_block = image_bytes_per_block(image.c, on_gpu);
+    }
+    // GPU blocks of the image gather read their descriptors (the cpu blocks need none).
+    const int64_t described = r.kind == request_kind::image && on_gpu ? kernels::gather_grid(image) : 0;
     const int64_t token_blocks = r.kind == request_kind::sequence ? kernels::ceil_div(b.length, tokens_per_block) : 0;
-    // Segments first (8-byte aligned pointers), then the offsets, then the token errors.
+    // Segments first (8-byte aligned pointers), then the offsets, then the token errors, then
+    // the image gather's block descriptors.
     const size_t seg_bytes = b.segments.size_bytes(), first_bytes = b.first.size_bytes();
     const size_t errors_at = (seg_bytes + first_bytes + 7) / 8 * 8;
-    const size_t needed = errors_at + size_t(n * token_blocks) * sizeof(kernels::token_error);
+    const size_t errors_end = errors_at + size_t(n * token_blocks) * sizeof(kernels::token_error);
+    const size_t blocks_at = (errors_end + gather_descriptors_alignment - 1) / gather_descriptors_alignment *
+                             gather_descriptors_alignment;
+    const size_t needed = described ? blocks_at + size_t(described) * sizeof(kernels::gather_block_desc) : errors_end;
     if (needed > in._gather_list_size) {
         if (in._gather_list) _device.free(in._gather_list);
         in._gather_list_size = gather_list_allocation(needed);
@@ -577,27 +633,17 @@ gpu::task_launch runtime::gather_for(instance& in, const request_batch& b) {
     std::memcpy(list + seg_bytes, b.first.data(), first_bytes);
     const auto* segments = reinterpret_cast<const kernels::gather_segment*>(list);
     const auto* first = reinterpret_cast<const uint32_t*>(list + seg_bytes);
-    const bool on_gpu = _options.tiles == plan_options::tiles_for::gpu;
 
     switch (r.kind) {
     case request_kind::image: {
-        const shape_t& s = p.inputs()[0].shape;
-        kernels::gather_args g{};
-        g.segments = segments;
-        g.first = first;
-        g.y = reinterpret_cast<float*>(inputs + p.inputs()[0].offset);
-        g.batch = s[0];
-        g.c = s[1];
-        g.h = s[2];
-        g.w = s[3];
-        for (int i = 0; i < 4; ++i) {
-            g.mean[i] = b.mean[i];
-            g.inv_std[i] = 1.0f / b.std[i];
+        image.segments = segments;
+        image.first = first;
+        if (described) {
+            auto* blocks = reinterpret_cast<kernels::gather_block_desc*>(list + blocks_at);
+            kernels::gather_describe_blocks(image, segments, first, blocks);
+            image.blocks = blocks;
         }
-        // A GPU block reads its bytes over PCIe: many small blocks keep more reads in flight.
-        const int64_t per_block = on_gpu ? int64_t(1) << 12 : int64_t(1) << 16;
-        g.bytes_per_block = std::max<int64_t>(g.c, per_block / g.c * g.c);
-        return gpu::task_launch::make(&kernels::gather_kernel, g, uint32_t(kernels::gather_grid(g)));
+        return gpu::task_launch::make(&kernels::gather_kernel, image, uint32_t(kernels::gather_grid(image)));
     }
     case request_kind::sequence: {
         kernels::token_gather_args t{};

@@ -136,6 +136,8 @@ public:
     int64_t arena_bytes() const { return _shared ? _shared->bytes() : int64_t(_arena_size); }
     const std::shared_ptr<shared_arena>& shared() const { return _shared; }
     gpu::task_words* task() const { return _task; }
+    // The selected plan's inputs region: device memory, which the host writes and reads only
+    // through the device's copies (copy_to_device, copy_to_host).
     std::byte* input_memory() const { return static_cast<std::byte*>(selected().inputs); }
     // The planned sequence lengths (empty: one plan at the model's own input shapes) and the
     // selected plan's length (0 for such a plan).
@@ -151,7 +153,7 @@ private:
         int64_t length = 0;
         graph g;
         std::unique_ptr<plan> p;
-        void* inputs = nullptr;  // host-mapped: the gather kernel or the caller fills it
+        void* inputs = nullptr;  // device memory: the gather kernel or the caller (copy_to_device) fills it
         size_t inputs_size = 0;
         // From the plan's kernel profile (apply_profile), per launch; empty: not profiled.
         std::vector<float> est_us;
@@ -229,7 +231,8 @@ public:
     };
     void infer_requests(instance& in, const request_batch& batch, std::vector<tensor>& outputs);
     // The same batch as a task for the scheduler. The gather list is copied into host-mapped
-    // memory the instance owns (kernels on any backend read it there), so the launches stay
+    // memory the instance owns (kernels on any backend read it there), with, for images on GPU
+    // backends, a descriptor per gather block (kernels::gather_block_desc), so the launches stay
     // valid while the task runs and until the next request_task or infer_requests on this
     // instance. read_outputs() (and token_errors()) once it completed.
     std::vector<gpu::task_launch> request_task(instance& in, const request_batch& batch);
@@ -277,11 +280,16 @@ public:
     memory_footprint footprint(const model& m, std::span<const std::vector<int64_t>> groups,
                                int64_t segments_per_request, std::span<const int64_t> lengths = {}) const;
     // The gather list request_task() allocates at most for a batch of `batch` requests of up to
-    // `segments_per_request` segments each and (sequences) up to `max_length` tokens (it grows
-    // to twice what a batch needs).
-    static int64_t gather_list_bytes(int64_t batch, int64_t segments_per_request, int64_t max_length = 0);
+    // `segments_per_request` segments each and (sequences) up to `max_length` tokens, with
+    // (images on GPU backends) a descriptor for each of `image_blocks_per_request` gather
+    // blocks per request (it grows to twice what a batch needs).
+    static int64_t gather_list_bytes(int64_t batch, int64_t segments_per_request, int64_t max_length = 0,
+                                     int64_t image_blocks_per_request = 0);
 
 private:
+    // The image gather's blocks per request whose descriptors the gather list holds on this
+    // runtime's device (0: not an image model, or the cpu device, whose blocks need none).
+    int64_t image_blocks_per_request(const graph& imported) const;
     // The plan configure_batch() builds for `batch` (at `length`, for a sequence model; 0:
     // the imported shapes), and its specialized graph.
     std::pair<plan, graph> plan_for(const graph& imported, const plan::weight_layout& layout, int64_t batch,

@@ -1597,7 +1597,6 @@ void plan::bind(const memory_bases& bases) {
         void* ptr = base + f.offset;
         std::memcpy(_launches[f.launch].args.data() + f.args_offset, &ptr, sizeof ptr);
     }
-    for (const auto& [offset, data] : _constants) std::memcpy(bases.inputs + offset, data->data(), data->size());
 }
 
 std::string plan::check_idempotence() const {

@@ -139,9 +139,13 @@ public:
     const std::vector<tensor_location>& outputs() const { return _outputs; }
     int restore_window() const { return _restore_window; }
 
-    // Resolves every pointer in the argument structs against `bases` and writes this
-    // specialization's own constants into the inputs region (host-visible memory).
+    // Resolves every pointer in the argument structs against `bases`.
     void bind(const memory_bases& bases);
+    // The constants only this specialization has, (offset in the inputs region, data): the
+    // caller copies them there (device memory on GPU backends) once it is allocated.
+    const std::vector<std::pair<int64_t, std::shared_ptr<const bytes_t>>>& input_constants() const {
+        return _constants;
+    }
     // Verifies the idempotence invariant; returns "" or a description of the first violation.
     std::string check_idempotence() const;
 

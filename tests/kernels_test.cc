@@ -913,34 +913,95 @@ TEST(kernels, stop_at_check_points_and_restart_identically) {
 }
 
 TEST(gather, fragments_to_normalised_nchw) {
-    const int64_t B = 3, H = 7, W = 5, C = 3, bytes = H * W * C;
-    std::vector<std::vector<uint8_t>> images(B);
-    std::vector<k::gather_segment> segs;
-    std::vector<uint32_t> first{0};
-    std::mt19937 rng(11);
-    for (int64_t i = 0; i < B; ++i) {
-        images[size_t(i)].resize(size_t(bytes));
-        for (auto& v : images[size_t(i)]) v = uint8_t(rng());
-        // Uneven fragments, as packets arrive: 13, 13, ..., rest.
-        for (uint32_t off = 0; off < bytes; off += 13)
-            segs.push_back({images[size_t(i)].data() + off, uint32_t(std::min<int64_t>(13, bytes - off)), off});
-        first.push_back(uint32_t(segs.size()));
+    for (const uint32_t frag : {13u, 1u, 2u, 5u}) {
+        SCOPED_TRACE(std::to_string(frag) + "-byte fragments");
+        const int64_t B = 3, H = 7, W = 5, C = 3, bytes = H * W * C;
+        std::vector<std::vector<uint8_t>> images(B);
+        std::vector<k::gather_segment> segs;
+        std::vector<uint32_t> first{0};
+        std::mt19937 rng(11);
+        for (int64_t i = 0; i < B; ++i) {
+            images[size_t(i)].resize(size_t(bytes));
+            for (auto& v : images[size_t(i)]) v = uint8_t(rng());
+            // Uneven fragments, as packets arrive: frag, frag, ..., rest.
+            for (uint32_t off = 0; off < bytes; off += frag)
+                segs.push_back({images[size_t(i)].data() + off, uint32_t(std::min<int64_t>(frag, bytes - off)), off});
+            first.push_back(uint32_t(segs.size()));
+        }
+        std::vector<float> y(size_t(B * C * H * W), NAN);
+        k::gather_args g{};
+        g.segments = segs.data(); g.first = first.data(); g.y = y.data();
+        g.batch = B; g.h = H; g.w = W; g.c = C; g.bytes_per_block = 12;
+        const float mean[3] = {123.675f, 116.28f, 103.53f}, sd[3] = {58.395f, 57.12f, 57.375f};
+        for (int i = 0; i < 3; ++i) { g.mean[i] = mean[i]; g.inv_std[i] = 1.0f / sd[i]; }
+        ASSERT_TRUE(run_blocks(k::gather_kernel, &g, k::gather_grid(g)));
+        for (int64_t i = 0; i < B; ++i)
+            for (int64_t p = 0; p < H * W; ++p)
+                for (int64_t ch = 0; ch < C; ++ch)
+                    ASSERT_FLOAT_EQ(y[size_t((i * C + ch) * H * W + p)],
+                                    (float(images[size_t(i)][size_t(p * C + ch)]) - mean[ch]) / sd[ch] )
+                        << i << " " << p << " " << ch;
     }
-    std::vector<float> y(size_t(B * C * H * W), NAN);
-    k::gather_args g{};
-    g.segments = segs.data(); g.first = first.data(); g.y = y.data();
-    g.batch = B; g.h = H; g.w = W; g.c = C; g.bytes_per_block = 12;
-    const float mean[3] = {123.675f, 116.28f, 103.53f}, sd[3] = {58.395f, 57.12f, 57.375f};
-    for (int i = 0; i < 3; ++i) { g.mean[i] = mean[i]; g.inv_std[i] = 1.0f / sd[i]; }
-    ASSERT_TRUE(run_blocks(k::gather_kernel, &g, k::gather_grid(g)));
-    for (int64_t i = 0; i < B; ++i)
-        for (int64_t p = 0; p < H * W; ++p)
-            for (int64_t ch = 0; ch < C; ++ch)
-                ASSERT_FLOAT_EQ(y[size_t((i * C + ch) * H * W + p)],
-                                (float(images[size_t(i)][size_t(p * C + ch)]) - mean[ch]) / sd[ch] )
-                    << i << " " << p << " " << ch;
 }
 
+
+// The image gather's block descriptors (GPU blocks read them; the cpu's run the same
+// decomposition without): a block's segments cut to its range, in order, tiling it; past
+// gather_block_slices segments, their range in the list. Empty segments are left out.
+TEST(gather, block_descriptors) {
+    const int64_t B = 2, H = 7, W = 5, C = 3, bytes = H * W * C;
+    std::vector<uint8_t> pixels(size_t(B * bytes));
+    for (size_t i = 0; i < pixels.size(); ++i) pixels[i] = uint8_t(i);
+    for (const uint32_t frag : {13u, 1u, 40u, 105u}) {
+        std::vector<k::gather_segment> segs;
+        std::vector<uint32_t> first{0};
+        for (int64_t i = 0; i < B; ++i) {
+            const uint8_t* image = pixels.data() + i * bytes;
+            for (uint32_t off = 0; off < bytes; off += frag) {
+                segs.push_back({image + off, uint32_t(std::min<int64_t>(frag, bytes - off)), off});
+                if (off == 26) segs.push_back({image + off, 0, off});  // an empty one, as a zero-length fragment
+            }
+            first.push_back(uint32_t(segs.size()));
+        }
+        for (const int64_t per_block : {int64_t(12), int64_t(30), int64_t(105)}) {
+            k::gather_args g{};
+            g.batch = B; g.h = H; g.w = W; g.c = C; g.bytes_per_block = per_block;
+            std::vector<k::gather_block_desc> blocks(size_t(k::gather_grid(g)));
+            k::gather_describe_blocks(g, segs.data(), first.data(), blocks.data());
+            const int64_t per_image = k::gather_blocks_per_image(g);
+            for (int64_t b = 0; b < k::gather_grid(g); ++b) {
+                const k::gather_block_desc& d = blocks[size_t(b)];
+                const int64_t image = b / per_image, q0 = (b % per_image) * per_block;
+                const int64_t q1 = std::min(bytes, q0 + per_block);
+                const std::string what = std::to_string(frag) + "-byte fragments, " + std::to_string(per_block) +
+                                         " bytes per block, block " + std::to_string(b);
+                uint32_t want = 0, lo = ~0u, hi = 0;
+                for (uint32_t s = first[size_t(image)]; s < first[size_t(image) + 1]; ++s)
+                    if (segs[s].length > 0 && segs[s].offset < q1 && segs[s].offset + segs[s].length > q0) {
+                        ++want;
+                        lo = std::min(lo, s);
+                        hi = s + 1;
+                    }
+                ASSERT_EQ(d.count, want) << what;
+                ASSERT_LE(d.segment_begin, lo) << what;
+                ASSERT_GE(d.segment_end, hi) << what;
+                for (uint32_t s = d.segment_begin; s < d.segment_end; ++s)  // nothing else with bytes in the range
+                    ASSERT_TRUE(segs[s].length == 0 || (segs[s].offset < q1 && segs[s].offset + segs[s].length > q0))
+                        << what;
+                if (d.count > k::gather_block_slices) continue;
+                int64_t at = q0;
+                for (uint32_t j = 0; j < d.count; ++j) {
+                    const k::gather_segment& sl = d.slices[j];
+                    ASSERT_EQ(int64_t(sl.offset), at) << what << " slice " << j;
+                    ASSERT_GT(sl.length, 0u) << what << " slice " << j;
+                    ASSERT_EQ(sl.data, pixels.data() + image * bytes + sl.offset) << what << " slice " << j;
+                    at += sl.length;
+                }
+                ASSERT_EQ(at, q1) << what;
+            }
+        }
+    }
+}
 
 // Requests cut into fragments of `frag` bytes (not a multiple of 4: elements straddle packets).
 void fragment(const std::vector<std::vector<uint8_t>>& payloads, uint32_t frag, std::vector<k::gather_segment>& segs,

@@ -148,6 +148,25 @@ struct gather_segment {
     uint32_t offset;  // byte offset of this segment in its image
 };
 
+// What one block of the image gather reads, written by the host beside the gather list (GPU
+// backends: gather_describe_blocks), so that a block learns where its payload is in one
+// 128-byte read instead of reading its image's first[] entry, then the image's segments, each a
+// round trip over PCIe, before the payload itself. Up to gather_block_slices segments are
+// given cut to the block's byte range; a range that holds more (fragments of less than ~700
+// bytes at the GPU's 4095-byte blocks) gives their indices in the list, and the block reads
+// those segments itself.
+inline constexpr uint32_t gather_block_slices = 7;
+struct gather_block_desc {
+    uint32_t count;          // segments with bytes in the block's range (0: none)
+    uint32_t segment_begin;  // those segments: [segment_begin, segment_end) of the list
+    uint32_t segment_end;
+    uint32_t unused;
+    // count <= gather_block_slices: the segments cut to the range ({data of the first byte in
+    // the range, bytes in the range, their offset in the image}), in offset order.
+    gather_segment slices[gather_block_slices];
+};
+static_assert(sizeof(gather_block_desc) == 128, "a block's descriptor is one 128-byte read");
+
 struct gather_args {
     const gather_segment* segments;  // all images' segments, image i at [first[i], first[i+1])
     const uint32_t* first;           // batch + 1 entries
@@ -155,12 +174,51 @@ struct gather_args {
     int64_t batch, h, w, c;
     float mean[4], inv_std[4];       // per channel
     int64_t bytes_per_block;         // HWC bytes converted by one block (multiple of c)
+    // gather_grid() descriptors (gather_describe_blocks), or null: GPU blocks then find their
+    // segments in the list. The cpu blocks never read them.
+    const gather_block_desc* blocks;
+    // Non-zero: GPU blocks run the kernel's first version (segment scan, a store per byte),
+    // for gather_bench's comparison; the runtime never sets it. Same values either way.
+    uint32_t bench_version_1;
 };
 
 RL_HD inline int64_t gather_blocks_per_image(const gather_args& g) {
     return ceil_div(g.h * g.w * g.c, g.bytes_per_block);
 }
 RL_HD inline int64_t gather_grid(const gather_args& g) { return g.batch * gather_blocks_per_image(g); }
+
+// The descriptor of every block of g's grid (gather_grid(g) entries at `out`), from the gather
+// list `segments` / `first` (g's own, or a host copy of it: the descriptors hold the segments'
+// data pointers and indices as they are). Segments in offset order per image, as the gather
+// list has them; empty ones are left out.
+RL_HD inline void gather_describe_blocks(const gather_args& g, const gather_segment* segments, const uint32_t* first,
+                                         gather_block_desc* out) {
+    const int64_t per_image = gather_blocks_per_image(g), bytes = g.h * g.w * g.c;
+    for (int64_t i = 0; i < g.batch; ++i) {
+        uint32_t s = first[i];
+        const uint32_t end = first[i + 1];
+        for (int64_t k = 0; k < per_image; ++k) {
+            const int64_t q0 = k * g.bytes_per_block;
+            const int64_t q1 = q0 + g.bytes_per_block < bytes ? q0 + g.bytes_per_block : bytes;
+            // Segments that end before the range end before every later block's too.
+            while (s < end && int64_t(segments[s].offset) + int64_t(segments[s].length) <= q0) ++s;
+            gather_block_desc d{};
+            d.segment_begin = s;
+            uint32_t t = s;
+            for (; t < end && int64_t(segments[t].offset) < q1; ++t) {
+                const gather_segment& seg = segments[t];
+                const int64_t off = int64_t(seg.offset), stop = off + int64_t(seg.length);
+                if (seg.length == 0 || stop <= q0) continue;
+                const int64_t lo = off > q0 ? off : q0, hi = stop < q1 ? stop : q1;
+                if (d.count < gather_block_slices)
+                    d.slices[d.count] = gather_segment{seg.data + (lo - off), uint32_t(hi - lo), uint32_t(lo)};
+                ++d.count;
+            }
+            d.segment_end = t;
+            out[i * per_image + k] = d;
+        }
+    }
+}
 
 // ---- N-D element-wise kernels ------------------------------------------------------------
 // Shapes up to 6 dims, row-major. Strides are in elements; a stride of 0 broadcasts. A block

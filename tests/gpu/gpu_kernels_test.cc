@@ -700,6 +700,105 @@ GPU_TEST(lrn_batchnorm_gather_axis) {
     }
 }
 
+// The image gather's GPU blocks against the cpu blocks, bit for bit: with the runtime's block
+// descriptors (segments given in the descriptor, or, past gather_block_slices of them, read from
+// the list), without descriptors (the list scanned), and the first version (gather_bench's);
+// fragments from a full payload down to single bytes, at every alignment, in shuffled order;
+// blocks of a few pixels, of a tile and of several tiles; channel planes of any length.
+GPU_TEST(image_gather_versions) {
+    gpu::device& d = *the_device();
+    struct image_case {
+        int64_t h, w, c;
+        std::vector<int64_t> per_block;
+        std::vector<uint32_t> fragments;
+    };
+    const std::vector<image_case> cases = {
+        {5, 4, 3, {12, 60}, {13, 3, 1}},
+        {13, 11, 3, {96, 4095}, {1432, 500, 61, 13, 1}},
+        {9, 7, 4, {32, 4092}, {61, 5, 2}},
+        {41, 37, 1, {300, 4096}, {1432, 100, 7}},
+        {50, 45, 3, {4095, 9000}, {1432, 512, 61}},
+    };
+    std::mt19937 rng(23);
+    for (const image_case& ic : cases) {
+        const int64_t B = 3, bytes = ic.h * ic.w * ic.c;
+        for (const uint32_t fragment : ic.fragments) {
+            // Every fragment at its own place in one buffer, in shuffled order, after a gap of
+            // 0..5 bytes, so that the payloads start at every alignment.
+            std::vector<std::vector<uint8_t>> images(static_cast<size_t>(B));
+            for (auto& im : images) {
+                im.resize(size_t(bytes));
+                for (auto& v : im) v = uint8_t(rng());
+            }
+            struct piece {
+                int64_t image;
+                uint32_t offset, length;
+                size_t at = 0;
+            };
+            std::vector<piece> pieces;
+            for (int64_t i = 0; i < B; ++i)
+                for (uint32_t off = 0; off < bytes; off += fragment)
+                    pieces.push_back({i, off, uint32_t(std::min<int64_t>(fragment, bytes - off))});
+            std::vector<size_t> order(pieces.size());
+            for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+            std::shuffle(order.begin(), order.end(), rng);
+            std::vector<uint8_t> all;
+            for (const size_t i : order) {
+                all.resize(all.size() + rng() % 6, 0x5a);
+                pieces[i].at = all.size();
+                const auto& src = images[size_t(pieces[i].image)];
+                const auto from = src.begin() + pieces[i].offset;
+                all.insert(all.end(), from, from + pieces[i].length);
+            }
+            all.resize(all.size() + 8, 0x5a);
+            dev_buffer dall(d, all);
+            std::vector<k::gather_segment> hs, gs;
+            std::vector<uint32_t> first{0};
+            for (const piece& p : pieces) {  // in image and offset order
+                hs.push_back({all.data() + p.at, p.length, p.offset});
+                gs.push_back({dall.get<uint8_t>() + p.at, p.length, p.offset});
+                if (p.offset + p.length == bytes) first.push_back(uint32_t(hs.size()));
+            }
+            dev_buffer dsegs(d, gs), dfirst(d, first);
+            for (const int64_t per_block : ic.per_block) {
+                const std::string what = std::to_string(ic.h) + "x" + std::to_string(ic.w) + "x" +
+                                         std::to_string(ic.c) + ", " + std::to_string(fragment) +
+                                         "-byte fragments, " + std::to_string(per_block) + " bytes per block";
+                k::gather_args a{};
+                a.batch = B; a.h = ic.h; a.w = ic.w; a.c = ic.c; a.bytes_per_block = per_block;
+                const float mean[4] = {123.675f, 116.28f, 103.53f, 99.5f}, sd[4] = {58.395f, 57.12f, 57.375f, 41.0f};
+                for (int i = 0; i < 4; ++i) { a.mean[i] = mean[i]; a.inv_std[i] = 1.0f / sd[i]; }
+                const int64_t grid = k::gather_grid(a);
+                std::vector<float> want(size_t(B * bytes), NAN);
+                k::gather_args h = a;
+                h.segments = hs.data(); h.first = first.data(); h.y = want.data();
+                REQUIRE(run_cpu(k::gather_kernel, &h, grid));
+                for (int64_t i = 0; i < B; ++i)
+                    for (int64_t q = 0; q < bytes; ++q) {
+                        const int64_t ch = q % ic.c;
+                        const float v = (float(images[size_t(i)][size_t(q)]) - mean[ch]) * (1.0f / sd[ch]);
+                        REQUIRE(std::memcmp(&want[size_t((i * ic.c + ch) * ic.h * ic.w + q / ic.c)], &v, 4) == 0)
+                            << what << ": cpu image " << i << " byte " << q;
+                    }
+                std::vector<k::gather_block_desc> blocks(static_cast<size_t>(grid));
+                k::gather_describe_blocks(a, gs.data(), first.data(), blocks.data());
+                dev_buffer dblocks(d, blocks);
+                for (int version = 0; version < 3; ++version) {
+                    dev_buffer dy(d, want.size() * 4);
+                    k::gather_args g = a;
+                    g.segments = dsegs.get<k::gather_segment>(); g.first = dfirst.get<uint32_t>(); g.y = dy.get();
+                    if (version == 0) g.blocks = dblocks.get<k::gather_block_desc>();
+                    if (version == 2) g.bench_version_1 = 1;
+                    gpu_runner r(d);
+                    EXPECT(r.run(k::gather_kernel, g, grid)) << what;
+                    static const char* const names[] = {"descriptors", "list scan", "version 1"};
+                    expect_equal(dy.read<float>(), want, "image gather (" + std::string(names[version]) + "), " + what);
+                }
+            }
+        }
+    }
+}
+
 // Token sequences and f32 tensors from fragmented payloads (elements straddle fragments): the
 // GPU's thread-per-element gathers against the cpu blocks, and the token errors they report.
 GPU_TEST(token_and_tensor_gathers) {

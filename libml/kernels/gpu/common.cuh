@@ -10,6 +10,7 @@
 //   block of the launch exited on the flag.
 #pragma once
 
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -198,6 +199,17 @@ __device__ __forceinline__ bool shape_is_narrow(const nd_shape& s) {
     return n >= 0 && n <= int64_t(0xffffffffu);
 }
 
+// Four floats stored as one 16-byte store: the address must be 16-byte aligned. The runtimes'
+// own float4 (nvcc splits a store of a plain aligned struct of four floats into four); the
+// SIMT emulation has none.
+#if defined(RL_GPU_EMU)
+struct alignas(16) float_x4 {
+    float x, y, z, w;
+};
+#else
+using float_x4 = float4;
+#endif
+
 // ---- typed element access: libml/kernels/elem_access.h, shared with the cpu kernels --------
 __device__ __forceinline__ int elem_bytes(elem t) {
     return t == elem::f64 || t == elem::i64 ? 8 : t == elem::f32 || t == elem::i32 ? 4 : t == elem::f16 ? 2 : 1;
@@ -220,7 +232,12 @@ bool kernel_resources(const void* kernel, uint32_t threads, uint32_t dynamic_sha
 // Shared memory. Kernels take it from the launch's dynamic shared memory (RL_DYNAMIC_SHARED),
 // never as static __shared__ arrays: the DKP kernel (dkp.cu) runs every kernel's blocks and
 // gives each the one arena, and the SIMT emulation runs blocks of several units at once.
-constexpr uint32_t gather_shared_bytes = 16;  // gather, token_gather: a few words
+// The image gather (gather.cu): a block's descriptor, its segments in chunks of
+// gather_chunk_segments, their runs in the tile, and a tile of gather_tile_bytes payload bytes.
+constexpr uint32_t gather_tile_bytes = 4096;
+constexpr uint32_t gather_chunk_segments = 32;
+constexpr uint32_t gather_shared_bytes = 16 + gather_chunk_segments * 32 + gather_tile_bytes;
+constexpr uint32_t token_gather_shared_bytes = 16;  // a word
 
 #if defined(__CUDACC__) || defined(__HIPCC__) || defined(RL_GPU_EMU)
 template <typename Args>

@@ -216,8 +216,8 @@ uint32_t part_shared_bytes(int32_t kind, uint32_t flags) {
     switch (kind) {
     case pad_gemm:
     case pad_conv2d: return gemm_shared_bytes(math_of(flags));
-    case pad_gather:
-    case pad_token_gather: return gather_shared_bytes;
+    case pad_gather: return gather_shared_bytes;
+    case pad_token_gather: return token_gather_shared_bytes;
     default: return 0;
     }
 }
