@@ -36,10 +36,8 @@
 #include "bench/bench_report.h"
 #include "dkp/selector.h"
 #include "libml/libml.h"
-#if defined(REEFLINE_GPU_BACKEND)
-#include "preempt/gpu_device.h"
-#endif
 #include "libml/synthetic_inputs.h"
+#include "preempt/device_choice.h"
 #include "preempt/scheduler.h"
 
 namespace fs = std::filesystem;
@@ -210,15 +208,7 @@ int main(int argc, char** argv) {
             pairs.emplace_back(p.substr(0, colon), p.substr(colon + 1));
             at = comma + 1;
         }
-        std::unique_ptr<gpu::device> device;
-#if defined(REEFLINE_GPU_BACKEND)
-        if (device_name != "cpu") device = gpu::make_gpu_device();
-#endif
-        if (!device) {
-            gpu::cpu_device_options o;
-            o.compute_units = units;
-            device = gpu::make_cpu_device(o);
-        }
+        std::unique_ptr<gpu::device> device = gpu::make_device_named(device_name, units);
         std::printf("dkp_bench: %s (%u hardware threads), %.1f s per run, %u RT clients back to back, 1 BE client (batch %lld), "
                     "tiny zoo models\n",
                     device->caps().name.c_str(), std::thread::hardware_concurrency(), seconds, rt_clients, (long long)be_batch);

@@ -827,6 +827,7 @@ json if_manager::health() const {
               {"dkp", _info.dkp ? "on" : "off"},
               {"models", models},
               {"memory", memory_json()},
+              {"units", units_json()},
               {"port", {{"id", _plane.eth().id()}, {"driver", _plane.eth().driver()}, {"link_up", link.link_status != 0}}}};
     if (!_info.abacus.is_null()) h["abacus"] = _info.abacus;  // policy abacus: its predictor
     return h;
@@ -846,6 +847,18 @@ json if_manager::memory_json() const {
     if (!_info.memory_available.empty()) m["available_at_start"] = _info.memory_available;
     m["free_bytes"] = budget ? json(budget > used ? budget - used : 0) : json(nullptr);
     return m;
+}
+
+// The device's spatial shares: how they are made, whether binding works here, and every set
+// served on the whole device instead (fallbacks), so that a share that does not hold shows.
+json if_manager::units_json() const {
+    gpu::device& dev = _runtime.device();
+    if (!dev.ops().unit_shares) return {{"mechanism", "none"}, {"usable", false}, {"why", "this backend has no spatial shares"}};
+    const gpu::unit_shares_info i = dev.ops().unit_shares(&dev);
+    json u = {{"mechanism", i.mechanism}, {"usable", i.usable},    {"step", i.step},
+              {"binds", i.binds},         {"fallbacks", i.fallbacks}, {"partitions", i.partitions}};
+    if (!i.why.empty()) u["why"] = i.why;
+    return u;
 }
 
 json if_manager::stats(const std::string& only) const {
@@ -892,6 +905,7 @@ json if_manager::stats(const std::string& only) const {
                  REEFLINE_RX_COUNTERS(X) REEFLINE_TX_COUNTERS(X)
 #undef X
                      {"drops", drops}}},
+            {"units", units_json()},
             {"scheduler",
              {{"policy", _info.policy}, {"submitted", ss.submitted}, {"completed_rt", ss.completed_rt},
               {"completed_be", ss.completed_be}, {"preemptions", ss.preemptions}, {"restores", ss.restores},

@@ -172,6 +172,8 @@ private:
     nlohmann::json describe(const model_if& mif) const;
     // health's "memory": budget, used, free, file limit.
     nlohmann::json memory_json() const;
+    // health's and stats' "units": the device's spatial shares and their fallbacks.
+    nlohmann::json units_json() const;
     nlohmann::json list() const;
     std::shared_ptr<model_if> find(const std::string& name) const;
     void publish_bindings();

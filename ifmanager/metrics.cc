@@ -305,6 +305,20 @@ std::string prometheus_text(const json& stats) {
                                {{"reason", reason}}, *v);
     }
 
+    if (const json& u = member(stats, "units"); u.is_object()) {
+        if (const json& usable = member(u, "usable"); usable.is_boolean())
+            out.sample("reefline_device_units_usable", "gauge",
+                       "Streams can be bound to a share of the device's compute units (1), or every share runs on "
+                       "the whole device (0).",
+                       "", {}, usable.get<bool>() ? "1" : "0");
+        out.field(u, "binds", "reefline_device_unit_binds_total", "counter",
+                  "Times a stream was bound to a share of the device's compute units.", {});
+        out.field(u, "fallbacks", "reefline_device_unit_fallbacks_total", "counter",
+                  "Binds the device could not make: those launches ran on every compute unit.", {});
+        out.field(u, "partitions", "reefline_device_unit_partitions", "gauge",
+                  "Vendor partitions of the device alive (green contexts).", {});
+    }
+
     if (const json& s = member(stats, "scheduler"); s.is_object()) {
         if (const json& policy = member(s, "policy"); policy.is_string())
             out.sample("reefline_scheduler_info", "gauge", "The scheduling policy in use (value 1).",

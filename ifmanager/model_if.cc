@@ -1017,6 +1017,18 @@ nlohmann::json model_if::describe() const {
         for (uint32_t u = 0; u < n; ++u)
             if (!mask || (u < 64 && (mask >> u & 1))) on.push_back(u);
         j["units"] = on;
+        // Where they really are: backends round sets, place them by count, or run them unbound.
+        gpu::device& dev = _runtime.device();
+        if (mask && dev.ops().unit_grant_of) {
+            const gpu::unit_grant g = dev.ops().unit_grant_of(&dev, mask);
+            nlohmann::json gj = {{"bound", g.bound}, {"note", g.note}};
+            if (g.bound) {
+                gj["count"] = g.count;
+                gj["exact"] = g.exact;
+                if (g.exact) gj["units"] = g.units;
+            }
+            j["units_granted"] = gj;
+        }
     }
     if (_input.kind == ml::request_kind::image) {
         j["image"] = {{"height", _input.height}, {"width", _input.width}, {"channels", _input.channels}};

@@ -289,6 +289,7 @@ struct cpu_device_state {
     // Streams bound to a subset of the units: while any is, a launch wakes every sleeper (a
     // woken worker outside the subset would go back to sleep and leave the blocks waiting).
     std::atomic<uint32_t> bound_streams{0};
+    std::atomic<uint64_t> units_binds{0};  // stream_set_units with a proper subset
     std::atomic<bool> stop{false};
     // Preemption levels' epochs (raise_levels), read at every check of a launch with a level.
     alignas(64) std::atomic<uint32_t> level_epochs[preempt_levels] = {};
@@ -829,6 +830,7 @@ void op_stream_set_units(device* dev, stream* st, uint64_t units) {
     const uint64_t all = every_unit_set(d->units);
     units &= all;
     if (units == 0 || units == all) units = ~uint64_t{0};
+    else d->units_binds.fetch_add(1, std::memory_order_relaxed);
     {
         std::lock_guard lk(d->mu);
         bind_units(d, as_cpu(st), units);
@@ -836,6 +838,34 @@ void op_stream_set_units(device* dev, stream* st, uint64_t units) {
     // Units that may run its blocks now may be asleep.
     d->work_seq.fetch_add(1, std::memory_order_seq_cst);
     if (d->sleepers.load(std::memory_order_seq_cst) != 0) wake_word(d->work_seq, UINT32_MAX);
+}
+
+// Workers bind exactly: a set runs on its very units.
+unit_grant op_unit_grant_of(device* dev, uint64_t units) {
+    const cpu_device_state* d = state_of(dev);
+    unit_grant g;
+    const uint64_t all = every_unit_set(d->units);
+    units &= all;
+    if (units == 0 || units == all) {
+        g.note = "every unit: the set is the whole device";
+        return g;
+    }
+    g.bound = true;
+    g.exact = true;
+    g.units = units_in_set(units, d->units);
+    g.count = uint32_t(g.units.size());
+    g.note = "worker threads";
+    return g;
+}
+
+unit_shares_info op_unit_shares(device* dev) {
+    const cpu_device_state* d = state_of(dev);
+    unit_shares_info i;
+    i.mechanism = "workers";
+    i.usable = d->units > 1;
+    if (!i.usable) i.why = "one compute unit";
+    i.binds = d->units_binds.load(std::memory_order_relaxed);
+    return i;
 }
 
 void check_launch(const cpu_device_state* d, const launch& l) {
@@ -1098,6 +1128,8 @@ const device_ops cpu_ops = {
     op_stream_set_units,
     op_raise_levels,
     op_level_epoch,
+    op_unit_grant_of,
+    op_unit_shares,
 };
 
 }  // namespace

@@ -28,6 +28,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace reefline::gpu {
 
@@ -144,6 +145,35 @@ constexpr uint64_t every_unit_set(uint32_t compute_units) {
     return bits >= 64 ? ~uint64_t{0} : (uint64_t{1} << bits) - 1;
 }
 
+// The compute units a unit set names (each bit a unit_group of them), in order.
+inline std::vector<uint32_t> units_in_set(uint64_t set, uint32_t compute_units) {
+    std::vector<uint32_t> out;
+    const uint32_t group = unit_group(compute_units);
+    for (uint32_t u = 0; u < compute_units; ++u)
+        if (u / group < 64 && (set >> (u / group) & 1)) out.push_back(u);
+    return out;
+}
+
+// Where a unit set's launches really run (device_ops::unit_grant): backends round sets, place
+// them by count rather than by id, or cannot bind a stream at all, and operators must see it.
+struct unit_grant {
+    bool bound = false;           // false: launches bound to the set run on every unit (`note` says why)
+    uint32_t count = 0;           // compute units the set runs on (bound)
+    bool exact = false;           // those are the very units of the set (else: `count` of them)
+    std::vector<uint32_t> units;  // exact: the units
+    std::string note;             // how the backend placed it, or why it could not
+};
+// The backend's spatial shares as a whole (device_ops::unit_shares).
+struct unit_shares_info {
+    std::string mechanism;        // "workers", "cu_masks", "emulated_units", "green_contexts"
+    bool usable = false;          // false: every bound stream runs unbound (`why`)
+    std::string why;
+    uint32_t step = 1;            // compute units a set is rounded to (green contexts: an SM slice)
+    uint64_t binds = 0;           // stream_set_units calls with a proper subset
+    uint64_t fallbacks = 0;       // of those, served on every unit because binding failed
+    uint32_t partitions = 0;      // vendor partitions alive (green contexts), else 0
+};
+
 class device;
 
 // The backend's table of functions. Every function is thread-safe unless noted.
@@ -234,6 +264,12 @@ struct device_ops {
     // carries. Null on a backend without levels (callers then raise each task's flag).
     void (*raise_levels)(device* d, uint32_t mask);
     uint32_t (*level_epoch)(const device* d, uint32_t level);
+
+    // Spatial shares as placed: what a set gets (binding it first where the backend makes
+    // its partitions on demand, so the answer is the one launches get) and the backend's
+    // totals. Null where stream_set_units is.
+    unit_grant (*unit_grant_of)(device* d, uint64_t units);
+    unit_shares_info (*unit_shares)(device* d);
 };
 
 class device {

@@ -126,13 +126,13 @@ std::string runtime_error_text(cudaError_t e) { return cudaGetErrorString(e); }
 }
 
 constexpr uint32_t kMaxUnitStreams = 8;  // vendor streams a stream keeps for unit sets
+constexpr size_t kMaxFailedSets = 64;     // unit sets remembered as unbindable
 
 #if defined(RL_GPU_GREEN_CONTEXTS)
-// A green context: SMs [first, first + count) of a split of the device's SMs, as far as the
-// driver hands them out in order (see open_unit_stream); shared by every stream bound to a set
-// that maps to it, destroyed with the last of their vendor streams.
+// A green context on a union of the device's SM slices (see green_ready), shared by every
+// stream bound to a set that maps to those slices, destroyed with the last of their streams.
 struct green_partition {
-    uint32_t first = 0, count = 0;
+    uint64_t slices = 0;       // bit k: slice k
     CUgreenCtx ctx = nullptr;  // null: making it failed (kept, so that it is not tried again)
     uint32_t refs = 0;
     std::string why;           // why it failed
@@ -218,6 +218,11 @@ struct gpu_device_state {
     uint32_t* level_host = nullptr;
     gpu_level_path level_path = gpu_level_path::copy;
     std::mutex level_mu;
+    // The relay path: the host-mapped line raises store to (words 0..3) and its stop word (word
+    // 16, a cache line apart), their device addresses, and the relay kernel's stream.
+    uint32_t* relay_line = nullptr;
+    const uint32_t* relay_line_dev = nullptr;
+    cudaStream_t relay_stream = nullptr;
 #if defined(RL_GPU_GREEN_CONTEXTS)
     PFN_cuStreamWriteValue32_v11070 write_value32 = nullptr;
 #endif
@@ -251,6 +256,9 @@ struct gpu_device_state {
     std::atomic<uint32_t> unit_streams_live{0};
     std::atomic<bool> units_fallback_reported{false};
     std::mutex units_mu;
+    // Sets the runtime could not bind, with why (units_mu; at most kMaxFailedSets, oldest out):
+    // unit_grant_of reports them unbound.
+    std::vector<std::pair<uint64_t, std::string>> failed_sets;
 #if defined(RL_GPU_GREEN_CONTEXTS)
     struct {
         PFN_cuDeviceGet_v2000 device_get = nullptr;
@@ -266,6 +274,11 @@ struct gpu_device_state {
     std::string green_why;
     CUdevice cu_device = 0;
     CUdevResource sm_all{};  // every SM of the device
+    // The device's SMs split once into disjoint slices of slice_sms each (the SMs left over,
+    // fewer than a slice, are in none): every partition is a union of slices, so partitions
+    // made of different slices share no SM, whatever order the driver hands SMs out in.
+    std::vector<CUdevResource> slices;
+    uint32_t slice_sms = 0;
     std::vector<std::unique_ptr<green_partition>> partitions;
 #endif
 };
@@ -469,42 +482,86 @@ bool green_ready(gpu_device_state* d) {
         d->green_why = "the device's SM resource: driver error " + std::to_string(int(r));
         return false;
     }
+    // Slices of the architecture's step (smCoscheduledAlignment; 8 SMs on Hopper), at least the
+    // smallest partition it makes (minSmPartitionSize).
+    const CUdevSmResource& sm = d->sm_all.sm;
+    const uint32_t step = std::max(1u, sm.smCoscheduledAlignment);
+    d->slice_sms = (std::max(step, sm.minSmPartitionSize) + step - 1) / step * step;
+    unsigned n = std::min<unsigned>(64, sm.smCount / d->slice_sms);
+    if (n < 2) {
+        d->green_why = "the device's " + std::to_string(sm.smCount) + " SMs make fewer than two partitions of " +
+                       std::to_string(d->slice_sms);
+        return false;
+    }
+    d->slices.assign(n, CUdevResource{});
+    CUdevResource rest{};
+    r = g.split(d->slices.data(), &n, &d->sm_all, &rest, 0, d->slice_sms);
+    if (r != CUDA_SUCCESS || n < 2) {
+        d->green_why = "splitting the device's SMs into slices of " + std::to_string(d->slice_sms) + ": " +
+                       (r != CUDA_SUCCESS ? "driver error " + std::to_string(int(r)) : std::string("one slice"));
+        return false;
+    }
+    d->slices.resize(n);
     d->green_state = 1;
     return true;
 }
 
-// The green context of SMs [first, first + count) (units_mu held): made at its first use, by
-// splitting off `first` SMs and taking `count` of the rest. The driver's split says how many
-// SMs a group gets, not which: the position is the order the driver hands SMs out in, which
-// its documentation does not promise. A failed one is kept (ctx null) and not tried again.
-green_partition* green_partition_for(gpu_device_state* d, uint32_t first, uint32_t count) {
+// The slices a unit set runs on (green_ready done): slice k when the set holds the unit of the
+// slice's middle SM, so that disjoint sets get disjoint slices. A set too small to hold any
+// middle gets the one slice holding most of its SMs (`shared`: it may share it with the set
+// beside it).
+uint64_t slices_of_set(const gpu_device_state* d, uint64_t units, bool& shared) {
+    shared = false;
+    const uint32_t group = unit_group(d->caps.compute_units), n = uint32_t(d->slices.size());
+    const auto holds = [&](uint32_t sm) { return sm / group < 64 && (units >> (sm / group) & 1); };
+    uint64_t out = 0;
+    for (uint32_t k = 0; k < n; ++k)
+        if (holds(k * d->slice_sms + d->slice_sms / 2)) out |= uint64_t{1} << k;
+    if (out) return out;
+    uint32_t best = 0, most = 0;
+    for (uint32_t k = 0; k < n; ++k) {
+        uint32_t in = 0;
+        for (uint32_t sm = k * d->slice_sms; sm < (k + 1) * d->slice_sms; ++sm) in += holds(sm);
+        if (in > most) most = in, best = k;
+    }
+    shared = true;
+    return uint64_t{1} << best;
+}
+
+// "SM slices 2-3 of 16 (8 SMs each)": where a partition is, for operators.
+std::string slices_text(const gpu_device_state* d, uint64_t slices) {
+    std::string s;
+    for (uint32_t k = 0; k < 64;) {
+        if (!(slices >> k & 1)) {
+            ++k;
+            continue;
+        }
+        uint32_t e = k;
+        while (e + 1 < 64 && (slices >> (e + 1) & 1)) ++e;
+        s += (s.empty() ? "" : ",") + std::to_string(k) + (e > k ? "-" + std::to_string(e) : "");
+        k = e + 1;
+    }
+    return "SM slice" + std::string(std::popcount(slices) > 1 ? "s " : " ") + s + " of " +
+           std::to_string(d->slices.size()) + " (" + std::to_string(d->slice_sms) + " SMs each)";
+}
+
+// The green context of a union of slices (units_mu held): made at its first use. A failed one
+// is kept (ctx null) and not tried again.
+green_partition* green_partition_for(gpu_device_state* d, uint64_t slices) {
     for (auto& p : d->partitions)
-        if (p->first == first && p->count == count) return p.get();
+        if (p->slices == slices) return p.get();
     auto p = std::make_unique<green_partition>();
-    p->first = first;
-    p->count = count;
+    p->slices = slices;
     auto& g = d->green;
-    CUdevResource rest{}, part{}, skipped{};
-    const CUdevResource* input = &d->sm_all;
-    unsigned groups = 1;
-    CUresult r = CUDA_SUCCESS;
-    if (first > 0) {
-        r = g.split(&skipped, &groups, &d->sm_all, &rest, 0, first);
-        if (r == CUDA_SUCCESS && groups == 1 && rest.sm.smCount >= count) input = &rest;
-    }
-    groups = 1;
-    r = g.split(&part, &groups, input, nullptr, 0, count);
-    if (r == CUDA_SUCCESS && groups != 1 && input != &d->sm_all) {
-        groups = 1;  // the SMs past `first` were too few: any `count` of the device's
-        r = g.split(&part, &groups, &d->sm_all, nullptr, 0, count);
-    }
+    std::vector<CUdevResource> parts;
+    for (uint32_t k = 0; k < d->slices.size(); ++k)
+        if (slices >> k & 1) parts.push_back(d->slices[k]);
     CUdevResourceDesc desc = nullptr;
-    if (r == CUDA_SUCCESS && groups == 1) r = g.generate_desc(&desc, &part, 1);
-    if (r == CUDA_SUCCESS && groups == 1) r = g.create(&p->ctx, desc, d->cu_device, CU_GREEN_CTX_DEFAULT_STREAM);
-    if (r != CUDA_SUCCESS || groups != 1) {
+    CUresult r = g.generate_desc(&desc, parts.data(), unsigned(parts.size()));
+    if (r == CUDA_SUCCESS) r = g.create(&p->ctx, desc, d->cu_device, CU_GREEN_CTX_DEFAULT_STREAM);
+    if (r != CUDA_SUCCESS) {
         p->ctx = nullptr;
-        p->why = "a green context of " + std::to_string(count) + " SMs: " +
-                 (r != CUDA_SUCCESS ? "driver error " + std::to_string(int(r)) : std::string("the split gave no group"));
+        p->why = "a green context on " + slices_text(d, slices) + ": driver error " + std::to_string(int(r));
     }
     d->partitions.push_back(std::move(p));
     return d->partitions.back().get();
@@ -515,12 +572,12 @@ green_partition* green_partition_for(gpu_device_state* d, uint32_t first, uint32
 // device's units, as bits), with the stream's priority where the runtime takes one.
 // - HIP: a CU-mask stream, exactly the CUs of the set (each bit a group of CUs past 64: unit_group).
 // - SIMT emulation: its counterpart (simt_emu.h), exactly these emulated units.
-// - CUDA: a stream in a green context. Green contexts partition by SM count, in steps of the
-//   architecture's granularity (CUdevSmResource: minSmPartitionSize, smCoscheduledAlignment;
-//   e.g. 8 SMs on Hopper): the set becomes its size rounded up to that step, placed from its
-//   lowest unit rounded down to it, so sets placed side by side (the IF manager's placement)
-//   get disjoint partitions as far as the driver hands SMs out in order. Blocks do not run on
-//   the SM ids of the mask. A size that rounds up to the whole device is unbound.
+// - CUDA: a stream in a green context. Green contexts partition by SM count in steps of the
+//   architecture's granularity (8 SMs on Hopper) and the driver does not say which SMs a split
+//   gives, so the device is split once into disjoint slices of that step (green_ready) and a set
+//   runs on the union of the slices whose middle SM it holds (slices_of_set): sets placed side
+//   by side (the IF manager's placement) get partitions that share no SM. Blocks do not run on
+//   the SM ids of the mask. A set holding every slice is unbound.
 unit_open open_unit_stream(gpu_device_state* d, int priority, uint64_t units, unit_stream& out, std::string& why) {
     out = unit_stream{};
     out.units = units;
@@ -544,17 +601,10 @@ unit_open open_unit_stream(gpu_device_state* d, int priority, uint64_t units, un
         why = d->green_why;
         return unit_open::unavailable;
     }
-    const CUdevSmResource& sm = d->sm_all.sm;
-    const uint32_t total = sm.smCount;
-    const uint32_t step = std::max(1u, sm.smCoscheduledAlignment);
-    const uint32_t least = std::max(step, sm.minSmPartitionSize);
-    const uint32_t group = unit_group(d->caps.compute_units);
-    const uint32_t want = std::min(total, uint32_t(std::popcount(units)) * group);
-    const uint32_t count = std::max(least, (want + step - 1) / step * step);
-    if (count >= total) return unit_open::whole_device;
-    const uint32_t lowest = uint32_t(std::countr_zero(units)) * group / step * step;
-    const uint32_t first = std::min(lowest, (total - count) / step * step);
-    green_partition* p = green_partition_for(d, first, count);
+    bool shared = false;
+    const uint64_t slices = slices_of_set(d, units, shared);
+    if (std::popcount(slices) >= int(d->slices.size())) return unit_open::whole_device;
+    green_partition* p = green_partition_for(d, slices);
     if (!p->ctx) {
         why = p->why;
         return unit_open::unavailable;
@@ -593,6 +643,78 @@ void close_unit_stream(gpu_device_state* d, unit_stream& u) {
     d->unit_streams_live.fetch_sub(1, std::memory_order_relaxed);
 }
 
+// What a set gets (device_ops::unit_grant_of): exact units on HIP and the emulation, a count
+// of SMs in named slices on CUDA, unbound where binding failed or cannot be done.
+unit_grant op_unit_grant_of(device* dev, uint64_t units) {
+    gpu_device_state* d = state_of(dev);
+    unit_grant g;
+    const uint64_t all = every_unit_set(d->caps.compute_units);
+    units &= all;
+    if (units == 0 || units == all) {
+        g.note = "every unit: the set is the whole device";
+        return g;
+    }
+    std::lock_guard lk(d->units_mu);
+    for (const auto& [set, why] : d->failed_sets)
+        if (set == units) {
+            g.note = why;
+            return g;
+        }
+#if defined(RL_GPU_GREEN_CONTEXTS)
+    bind(d);
+    if (!green_ready(d)) {
+        g.note = d->green_why;
+        return g;
+    }
+    bool shared = false;
+    const uint64_t slices = slices_of_set(d, units, shared);
+    if (std::popcount(slices) >= int(d->slices.size())) {
+        g.note = "every SM slice: the set runs unbound";
+        return g;
+    }
+    g.bound = true;
+    g.count = uint32_t(std::popcount(slices)) * d->slice_sms;
+    g.note = slices_text(d, slices);
+    if (shared) g.note += ", shared: the set is smaller than a slice";
+#else
+    g.bound = true;
+    g.exact = true;
+    g.units = units_in_set(units, d->caps.compute_units);
+    g.count = uint32_t(g.units.size());
+#if defined(RL_GPU_EMU)
+    g.note = "emulated units";
+#else
+    g.note = "a CU mask";
+#endif
+#endif
+    return g;
+}
+
+unit_shares_info op_unit_shares(device* dev) {
+    gpu_device_state* d = state_of(dev);
+    unit_shares_info i;
+    i.binds = d->units_binds.load(std::memory_order_relaxed);
+    i.fallbacks = d->units_fallbacks.load(std::memory_order_relaxed);
+    std::lock_guard lk(d->units_mu);
+#if defined(RL_GPU_GREEN_CONTEXTS)
+    i.mechanism = "green_contexts";
+    bind(d);
+    i.usable = green_ready(d);
+    if (i.usable) i.step = d->slice_sms;
+    else i.why = d->green_why;
+    for (const auto& p : d->partitions) i.partitions += p->ctx != nullptr;
+#else
+#if defined(RL_GPU_EMU)
+    i.mechanism = "emulated_units";
+#else
+    i.mechanism = "cu_masks";
+#endif
+    i.usable = d->caps.compute_units > 1;
+    if (!i.usable) i.why = "one compute unit";
+#endif
+    return i;
+}
+
 // ---- device_ops ---------------------------------------------------------------------------
 
 // A stream's runtime objects and device memory (its finished word is a cell, recycled apart).
@@ -611,9 +733,20 @@ void free_stream(gpu_device_state* d, gpu_stream* s) {
     if (s->pad_staging) (void)cudaFreeHost(s->pad_staging);
 }
 
+// Ends the relay kernel (its stop word) and waits for it: everything else on the device may
+// then be waited for.
+void stop_relay(gpu_device_state* d) {
+    if (!d->relay_stream) return;
+    std::atomic_ref<uint32_t>(d->relay_line[16]).store(1, std::memory_order_seq_cst);
+    (void)cudaStreamSynchronize(d->relay_stream);
+    (void)cudaStreamDestroy(d->relay_stream);
+    d->relay_stream = nullptr;
+}
+
 void op_destroy(device* dev) {
     gpu_device_state* d = state_of(dev);
     bind(d);
+    stop_relay(d);
     (void)cudaDeviceSynchronize();
     {
         std::lock_guard lk(d->mu);
@@ -640,6 +773,7 @@ void op_destroy(device* dev) {
         (void)cudaStreamDestroy(d->flag_stream);
         (void)cudaFreeHost(d->flag_values);
         (void)cudaFree(d->level_dev);
+        if (d->relay_line) (void)cudaFreeHost(d->relay_line);
     }
     delete d;
 }
@@ -971,10 +1105,20 @@ void op_stream_set_units(device* dev, stream* st, uint64_t units) {
                 u = &s->unit_streams.back();
                 d->unit_streams_made.fetch_add(1, std::memory_order_relaxed);
                 d->unit_streams_live.fetch_add(1, std::memory_order_relaxed);
+                {
+                    std::lock_guard ul(d->units_mu);
+                    std::erase_if(d->failed_sets, [&](const auto& f) { return f.first == units; });
+                }
                 break;
             case unit_open::whole_device: break;
             case unit_open::unavailable:
                 d->units_fallbacks.fetch_add(1, std::memory_order_relaxed);
+                {
+                    std::lock_guard ul(d->units_mu);
+                    std::erase_if(d->failed_sets, [&](const auto& f) { return f.first == units; });
+                    if (d->failed_sets.size() == kMaxFailedSets) d->failed_sets.erase(d->failed_sets.begin());
+                    d->failed_sets.emplace_back(units, why);
+                }
                 if (!d->units_fallback_reported.exchange(true))
                     std::fprintf(stderr, "reefline %s device: streams bound to compute units run on every unit: %s\n",
                                  kBackend, why.c_str());
@@ -1252,13 +1396,49 @@ void op_task_flag_set(device* dev, task_words* w, uint32_t value) {
 
 // ---- preemption levels ---------------------------------------------------------------------
 
+// Starts the relay kernel on a stream of its own (level_dev made). False, with nothing left
+// running, where the library has no relay or the runtime refuses one of its steps.
+bool start_relay(gpu_device_state* d) {
+    const gpu_level_relay_launch launch = find_gpu_level_relay();
+    if (!launch) return false;
+    void* line = nullptr;
+    void* line_dev = nullptr;
+    cudaError_t e = cudaHostAlloc(&line, 128, cudaHostAllocMapped | cudaHostAllocPortable | RL_HOST_COHERENT);
+    if (e == cudaSuccess) {
+        std::memset(line, 0, 128);
+        e = cudaHostGetDevicePointer(&line_dev, line, 0);
+    }
+    if (e == cudaSuccess) e = cudaStreamCreateWithPriority(&d->relay_stream, cudaStreamNonBlocking, d->greatest_priority);
+    if (e == cudaSuccess) {
+        gpu_level_relay_params p;
+        p.mapped = static_cast<const uint32_t*>(line_dev);
+        p.line = d->level_dev;
+        p.words = preempt_levels;
+        p.stop = static_cast<const uint32_t*>(line_dev) + 16;
+        p.stream = d->relay_stream;
+        e = cudaError_t(launch(p));
+    }
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        if (d->relay_stream) (void)cudaStreamDestroy(d->relay_stream);
+        d->relay_stream = nullptr;
+        if (line) (void)cudaFreeHost(line);
+        return false;
+    }
+    d->relay_line = static_cast<uint32_t*>(line);
+    d->relay_line_dev = static_cast<const uint32_t*>(line_dev);
+    return true;
+}
+
 // The path asked for, or copy where it cannot be had (REEFLINE_LEVEL_PATH=copy|write_value
 // overrides the options, for benchmarks that compare them on one build).
 gpu_level_path choose_level_path(gpu_device_state* d, gpu_level_path want) {
     if (const char* env = std::getenv("REEFLINE_LEVEL_PATH")) {
         if (std::strcmp(env, "copy") == 0) want = gpu_level_path::copy;
         else if (std::strcmp(env, "write_value") == 0) want = gpu_level_path::write_value;
+        else if (std::strcmp(env, "relay") == 0) want = gpu_level_path::relay;
     }
+    if (want == gpu_level_path::relay) return start_relay(d) ? gpu_level_path::relay : gpu_level_path::copy;
     if (want != gpu_level_path::write_value) return gpu_level_path::copy;
 #if defined(RL_GPU_EMU)
     (void)d;
@@ -1293,7 +1473,13 @@ void op_raise_levels(device* dev, uint32_t mask) {
     std::lock_guard lk(d->level_mu);
     for (uint32_t l = 1; l < preempt_levels; ++l)
         if (mask >> l & 1) std::atomic_ref<uint32_t>(d->level_host[l]).fetch_add(1, std::memory_order_seq_cst);
-    if (d->level_path == gpu_level_path::write_value) {
+    if (d->level_path == gpu_level_path::relay) {
+        // A store per level into mapped memory; the relay kernel carries it to the device line.
+        for (uint32_t l = 1; l < preempt_levels; ++l)
+            if (mask >> l & 1)
+                std::atomic_ref<uint32_t>(d->relay_line[l]).store(
+                    std::atomic_ref<uint32_t>(d->level_host[l]).load(std::memory_order_relaxed), std::memory_order_seq_cst);
+    } else if (d->level_path == gpu_level_path::write_value) {
         for (uint32_t l = 1; l < preempt_levels && e == cudaSuccess; ++l) {
             if (!(mask >> l & 1)) continue;
             const uint32_t value = std::atomic_ref<uint32_t>(d->level_host[l]).load(std::memory_order_relaxed);
@@ -1360,6 +1546,8 @@ const device_ops gpu_ops = {
     op_stream_set_units,
     op_raise_levels,
     op_level_epoch,
+    op_unit_grant_of,
+    op_unit_shares,
 };
 
 std::unique_ptr<device> make_device(const gpu_device_options& options) {
@@ -1476,7 +1664,9 @@ bool gpu_device_stats_of(const device& dv, gpu_device_stats& out) {
     out.unit_switches = d->unit_switches.load(std::memory_order_relaxed);
     out.unit_streams_made = d->unit_streams_made.load(std::memory_order_relaxed);
     out.unit_streams_live = d->unit_streams_live.load(std::memory_order_relaxed);
-    out.level_path = d->level_path == gpu_level_path::write_value ? "write_value" : "copy";
+    out.level_path = d->level_path == gpu_level_path::write_value ? "write_value"
+                     : d->level_path == gpu_level_path::relay     ? "relay"
+                                                                   : "copy";
     out.level_raises = d->level_raises.load(std::memory_order_relaxed);
     return true;
 }

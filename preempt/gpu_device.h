@@ -31,9 +31,13 @@ enum class gpu_math : uint8_t { fp32, tensor_f16, tensor_bf16 };
 
 // How a raise of preemption levels (device_ops::raise_levels) reaches the device's epoch line:
 // a stream memory write on the flag stream (cuStreamWriteValue32 / hipStreamWriteValue32: the
-// stream's front end writes it, no copy engine, no SM; where the driver has it), or a copy of
-// the line from pinned memory on that stream. REEFLINE_LEVEL_PATH=copy|write_value overrides.
-enum class gpu_level_path : uint8_t { write_value, copy };
+// stream's front end writes it, no copy engine, no SM; where the driver has it), a copy of the
+// line from pinned memory on that stream, or a relay: one resident block (32 threads on one
+// unit, for the device's life) polls a host-mapped copy of the line and writes each change into
+// the device line, so a raise is a host store and no runtime call at all. Relay is opt-in: it
+// holds a unit's slot and a PCIe read stream while the device lives. REEFLINE_LEVEL_PATH=
+// copy|write_value|relay overrides.
+enum class gpu_level_path : uint8_t { write_value, copy, relay };
 
 struct gpu_device_options {
     int ordinal = 0;
@@ -68,7 +72,8 @@ struct gpu_device_stats {
     // unit sets, and those alive now (at most 8 per stream once idle).
     uint64_t units_binds = 0, units_fallbacks = 0, unit_switches = 0, unit_streams_made = 0;
     uint32_t unit_streams_live = 0;
-    // Preemption levels: the path raises take ("write_value" or "copy") and how many there were.
+    // Preemption levels: the path raises take ("write_value", "copy" or "relay") and how many
+    // there were.
     const char* level_path = "";
     uint64_t level_raises = 0;
 };

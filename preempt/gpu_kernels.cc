@@ -16,6 +16,7 @@ struct registry {
     std::deque<std::pair<std::string, gpu_kernel_entry>> kernels;  // deque: entries never move
     gpu_padded_library padded;
     bool has_padded = false;
+    gpu_level_relay_launch relay = nullptr;
 };
 
 // Function-local: libraries register from static initialisers, in any order.
@@ -59,6 +60,20 @@ const gpu_padded_library* find_gpu_padded_library() {
     registry& r = the_registry();
     std::lock_guard lk(r.mu);
     return r.has_padded ? &r.padded : nullptr;
+}
+
+bool register_gpu_level_relay(gpu_level_relay_launch launch) {
+    registry& r = the_registry();
+    std::lock_guard lk(r.mu);
+    if (r.relay || !launch) return false;
+    r.relay = launch;
+    return true;
+}
+
+gpu_level_relay_launch find_gpu_level_relay() {
+    registry& r = the_registry();
+    std::lock_guard lk(r.mu);
+    return r.relay;
 }
 
 }  // namespace reefline::gpu

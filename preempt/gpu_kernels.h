@@ -164,4 +164,17 @@ struct gpu_padded_library {
 bool register_gpu_padded_library(const gpu_padded_library& lib);
 const gpu_padded_library* find_gpu_padded_library();
 
+// The relay of preemption levels (gpu_level_path::relay): one block that copies each change of a
+// host-mapped line into the device line BE kernels read, until its stop word is non-zero.
+struct gpu_level_relay_params {
+    const uint32_t* mapped = nullptr;  // device address of the host-mapped line
+    uint32_t* line = nullptr;          // the device line
+    uint32_t words = 0;                // at most 16
+    const uint32_t* stop = nullptr;    // device address of a host-mapped word
+    void* stream = nullptr;
+};
+using gpu_level_relay_launch = int (*)(const gpu_level_relay_params& p);  // 0 or the runtime's error
+bool register_gpu_level_relay(gpu_level_relay_launch launch);
+gpu_level_relay_launch find_gpu_level_relay();
+
 }  // namespace reefline::gpu

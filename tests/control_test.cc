@@ -345,6 +345,17 @@ TEST_F(control_test, shares_are_placed_on_disjoint_units_set_persisted_and_refus
     EXPECT_EQ(units_of("a"), (std::vector<uint32_t>{0, 1}));
     EXPECT_EQ(units_of("b"), (std::vector<uint32_t>{2}));
     EXPECT_EQ(units_of("c"), (std::vector<uint32_t>{0, 1, 2, 3}));  // share 1: the whole device
+    // Where the shares really run (the cpu device binds exactly), and the device's totals.
+    const json granted = call({{"v", 1}, {"op", "describe"}, {"name", "a"}})["result"]["units_granted"];
+    EXPECT_EQ(granted["bound"], true) << granted.dump();
+    EXPECT_EQ(granted["exact"], true) << granted.dump();
+    EXPECT_EQ(granted["count"], 2) << granted.dump();
+    EXPECT_EQ(granted["units"], json({0, 1})) << granted.dump();
+    EXPECT_FALSE(call({{"v", 1}, {"op", "describe"}, {"name", "c"}})["result"].contains("units_granted"));
+    const json hu = call({{"v", 1}, {"op", "health"}})["result"]["units"];
+    EXPECT_EQ(hu["mechanism"], "workers") << hu.dump();
+    EXPECT_EQ(hu["usable"], true) << hu.dump();
+    EXPECT_EQ(hu["fallbacks"], 0) << hu.dump();
 
     const json s = call({{"v", 1}, {"op", "set"}, {"name", "a"}, {"share", 0.25}});
     ASSERT_TRUE(s["ok"].get<bool>()) << s.dump();

@@ -522,6 +522,29 @@ bool where_block(const void* a, const block_context& ctx) {
 }
 const kernel_info k_where = kernel("where", where_block);
 
+// What a set gets is what it names (workers bind exactly); the whole device is no bind.
+TEST(CpuDevice, AUnitSetIsGrantedItsVeryUnitsAndBindsAreCounted) {
+    auto d = make(4);
+    ASSERT_NE(d->ops().unit_grant_of, nullptr);
+    const unit_grant g = d->ops().unit_grant_of(d.get(), 0b0110);
+    EXPECT_TRUE(g.bound && g.exact);
+    EXPECT_EQ(g.count, 2u);
+    EXPECT_EQ(g.units, (std::vector<uint32_t>{1, 2}));
+    EXPECT_FALSE(d->ops().unit_grant_of(d.get(), 0b1111).bound);
+    EXPECT_FALSE(d->ops().unit_grant_of(d.get(), 0b110000).bound);  // no unit of this device
+    stream* s = d->create_stream(3);
+    d->ops().stream_set_units(d.get(), s, 0b0110);
+    d->ops().stream_set_units(d.get(), s, 0b1111);  // every unit: not a bind
+    const unit_shares_info i = d->ops().unit_shares(d.get());
+    EXPECT_EQ(i.mechanism, "workers");
+    EXPECT_TRUE(i.usable);
+    EXPECT_EQ(i.binds, 1u);
+    EXPECT_EQ(i.fallbacks, 0u);
+    d->ops().stream_destroy(d.get(), s);
+    auto one = make(1);
+    EXPECT_FALSE(one->ops().unit_shares(one.get()).usable);
+}
+
 TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
     auto d = make(4);
     ASSERT_NE(d->ops().stream_set_units, nullptr);

@@ -8,25 +8,33 @@
 # with the device, the gather kernel reading payloads in place, the model's kernels from the
 # GPU kernel library, RT and BE tasks through the scheduler. Exits 77 (skip) without a device.
 #
-# daemon_offline_test.sh BACKEND REEFLINE REEFGEN REEFVERIFY ZOO
+# daemon_offline_test.sh BACKEND REEFLINE REEFGEN REEFVERIFY ZOO [REQUESTS [MAX_BATCH]]
+# REQUESTS per IF (default 6) and the IFs' largest batch (default the daemon's and, for the
+# configured BE IF, 4): scripts/gpu-check gives the SIMT emulation, which takes seconds per
+# batch and warms every batch size up at start, fewer of both.
 set -euo pipefail
-backend=$1 reefline=$2 reefgen=$3 reefverify=$4 zoo=$5
+backend=$1 reefline=$2 reefgen=$3 reefverify=$4 zoo=$5 requests=${6:-6} max_batch=${7:-}
+case $requests in ''|*[!0-9]*|0) echo "REQUESTS must be a positive number, not '$requests'"; exit 2 ;; esac
+case $max_batch in *[!0-9]*|0) echo "MAX_BATCH must be a positive number, not '$max_batch'"; exit 2 ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 
 "$zoo" --out "$tmp" --tiny --only resnet50_tiny,mobilenet_v2_tiny,distilbert_tiny,sensor_tcn_tiny -q
 
-# [OUTPUT=tensor] run NAME MODEL CLASS SEED PAYLOAD [reefline args...]: 6 requests (shuffled
+# [OUTPUT=tensor] run NAME MODEL CLASS SEED PAYLOAD [reefline args...]: REQUESTS requests (shuffled
 # fragments of 1021 bytes: tokens and floats straddle datagrams) to one IF. PAYLOAD: the
 # reefgen/reefverify arguments that say what the requests carry.
 run() {
   local name=$1 model=$2 cls=$3 seed=$4 payload=$5; shift 5
+  # MAX_BATCH as a flag, but not beside a --config that sets it (a flag overrides the file).
+  local limit=()
+  [ -n "$max_batch" ] && [[ " $* " != *" --config "* ]] && limit=(--max-batch "$max_batch")
   # shellcheck disable=SC2086
-  "$reefgen" pcap --out "$tmp/$name.req.pcap" --requests 6 $payload --frag-size 1021 --dport 9100 \
+  "$reefgen" pcap --out "$tmp/$name.req.pcap" --requests "$requests" $payload --frag-size 1021 --dport 9100 \
     --seed "$seed" --shuffle > /dev/null
   # A generous SLO: the software SIMT machine (-Dgpu_emu=true) takes seconds per batch.
   if ! "$reefline" --backend "$backend" --offline "$tmp/$name.req.pcap" --responses "$tmp/$name.resp.pcap" \
-      --model "$name:9100:$tmp/$model.onnx:$cls:600000${OUTPUT:+:$OUTPUT}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
+      --model "$name:9100:$tmp/$model.onnx:$cls:600000${OUTPUT:+:$OUTPUT}" "${limit[@]}" "$@" > "$tmp/$name.out" 2> "$tmp/$name.err"; then
     if grep -qE "no (CUDA|HIP) device" "$tmp/$name.err"; then
       echo "SKIP: $(grep -oE "no (CUDA|HIP) device.*" "$tmp/$name.err" | head -1)"
       exit 77
@@ -34,11 +42,11 @@ run() {
     cat "$tmp/$name.err"; echo "FAIL $name: reefline exited non-zero"; exit 1
   fi
   grep -q "backend" "$tmp/$name.err" && grep "reefline: port" "$tmp/$name.err"
-  python3 - "$tmp/$name.out" "$name" <<'PY'
+  python3 - "$tmp/$name.out" "$name" "$requests" <<'PY'
 import json, sys
 c = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 assert c["mbufs_in_use_at_exit"] == 0, f"{sys.argv[2]}: mbufs leaked"
-assert c["responses_sent"] == 6, f"{sys.argv[2]}: {c['responses_sent']} responses"
+assert c["responses_sent"] == int(sys.argv[3]), f"{sys.argv[2]}: {c['responses_sent']} responses"
 PY
   "$reefgen" check --requests "$tmp/$name.req.pcap" --responses "$tmp/$name.resp.pcap" --expect model \
     --results "$tmp/$name.jsonl" --seed "$seed" > "$tmp/$name.check" \
@@ -46,12 +54,12 @@ PY
   # shellcheck disable=SC2086
   "$reefverify" --model "$tmp/$model.onnx" --results "$tmp/$name.jsonl" $payload --seed "$seed" --no-errors \
     | tail -n 1 | tee "$tmp/$name.verify"
-  grep -q "verified=6 mismatched=0 errors=0" "$tmp/$name.verify" || { echo "FAIL $name: answers differ from libml"; exit 1; }
+  grep -q "verified=$requests mismatched=0 errors=0" "$tmp/$name.verify" || { echo "FAIL $name: answers differ from libml"; exit 1; }
 }
 
 run rt resnet50_tiny rt 3 "--shape 64x64x3"
 # The BE run takes its batch limit from a JSON configuration file (flags add the rest).
-printf '{"max-batch": 4, "policy": "reef", "age-ms": 500}\n' > "$tmp/be.json"
+printf '{"max-batch": %s, "policy": "reef", "age-ms": 500}\n' "${max_batch:-4}" > "$tmp/be.json"
 run be mobilenet_v2_tiny be 4 "--shape 64x64x3" --config "$tmp/be.json"
 # Token sequences of 1..64 tokens (length buckets 16, 32, 64) to a BE DistilBERT, and sensor
 # windows to a temporal convolution network answering its output tensor.

@@ -68,6 +68,9 @@ json sample_stats() {
               {"requests_malformed", 0}, {"requests_ring_full", 0}, {"arp_replies", 2},
               {"tx_packets", 90}, {"tx_bytes", 5000}, {"tx_dropped", 0},
               {"drops", {{"not_ipv4", 3}, {"bad_checksum", 0}, {"ring_full", 7}}}}},
+            {"units",
+             {{"mechanism", "green_contexts"}, {"usable", true}, {"step", 8}, {"binds", 5}, {"fallbacks", 2},
+              {"partitions", 3}}},
             {"scheduler",
              {{"policy", "reef"}, {"submitted", 40}, {"completed_rt", 15}, {"completed_be", 25},
               {"preemptions", 6}, {"restores", 6}, {"reexecuted_kernels", 11}}}};
@@ -171,6 +174,10 @@ TEST(metrics_text, EveryFamilyHasHelpAndType) {
     EXPECT_EQ(value_of(text, "reefline_scheduler_preemptions_total"), "6");
     EXPECT_EQ(value_of(text, "reefline_uptime_seconds"), "12.5");
     EXPECT_EQ(value_of(text, R"(reefline_if_slo_seconds{if="cam",class="rt"})"), "0.05");
+    EXPECT_EQ(value_of(text, "reefline_device_units_usable"), "1");
+    EXPECT_EQ(value_of(text, "reefline_device_unit_binds_total"), "5");
+    EXPECT_EQ(value_of(text, "reefline_device_unit_fallbacks_total"), "2");
+    EXPECT_EQ(value_of(text, "reefline_device_unit_partitions"), "3");
 }
 
 TEST(metrics_text, HistogramIsCumulativeWithInfEqualToCount) {

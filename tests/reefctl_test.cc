@@ -783,6 +783,17 @@ TEST(reefctl_render, ToleratesMissingFields) {
                                                             "weights shared with another IF"),
               std::string::npos)
         << render_describe({{"memory", footprint}});
+    const json granted = {{"bound", true}, {"count", 16}, {"exact", false}, {"note", "SM slices 0-1 of 16 (8 SMs each)"}};
+    EXPECT_NE(render_describe({{"units_granted", granted}}).find("16 units (SM slices 0-1 of 16 (8 SMs each))"),
+              std::string::npos)
+        << render_describe({{"units_granted", granted}});
+    const json unbound = {{"bound", false}, {"note", "the driver has no cuGreenCtxCreate"}};
+    EXPECT_NE(render_describe({{"units_granted", unbound}}).find("none: runs on the whole device (the driver has no"),
+              std::string::npos);
+    const json shares = {{"mechanism", "green_contexts"}, {"usable", true}, {"binds", 5}, {"fallbacks", 0}, {"partitions", 2}};
+    EXPECT_NE(render_health({{"units", shares}}).find("green_contexts, usable, 5 binds, 0 fallbacks, 2 partitions"),
+              std::string::npos)
+        << render_health({{"units", shares}});
     const json knee = {{"share", 0.5}, {"units", 2}, {"device_units", 4}, {"batch", 16},
                        {"curve", {{{"units", 1}, {"batch_ms", 80.25}}, {{"units", 2}, {"batch_ms", 41.0}}}}};
     EXPECT_NE(render_describe({{"knee", knee}}).find("0.50 of the device (2 of 4 units) at batch 16; 1u 80.2 ms 2u 41.0 ms"),

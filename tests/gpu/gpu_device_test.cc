@@ -190,8 +190,23 @@ GPU_TEST(flag_stops_running_and_queued_launches) {
     EXPECT(r.run(spin_info, short_spin, grid));
 }
 
-GPU_TEST(a_raised_level_stops_its_older_launches_only) {
-    gpu::device& d = *the_device();
+void check_level_raise(gpu::device& d);
+
+GPU_TEST(a_raised_level_stops_its_older_launches_only) { check_level_raise(*the_device()); }
+
+// The relay path (a resident block carries raises from mapped memory to the device line): the
+// same contract, on a device of its own.
+GPU_TEST(a_level_raised_through_the_relay_stops_its_older_launches_only) {
+    gpu::gpu_device_options o;
+    o.level_path = gpu::gpu_level_path::relay;
+    auto d = gpu::make_gpu_device(o);
+    gpu::gpu_device_stats st{};
+    REQUIRE(gpu::gpu_device_stats_of(*d, st));
+    REQUIRE(std::string(st.level_path) == "relay") << "the device took " << st.level_path;
+    check_level_raise(*d);
+}
+
+void check_level_raise(gpu::device& d) {
     const auto& ops = d.ops();
     REQUIRE(ops.raise_levels != nullptr && ops.level_epoch != nullptr);
     gpu_runner a(d, d.caps().lowest_priority), b(d, d.caps().lowest_priority);
@@ -282,9 +297,13 @@ GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
     for (size_t fragment : {size_t(500), size_t(1432), size_t(61)}) {
         if (B * ((bytes + int64_t(fragment) - 1) / int64_t(fragment)) > int64_t(arena.count())) continue;
         const gather_list gl = scatter_images(arena, images, fragment, uint32_t(fragment));
-        // The gather list itself in host-mapped memory (as libml's runtime keeps it).
+        // The gather list itself in host-mapped memory (as libml's runtime keeps it), and the
+        // block descriptors after it, 128-byte aligned.
         const size_t seg_bytes = gl.segments.size() * sizeof(k::gather_segment), first_bytes = gl.first.size() * 4;
-        auto* list = static_cast<std::byte*>(d.alloc(seg_bytes + first_bytes, gpu::memory_kind::host_mapped));
+        const size_t blocks_at = (seg_bytes + first_bytes + 127) / 128 * 128;
+        const int64_t most_blocks = B * ((bytes + 11) / 12);
+        auto* list = static_cast<std::byte*>(
+            d.alloc(blocks_at + size_t(most_blocks) * sizeof(k::gather_block_desc), gpu::memory_kind::host_mapped));
         REQUIRE(list != nullptr);
         std::memcpy(list, gl.segments.data(), seg_bytes);
         std::memcpy(list + seg_bytes, gl.first.data(), first_bytes);
@@ -297,15 +316,24 @@ GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
             k::gather_args h = g;
             h.segments = gl.segments.data(); h.first = gl.first.data(); h.y = want.data();
             REQUIRE(run_cpu(k::gather_kernel, &h, k::gather_grid(g)));
-            dev_buffer y(d, want.size() * 4);
             g.segments = reinterpret_cast<const k::gather_segment*>(list);
             g.first = reinterpret_cast<const uint32_t*>(list + seg_bytes);
-            g.y = y.get();
-            gpu_runner r(d);
-            EXPECT(r.run(k::gather_kernel, g, k::gather_grid(g)));
-            const auto got = y.read<float>();
-            EXPECT(std::memcmp(got.data(), want.data(), want.size() * 4) == 0)
-                << "gather of " << fragment << "-byte fragments, " << per_block << " bytes per block";
+            auto* blocks = reinterpret_cast<k::gather_block_desc*>(list + blocks_at);
+            k::gather_describe_blocks(g, g.segments, g.first, blocks);
+            // Without descriptors (the blocks scan the list) at the runtime's block size only:
+            // gpu_kernels_test covers that path's other cases.
+            for (const bool described : {true, false}) {
+                if (!described && per_block != 4095) continue;
+                dev_buffer y(d, want.size() * 4);
+                g.y = y.get();
+                g.blocks = described ? blocks : nullptr;
+                gpu_runner r(d);
+                EXPECT(r.run(k::gather_kernel, g, k::gather_grid(g)));
+                const auto got = y.read<float>();
+                EXPECT(std::memcmp(got.data(), want.data(), want.size() * 4) == 0)
+                    << "gather of " << fragment << "-byte fragments, " << per_block << " bytes per block, "
+                    << (described ? "with" : "without") << " descriptors";
+            }
         }
         d.free(list);
     }
@@ -318,8 +346,11 @@ GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
 void preemption_property(gpu::restore_mode mode) {
     gpu::device& d = *the_device();
     // A BE task and an RT task as chains of GEMMs.
+    // The emulation runs a 128^3 GEMM in ~0.15 s: a shorter chain and fewer trials there keep
+    // the test to seconds while every trial still lands RT tasks inside a running BE task.
     const int64_t n = emulated() ? 128 : 1024;
-    gemm_chain be(d, 40, n, 41, 128), rt(d, 4, n, 42, 128);
+    const int chain = emulated() ? 12 : 40, trials = emulated() ? 4 : 10;
+    gemm_chain be(d, chain, n, 41, 128), rt(d, 4, n, 42, 128);
     gpu::scheduler_options so;
     so.restore = mode;
     so.vhq_capacity = 4;
@@ -333,11 +364,11 @@ void preemption_property(gpu::restore_mode mode) {
     const auto t0 = clk::now();
     REQUIRE(sched.wait(sched.submit(be.task(gpu::task_class::be))).status == gpu::task_status::completed);
     const double be_us = ms_since(t0) * 1000;
-    std::printf("  BE task alone: %.0f us (40 GEMMs %lld^3)\n", be_us, (long long)be.n);
+    std::printf("  BE task alone: %.0f us (%d GEMMs %lld^3)\n", be_us, chain, (long long)be.n);
     std::mt19937 rng(3);
     uint32_t preempted = 0;
     uint64_t reexecuted = 0;
-    for (int trial = 0; trial < 10; ++trial) {
+    for (int trial = 0; trial < trials; ++trial) {
         be.clear_outputs();
         const gpu::task_id b = sched.submit(be.task(gpu::task_class::be));
         for (int k = 0; k < 3; ++k) {
@@ -357,7 +388,8 @@ void preemption_property(gpu::restore_mode mode) {
             << "BE output differs after " << br.preemptions << " preemptions, " << br.reexecuted_kernels
             << " re-executed kernels";
     }
-    std::printf("  %u of 10 BE runs preempted, %llu kernels re-executed\n", preempted, (unsigned long long)reexecuted);
+    std::printf("  %u of %d BE runs preempted, %llu kernels re-executed\n", preempted, trials,
+                (unsigned long long)reexecuted);
     EXPECT(preempted > 0) << "no BE run was ever preempted: the test proves nothing";
     sched.shutdown();
 }

@@ -303,6 +303,84 @@ GPU_TEST(a_padded_launch_on_a_bound_stream_is_a_plain_one) {
     d.ops().task_words_destroy(&d, be_w);
 }
 
+// The units a kernel's started blocks ran on.
+std::vector<bool> unit_ids(const spin_kernel& k, uint32_t compute_units) {
+    std::vector<bool> on(compute_units + 1, false);
+    for (uint32_t b = 0; b < k.grid; ++b)
+        if (k.word(b) != 0) on[std::min((k.word(b) & 0x7fffffffu) - 1, compute_units)] = true;
+    return on;
+}
+
+// Shares that hold: two streams bound to disjoint halves of the device run their blocks on
+// disjoint units (on CUDA, disjoint SM slices whatever order the driver hands SMs out in), on
+// no more units than unit_grant_of says they got, and an RT launch on the whole device runs
+// once both are preempted; both restore on their own units.
+GPU_TEST(two_bound_be_tasks_run_on_disjoint_units_and_an_rt_launch_preempts_both) {
+    gpu::device& d = *the_device();
+    needs_units(d, 2);
+    REQUIRE(d.ops().unit_grant_of != nullptr && d.ops().unit_shares != nullptr);
+    const uint32_t n = units_of(d), cu = d.caps().compute_units;
+    const uint64_t lo = unit_range(0, n / 2), hi = unit_range(n / 2, n);
+    const gpu::unit_grant ga = d.ops().unit_grant_of(&d, lo), gb = d.ops().unit_grant_of(&d, hi);
+    std::printf("  granted: 0x%llx -> %s (%u units), 0x%llx -> %s (%u units)\n", (unsigned long long)lo,
+                ga.note.c_str(), ga.count, (unsigned long long)hi, gb.note.c_str(), gb.count);
+    const gpu::unit_shares_info info = d.ops().unit_shares(&d);
+    if (!info.usable) {
+        std::printf("  shares unusable here (%s): both run unbound\n", info.why.c_str());
+        EXPECT(!ga.bound && !gb.bound) << "a grant on a device whose shares are unusable";
+        return;
+    }
+    REQUIRE(ga.bound && gb.bound) << ga.note << " / " << gb.note;
+    EXPECT(ga.count + gb.count <= cu) << "disjoint halves granted " << ga.count << " + " << gb.count << " of " << cu;
+    if (ga.exact) EXPECT(ga.units == gpu::units_in_set(lo, cu) && gb.units == gpu::units_in_set(hi, cu));
+
+    gpu_runner a(d, d.caps().lowest_priority), b(d, d.caps().lowest_priority), rt(d, d.caps().highest_priority);
+    const auto before = stats(d);
+    set_units(d, a.s, lo);
+    set_units(d, b.s, hi);
+    // Blocks that run until preempted, several per unit: each launch spreads over every unit
+    // its share has.
+    spin_kernel ka(d, grid_of(d, 4), 30e6), kb(d, grid_of(d, 4), 30e6), krt(d, grid_of(d, 2), 100);
+    d.launch(a.s, ka.at(a.w, 0));
+    d.launch(b.s, kb.at(b.w, 0));
+    const bool spread = eventually([&] { return ka.units_used() >= ga.count && kb.units_used() >= gb.count; }, 5000);
+    std::printf("  a's blocks on %u units, b's on %u units%s\n", ka.units_used(), kb.units_used(),
+                spread ? "" : " (not yet on every unit granted)");
+    REQUIRE(ka.started() > 0 && kb.started() > 0) << "a bound launch never started";
+    if (stats(d).units_fallbacks == before.units_fallbacks) {
+        const std::vector<bool> ua = unit_ids(ka, cu), ub = unit_ids(kb, cu);
+        uint32_t both = 0;
+        for (uint32_t u = 0; u < cu; ++u) both += ua[u] && ub[u];
+        EXPECT(both == 0u) << both << " units ran blocks of both shares";
+        EXPECT(ka.units_used() <= ga.count && kb.units_used() <= gb.count)
+            << "a share ran on more units than it was granted";
+    } else {
+        std::printf("  a bind fell back to the whole device: no placement to check\n");
+    }
+    // RT work arrives: both BE tasks are preempted, the RT launch runs on the whole device.
+    d.set_task_flag(a.w, 1);
+    d.set_task_flag(b.w, 1);
+    d.launch(rt.s, krt.at(rt.w, 0));
+    d.synchronize(rt.s);
+    EXPECT(rt.w->completed.load() == 1u && krt.finished() == krt.grid) << "the RT launch did not complete";
+    d.synchronize(a.s);
+    d.synchronize(b.s);
+    EXPECT(a.w->completed.load() == 0u && b.w->completed.load() == 0u) << "a preempted bound launch advanced its counter";
+    // Both restore, each on its own units.
+    d.set_task_flag(a.w, 0);
+    d.set_task_flag(b.w, 0);
+    spin_kernel ra(d, grid_of(d, 2), 200), rb(d, grid_of(d, 2), 200);
+    d.launch(a.s, ra.at(a.w, 0));
+    d.launch(b.s, rb.at(b.w, 0));
+    d.synchronize(a.s);
+    d.synchronize(b.s);
+    EXPECT(a.w->completed.load() == 1u && b.w->completed.load() == 1u) << "a restored launch did not complete";
+    expect_placed(d, ra, lo, "a's restored launch", before);
+    expect_placed(d, rb, hi, "b's restored launch", before);
+    const gpu::unit_shares_info after = d.ops().unit_shares(&d);
+    EXPECT(after.binds >= info.binds + 2) << "binds not counted";
+}
+
 // The scheduler binds a BE task's stream to its units (task::units): RT tasks arriving at random
 // moments preempt it, restore runs on the bound stream, and every output stays bit-identical.
 GPU_TEST(the_scheduler_restores_a_bound_be_task_exactly) {

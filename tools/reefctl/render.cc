@@ -202,6 +202,13 @@ std::string key_values(const json& result, const std::vector<std::string>& order
             text = knee_line(v);
         else if (key == "abacus")
             text = abacus_line(v);
+        else if (key == "units_granted" && v.is_object())  // describe: "2 units (worker threads)"
+            text = member(v, "bound") == json(true) ? cell(v, "count") + " units (" + cell(v, "note") + ")"
+                                                   : "none: runs on the whole device (" + cell(v, "note") + ")";
+        else if (key == "units" && v.is_object())  // health: "green_contexts, usable, 5 binds, 0 fallbacks"
+            text = cell(v, "mechanism") + (member(v, "usable") == json(true) ? ", usable" : ", unusable: " + cell(v, "why")) +
+                   ", " + cell(v, "binds") + " binds, " + cell(v, "fallbacks") + " fallbacks, " + cell(v, "partitions") +
+                   " partitions";
         else if (key == "port" && v.is_object()) {
             text = "id " + cell(v, "id") + ", driver " + cell(v, "driver");
             if (const json& up = member(v, "link_up"); up.is_boolean())
@@ -292,13 +299,13 @@ std::string render_list(const json& result) {
 std::string render_describe(const json& result) {
     return key_values(result, {"name", "onnx", "udp_port", "class", "slo_ms", "state", "input_format", "request",
                                "output", "batching", "batch_size", "min_batch", "max_batch", "fixed_batch", "priority",
-                               "shed", "share", "share_policy", "share_demand", "units", "knee", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
+                               "shed", "share", "share_policy", "share_demand", "units", "units_granted", "knee", "rt_sources", "top_k", "mean", "std", "input", "inputs", "outputs",
                                "kernels", "weight_bytes", "arena_bytes", "memory", "instances", "arenas",
                                "requests_total", "responses_total"});
 }
 
 std::string render_health(const json& result) {
-    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "abacus", "models", "memory", "port"});
+    return key_values(result, {"status", "version", "uptime_s", "backend", "policy", "abacus", "models", "memory", "units", "port"});
 }
 
 std::string render_stats(const json& result) {

@@ -7,4 +7,5 @@
 #include "libml/kernels/gpu/gather.cu"
 #include "libml/kernels/gpu/spin.cu"
 #include "libml/kernels/gpu/dkp.cu"
+#include "libml/kernels/gpu/level_relay.cu"
 #include "libml/kernels/gpu/registry.cu"
