@@ -383,7 +383,13 @@ void pad_cut(cpu_device_state* d, uint32_t id, uint32_t gen) {
         if (p.state.compare_exchange_weak(st, st | kPadCut, std::memory_order_acq_rel, std::memory_order_acquire)) break;
     }
     p.words.preempt.store(1, std::memory_order_release);
-    if (p.check.load(std::memory_order_acquire) == 1 && p.done.load(std::memory_order_acquire) < p.count)
+    // Never decided: no worker came to it while its RT launch ran. Decided here as skipped (a
+    // worker deciding at the same moment loses the exchange and skips it too), so that every
+    // pad is counted once: completed, cut or skipped.
+    uint32_t undecided = 0;
+    if (p.check.compare_exchange_strong(undecided, 2, std::memory_order_acq_rel))
+        d->pads_skipped.fetch_add(1, std::memory_order_relaxed);
+    else if (undecided == 1 && p.done.load(std::memory_order_acquire) < p.count)
         d->pads_cut.fetch_add(1, std::memory_order_relaxed);
     pad_maybe_free(d, id, st | kPadCut);
 }

@@ -230,7 +230,10 @@ struct device_ops {
         uint64_t pads = 0;             // pads accepted
         uint64_t pads_completed = 0;   // pads whose every block ran
         uint64_t pads_cut = 0;         // pads started but stopped at the end of their RT launch
-        uint64_t pads_skipped = 0;     // pads not run: their task was not at their kernel
+        // Pads not run: their task was not at their kernel, another pad of it ran, or their RT
+        // launch ended before a unit came to them. completed + cut + skipped = pads, once each
+        // launch has ended.
+        uint64_t pads_skipped = 0;
         uint64_t pad_blocks = 0;       // blocks run to their end as padding
     };
     padding_counters (*padding_stats)(const device* d);

@@ -161,7 +161,9 @@ __device__ void finish(const gpu::gpu_padded_params& p, gpu::gpu_pad_work* w) {
             ++cut;
         } else if (st == kPadReleased) {
             ++completed;
-        } else if (st == kPadSkipped) {
+        } else {
+            // Skipped, or never reached: the RT kernel ended before a unit came to it (every
+            // block has left, so no claim is deciding it now). Either way it did not run.
             ++skipped;
         }
         blocks += load_word(&w->pad_blocks[i]);
