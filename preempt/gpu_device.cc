@@ -121,6 +121,26 @@ inline void cpu_relax() {
 
 std::string runtime_error_text(cudaError_t e) { return cudaGetErrorString(e); }
 
+// The hardware work queues the runtime spreads streams over: its variable's value (make_device
+// sets it unless the user did), else the driver's default; 0 on the emulation.
+uint32_t hardware_queues_in_effect() {
+#if defined(RL_GPU_HIP)
+    const char* name = "GPU_MAX_HW_QUEUES";
+    const uint32_t fallback = 4;
+#elif defined(REEFLINE_SIMT_EMU) && REEFLINE_SIMT_EMU
+    const char* name = nullptr;
+    const uint32_t fallback = 0;
+#else
+    const char* name = "CUDA_DEVICE_MAX_CONNECTIONS";
+    const uint32_t fallback = 8;
+#endif
+    const char* v = name ? std::getenv(name) : nullptr;
+    if (!v) return fallback;
+    char* end = nullptr;
+    const unsigned long n = std::strtoul(v, &end, 10);
+    return end != v && *end == '\0' && n > 0 && n <= 1024 ? uint32_t(n) : fallback;
+}
+
 [[noreturn]] void fail(const std::string& what, cudaError_t e) {
     throw std::runtime_error(std::string(kBackend) + " device: " + what + ": " + runtime_error_text(e));
 }
@@ -201,6 +221,7 @@ struct gpu_device_state {
     int ordinal = 0;
     device_caps caps;
     int least_priority = 0, greatest_priority = 0;
+    uint32_t hardware_queues = 0;  // make_device: hardware_queues_in_effect()
 
     // Host-mapped cells. Slabs are only appended (published through nslabs), so finding a
     // cell's device address needs no lock.
@@ -1482,7 +1503,8 @@ void op_raise_levels(device* dev, uint32_t mask) {
     } else if (d->level_path == gpu_level_path::write_value) {
         for (uint32_t l = 1; l < preempt_levels && e == cudaSuccess; ++l) {
             if (!(mask >> l & 1)) continue;
-            const uint32_t value = std::atomic_ref<uint32_t>(d->level_host[l]).load(std::memory_order_relaxed);
+            [[maybe_unused]] const uint32_t value =  // (the emulation has no write_value path)
+                std::atomic_ref<uint32_t>(d->level_host[l]).load(std::memory_order_relaxed);
 #if defined(RL_GPU_HIP)
             e = hipStreamWriteValue32(d->flag_stream, d->level_dev + l, value, 0);
 #elif defined(RL_GPU_GREEN_CONTEXTS)
@@ -1562,6 +1584,18 @@ std::unique_ptr<device> make_device(const gpu_device_options& options) {
     // first call below, as long as nothing in the process used CUDA before.
     setenv("CUDA_MODULE_LOADING", "EAGER", 0);
 #endif
+    // Hardware work queues: the runtime spreads streams over a few hardware queues (CUDA:
+    // CUDA_DEVICE_MAX_CONNECTIONS, 8 by default; HIP: GPU_MAX_HW_QUEUES, 4), and two streams on
+    // one queue run in order. An RT stream sharing a queue with a BE stream waits behind that
+    // stream's queued launches whatever its priority, which no preemption flag can shorten. The
+    // most each driver gives, unless the user chose; read, like the loading mode, when the
+    // runtime initialises. Streams beyond that many still alias (unit streams: up to 8 per
+    // stream), which stats report beside hardware_queues.
+#if defined(RL_GPU_HIP)
+    setenv("GPU_MAX_HW_QUEUES", "16", 0);
+#elif !(defined(REEFLINE_SIMT_EMU) && REEFLINE_SIMT_EMU)
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+#endif
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess) {
@@ -1591,6 +1625,7 @@ std::unique_ptr<device> make_device(const gpu_device_options& options) {
     d->caps.lowest_priority = least;
     d->caps.highest_priority = greatest;
     d->caps.gpu = true;
+    d->hardware_queues = hardware_queues_in_effect();
     void* values = nullptr;
     void* levels = nullptr;
     e = cudaHostAlloc(&values, kFlagValueBytes, cudaHostAllocPortable);
@@ -1668,6 +1703,7 @@ bool gpu_device_stats_of(const device& dv, gpu_device_stats& out) {
                      : d->level_path == gpu_level_path::relay     ? "relay"
                                                                    : "copy";
     out.level_raises = d->level_raises.load(std::memory_order_relaxed);
+    out.hardware_queues = d->hardware_queues;
     return true;
 }
 

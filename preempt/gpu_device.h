@@ -76,6 +76,8 @@ struct gpu_device_stats {
     // there were.
     const char* level_path = "";
     uint64_t level_raises = 0;
+    // Hardware work queues the runtime spreads streams over (0: the emulation, which has none).
+    uint32_t hardware_queues = 0;
 };
 // False when `d` is not a GPU device.
 bool gpu_device_stats_of(const device& d, gpu_device_stats& out);

@@ -71,6 +71,13 @@ GPU_TEST(caps_memory_kinds_and_pool) {
     EXPECT(c.gpu);
     EXPECT(c.compute_units > 0);
     EXPECT(c.highest_priority <= c.lowest_priority) << c.highest_priority << " vs " << c.lowest_priority;
+    // Enough hardware queues that an RT stream need not share one with a BE stream: the device
+    // asks the runtime for the most it gives (the emulation has none).
+    gpu::gpu_device_stats hw{};
+    REQUIRE(gpu::gpu_device_stats_of(d, hw));
+    std::printf("  hardware queues: %u\n", hw.hardware_queues);
+    if (emulated()) EXPECT(hw.hardware_queues == 0u) << hw.hardware_queues;
+    else EXPECT(hw.hardware_queues >= 8u) << hw.hardware_queues;
     // Host-mapped memory: written by the host, read by a kernel through the same pointer.
     const size_t n = 10000;
     auto* hm = static_cast<float*>(d.alloc(n * 4, gpu::memory_kind::host_mapped));
