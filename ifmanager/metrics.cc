@@ -107,6 +107,11 @@ public:
                const char* help, const labels& ls) {
         if (auto v = value_text(member(object, key))) sample(family, type, help, "", ls, *v);
     }
+    // A boolean field of `object`, when present, as a 0/1 gauge.
+    void flag(const json& object, const char* key, const std::string& family, const char* help) {
+        if (const json& b = member(object, key); b.is_boolean())
+            sample(family, "gauge", help, "", {}, b.get<bool>() ? "1" : "0");
+    }
 
     std::string str() const {
         std::string out;
@@ -306,11 +311,9 @@ std::string prometheus_text(const json& stats) {
     }
 
     if (const json& u = member(stats, "units"); u.is_object()) {
-        if (const json& usable = member(u, "usable"); usable.is_boolean())
-            out.sample("reefline_device_units_usable", "gauge",
-                       "Streams can be bound to a share of the device's compute units (1), or every share runs on "
-                       "the whole device (0).",
-                       "", {}, usable.get<bool>() ? "1" : "0");
+        out.flag(u, "usable", "reefline_device_units_usable",
+                 "Streams can be bound to a share of the device's compute units (1), or every share runs on "
+                 "the whole device (0).");
         out.field(u, "binds", "reefline_device_unit_binds_total", "counter",
                   "Times a stream was bound to a share of the device's compute units.", {});
         out.field(u, "fallbacks", "reefline_device_unit_fallbacks_total", "counter",
@@ -331,9 +334,7 @@ std::string prometheus_text(const json& stats) {
         for (const auto& f : scheduler_fields)
             if (std::strcmp(f.key, "submitted") != 0) out.field(s, f.key, f.family, f.type, f.help, {});
         if (const json& d = member(s, "dkp"); d.is_object()) {
-            if (const json& on = member(d, "enabled"); on.is_boolean())
-                out.sample("reefline_dkp_enabled", "gauge", "Dynamic kernel padding is on (1) or off (0).", "", {},
-                           on.get<bool>() ? "1" : "0");
+            out.flag(d, "enabled", "reefline_dkp_enabled", "Dynamic kernel padding is on (1) or off (0).");
             out.field(d, "padded_launches", "reefline_dkp_padded_launches_total", "counter",
                       "RT kernel launches padded with BE kernels.", {});
             out.field(d, "pad_blocks", "reefline_dkp_pad_blocks_total", "counter",
