@@ -42,6 +42,7 @@
 #include "libml/abacus_sampling.h"
 #include "libml/libml.h"
 #include "libml/synthetic_inputs.h"
+#include "preempt/backend_option.h"
 #include "preempt/scheduler.h"
 
 namespace fs = std::filesystem;
@@ -199,6 +200,8 @@ int main(int argc, char** argv) {
     app.add_option("--seed", seed, "arrivals, sampling and training seed")->capture_default_str();
     app.add_option("--csv", csv_path, "write the per-policy table as CSV");
     app.add_flag("--quick", quick, "150 groups, 4 s per policy, abacus and reef only");
+    std::string backend = "cpu";
+    gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     if (quick) {
         groups = std::min<size_t>(groups, 150);
@@ -238,9 +241,9 @@ int main(int argc, char** argv) {
             if (std::system(cmd.c_str()) != 0) throw std::runtime_error("the zoo tool failed: " + cmd);
             zoo_dir = work.string();
         }
-        gpu::cpu_device_options dopt;
+        gpu::backend_options dopt;
         dopt.compute_units = units;
-        auto device = gpu::make_cpu_device(dopt);
+        auto device = gpu::make_backend(backend, dopt);
         ml::runtime rt(*device);
         std::vector<service> svcs;
         {

@@ -1,7 +1,7 @@
 // dkp_bench: dynamic kernel padding under REEF's high-contention workload (REEF §7.4): RT
 // clients submitting RT tasks back to back (each a new one as soon as its last is answered;
 // two by default, so that an RT task always waits) and one BE client keeping a BE task
-// outstanding, on the cpu device (or, in a GPU build, --device cuda|hip), for pairs of zoo models (tiny
+// outstanding, on the cpu device (or, in a GPU build, --backend cuda|hip), for pairs of zoo models (tiny
 // variants), under rt_only, streams, reef without DKP and reef with DKP; every policy on the
 // same device, the same models and the same profiles, one after the other.
 //
@@ -37,7 +37,7 @@
 #include "dkp/selector.h"
 #include "libml/libml.h"
 #include "libml/synthetic_inputs.h"
-#include "preempt/device_choice.h"
+#include "preempt/backend_option.h"
 #include "preempt/scheduler.h"
 
 namespace fs = std::filesystem;
@@ -68,7 +68,7 @@ run_result run(gpu::device& dev, ml::runtime& rt, ml::instance& rt_in, ml::insta
     gpu::scheduler_options so;
     so.pol = pol;
     if (dkp) so.padding = std::make_shared<reefline::dkp::rules_selector>(g_margin);
-    const auto pads0 = dev.ops().padding_stats ? dev.ops().padding_stats(&dev) : gpu::device_ops::padding_counters{};
+    const auto pads0 = dev.padding_stats();
     gpu::scheduler sched(dev, so);
     run_result r;
     r.policy = dkp ? "reef+dkp" : gpu::policy_name(pol);
@@ -126,8 +126,8 @@ run_result run(gpu::device& dev, ml::runtime& rt, ml::instance& rt_in, ml::insta
     r.be_per_s = double(tasks_done) / wall;
     r.be_kernels_per_s = double(kernels_done) / wall;
     r.sched = sched.stats();
-    if (dev.ops().padding_stats) {
-        const auto p = dev.ops().padding_stats(&dev);
+    if (dev.pads_launches()) {
+        const auto p = dev.padding_stats();
         r.pads = {p.padded_launches - pads0.padded_launches, p.pads - pads0.pads, p.pads_completed - pads0.pads_completed,
                   p.pads_cut - pads0.pads_cut, p.pads_skipped - pads0.pads_skipped, p.pad_blocks - pads0.pad_blocks};
     }
@@ -161,11 +161,7 @@ int main(int argc, char** argv) {
     app.add_flag("--quick", quick, "one pair, 2 s per run");
     app.add_option("--csv", csv_path, "write the table as CSV: one row per pair and policy");
     app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
-#if defined(REEFLINE_GPU_BACKEND)
-    app.add_option("--device", device_name, "cpu, or " REEFLINE_GPU_BACKEND " (this build's GPU backend)")
-        ->check(CLI::IsMember({"cpu", REEFLINE_GPU_BACKEND}))
-        ->capture_default_str();
-#endif
+    gpu::add_backend_option(app, device_name);
     CLI11_PARSE(app, argc, argv);
     if (!units) units = std::max(1u, std::thread::hardware_concurrency());
     if (quick) {
@@ -208,7 +204,9 @@ int main(int argc, char** argv) {
             pairs.emplace_back(p.substr(0, colon), p.substr(colon + 1));
             at = comma + 1;
         }
-        std::unique_ptr<gpu::device> device = gpu::make_device_named(device_name, units);
+        gpu::backend_options bopt;
+        bopt.compute_units = units;
+        std::unique_ptr<gpu::device> device = gpu::make_backend(device_name, bopt);
         std::printf("dkp_bench: %s (%u hardware threads), %.1f s per run, %u RT clients back to back, 1 BE client (batch %lld), "
                     "tiny zoo models\n",
                     device->caps().name.c_str(), std::thread::hardware_concurrency(), seconds, rt_clients, (long long)be_batch);

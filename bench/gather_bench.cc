@@ -41,7 +41,7 @@ struct result {
 result run(gpu::device& d, int64_t batch, int64_t side, size_t fragment, int iterations) {
     const int64_t C = 3, bytes = side * side * C;
     gpu_test::mbuf_arena arena(size_t(batch) * size_t((bytes + int64_t(fragment) - 1) / int64_t(fragment)) + 16);
-    if (!d.ops().register_host(&d, arena.base(), arena.bytes())) throw std::runtime_error("register_host failed");
+    if (!d.register_host(arena.base(), arena.bytes())) throw std::runtime_error("register_host failed");
     std::vector<std::vector<uint8_t>> images(static_cast<size_t>(batch));
     std::mt19937 rng(1);
     for (auto& im : images) {
@@ -77,7 +77,7 @@ result run(gpu::device& d, int64_t batch, int64_t side, size_t fragment, int ite
     void* bytes_dev = d.alloc(gl.bytes);
     if (!y_dev || !y_mapped || !pinned || !bytes_dev) throw std::bad_alloc();
     gpu::stream* s = d.create_stream(0);
-    gpu::task_words* w = d.ops().task_words_create(&d);
+    gpu::task_words* w = d.task_words_create();
 
     // Correct first: each version's tensor against the cpu kernel's.
     {
@@ -91,10 +91,10 @@ result run(gpu::device& d, int64_t batch, int64_t side, size_t fragment, int ite
         for (k::gather_args* a : {&g, &v1}) {
             a->y = static_cast<float*>(y_dev);
             std::vector<unsigned char> poison(out_bytes, 0xff);
-            d.ops().copy_to_device(&d, y_dev, poison.data(), out_bytes);
+            d.copy_to_device(y_dev, poison.data(), out_bytes);
             d.launch(s, gpu::launch{&k::gather_kernel, a, sizeof *a, grid, 0, grid, w, 0});
             d.synchronize(s);
-            d.ops().copy_to_host(&d, got.data(), y_dev, out_bytes);
+            d.copy_to_host(got.data(), y_dev, out_bytes);
             if (std::memcmp(got.data(), want.data(), out_bytes) != 0)
                 throw std::runtime_error(std::string("GPU gather (") + (a == &v1 ? "version 1" : "version 2") +
                                          ") differs from the cpu's");
@@ -115,15 +115,15 @@ result run(gpu::device& d, int64_t batch, int64_t side, size_t fragment, int ite
     r.v1_gbps_device = time_gather(v1, y_dev);
     r.gather_gbps_mapped = time_gather(g, y_mapped);
     std::memset(pinned, 1, gl.bytes);
-    for (int i = 0; i < 3; ++i) d.ops().copy_to_device(&d, bytes_dev, pinned, gl.bytes);
+    for (int i = 0; i < 3; ++i) d.copy_to_device(bytes_dev, pinned, gl.bytes);
     const auto t0 = clk::now();
-    for (int i = 0; i < iterations; ++i) d.ops().copy_to_device(&d, bytes_dev, pinned, gl.bytes);
+    for (int i = 0; i < iterations; ++i) d.copy_to_device(bytes_dev, pinned, gl.bytes);
     r.memcpy_gbps = double(gl.bytes) * iterations / seconds_since(t0) / 1e9;
 
-    d.ops().task_words_destroy(&d, w);
-    d.ops().stream_destroy(&d, s);
+    d.task_words_destroy(w);
+    d.stream_destroy(s);
     for (void* p : {static_cast<void*>(list), y_dev, y_mapped, pinned, bytes_dev}) d.free(p);
-    d.ops().unregister_host(&d, arena.base());
+    d.unregister_host(arena.base());
     return r;
 }
 

@@ -114,7 +114,7 @@ int main(int argc, char** argv) {
             rt.write_inputs(*in, x);
             const auto launches = rt.task_launches(*in);
             gpu::stream* s = d->create_stream(0);
-            gpu::task_words* w = d->ops().task_words_create(d.get());
+            gpu::task_words* w = d->task_words_create();
             const auto time_launches = [&](gpu::task_words* words, std::vector<double>& times) {
                 for (int i = 0; i < iterations + 3; ++i) {
                     const auto t0 = clk::now();
@@ -130,8 +130,8 @@ int main(int argc, char** argv) {
             time_launches(w, kernels);
             std::vector<double> unchecked;
             if (no_task) time_launches(nullptr, unchecked);
-            d->ops().task_words_destroy(d.get(), w);
-            d->ops().stream_destroy(d.get(), s);
+            d->task_words_destroy(w);
+            d->stream_destroy(s);
             std::printf("reefline model=%s batch=%lld kernels_ms=%.3f end_to_end_ms=%.3f math=%s launches=%zu",
                         name.c_str(), (long long)batch, median(kernels), median(e2e), math.c_str(), launches.size());
             if (no_task) std::printf(" no_task_kernels_ms=%.3f", median(unchecked));

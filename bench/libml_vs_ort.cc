@@ -31,6 +31,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "preempt/backend_option.h"
 #include "bench/bench_report.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
@@ -230,6 +231,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"auto", "nchw"}))
         ->capture_default_str();
     app.footer("Progress (one line per step) goes to stderr; stdout has the table and the last line.");
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     // A child ONNX Runtime that dies leaves a closed pipe: the write fails and says so
     // (ort_runner::run_ms) instead of the signal ending the run.
@@ -279,9 +282,9 @@ int main(int argc, char** argv) {
             auto step = progress.begin("onnxruntime-node installed by npm in tests/ort");
             run("cd " + (root / "tests/ort").string() + " && npm install --ignore-scripts --no-audit --no-fund > /dev/null");
         }
-        reefline::gpu::cpu_device_options o;
+        reefline::gpu::backend_options o;
         o.compute_units = units;
-        auto device = reefline::gpu::make_cpu_device(o);
+        auto device = reefline::gpu::make_backend(backend, o);
         ml::kernels::use_openblas_only(gemm == "openblas");
         ml::kernels::use_conv_method(ml::kernels::conv_method_named(conv));
         ml::use_c16_layout(layout == "auto");

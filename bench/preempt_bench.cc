@@ -33,6 +33,7 @@
 // Every measurement prints a progress line on stderr. --csv FILE: the preemption latencies and
 // stages, one row per mode, load and configuration (bench/plot.py preemption plots them);
 // --csv-policies FILE: the policy table, one row per policy and number of BE clients.
+#include "preempt/backend_registry.h"
 #include "preempt/scheduler.h"
 
 #include <algorithm>
@@ -103,13 +104,13 @@ bool busy_block(const void* a, const block_context& ctx) {
         }
     }
 }
-const kernel_info k_busy{"busy", busy_block, nullptr, 128, 32, 0, 0};
+const kernel_info k_busy{"busy", busy_block, 128, 32, 0, 0};
 
 #if defined(REEFLINE_GPU_BACKEND)
-const kernel_info k_gpu_spin{"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
+const kernel_info k_gpu_spin{"gpu_spin", nullptr, 32, 0, 0, 0};
 #endif
 
-// --device: the cpu backend, or the build's GPU backend.
+// --backend: the cpu backend, or the build's GPU backend.
 bool g_gpu = false;
 uint32_t g_units = 1;        // compute units of the cpu device (--units)
 uint32_t g_gpu_units = 1;    // the GPU's compute units
@@ -119,14 +120,13 @@ std::string g_model_path;    // --model
 
 int g_dispatcher_cpu = -1;  // --pin: the scheduler thread's CPU (the last one); units on the others
 
+std::string g_backend = "cpu";  // --backend
+
 std::unique_ptr<device> make_dev() {
-#if defined(REEFLINE_GPU_BACKEND)
-    if (g_gpu) return make_gpu_device();
-#endif
-    cpu_device_options o;
+    backend_options o;
     o.compute_units = g_units;
     o.scratch_per_unit = 1u << 16;
-    if (g_dispatcher_cpu < 0) return make_cpu_device(o);
+    if (g_gpu || g_dispatcher_cpu < 0) return make_backend(g_backend, o);
     // The device pins its units where they are as many as the CPUs its creator may run on:
     // created from a thread allowed every CPU but the dispatcher's.
     std::unique_ptr<device> d;
@@ -135,7 +135,7 @@ std::unique_ptr<device> make_dev() {
         CPU_ZERO(&set);
         for (int c = 0; c < g_dispatcher_cpu; ++c) CPU_SET(c, &set);
         (void)pthread_setaffinity_np(pthread_self(), sizeof set, &set);
-        d = make_cpu_device(o);
+        d = make_backend(g_backend, o);
     }).join();
     return d;
 }
@@ -205,7 +205,7 @@ clock_map calibrate_clock(device& d) {
             m.error_us = double(best) / 2000.0;
         }
     }
-    d.ops().stream_destroy(&d, s);
+    d.stream_destroy(s);
 #else
     (void)d;
 #endif
@@ -460,13 +460,14 @@ int main(int argc, char** argv) {
     namespace report = reefline::bench;
     bool quick = false;
     int samples = 0;
-    std::string device_name = "cpu", csv_path, csv_policies_path;
+    std::string& device_name = g_backend;
+    std::string csv_path, csv_policies_path;
     const char* usage =
-        "usage: preempt_bench [--quick] [--units N] [--device cpu|cuda|hip] [--check-us N] [--flags] [--model FILE]\n"
+        "usage: preempt_bench [--quick] [--units N] [--backend cpu|cuda|hip] [--check-us N] [--flags] [--model FILE]\n"
         "                     [--samples N] [--csv FILE] [--csv-policies FILE]\n"
         "  --quick              only what the last line needs\n"
         "  --units N            compute units of the cpu device (default 1)\n"
-        "  --device D           cpu, or this build's GPU backend\n"
+        "  --backend B          a backend of this build (cpu, or its GPU backend); --device is the same\n"
         "  --check-us N         BE blocks' check interval, us (default 10)\n"
         "  --flags              stop BE work by per-queue task flags, not by the BE preemption level\n"
         "  --pin                the scheduler thread spinning on the last CPU, the cpu device's units on the others\n"
@@ -478,7 +479,8 @@ int main(int argc, char** argv) {
     for (int i = 1; i < argc; ++i) {
         if (!std::strcmp(argv[i], "--quick")) quick = true;
         else if (!std::strcmp(argv[i], "--units") && i + 1 < argc) g_units = uint32_t(std::atoi(argv[++i]));
-        else if (!std::strcmp(argv[i], "--device") && i + 1 < argc) device_name = argv[++i];
+        else if ((!std::strcmp(argv[i], "--backend") || !std::strcmp(argv[i], "--device")) && i + 1 < argc)
+            device_name = argv[++i];
         else if (!std::strcmp(argv[i], "--check-us") && i + 1 < argc) g_check_us = uint32_t(std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--flags")) g_use_levels = false;
         else if (!std::strcmp(argv[i], "--pin")) g_dispatcher_cpu = int(std::thread::hardware_concurrency()) - 1;
@@ -522,15 +524,16 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "preempt_bench: %s\n", e.what());
         return 1;
     }
-    if (device_name != "cpu") {
+    const backend_entry* backend = find_backend(device_name);
+    if (!backend) {
+        std::fprintf(stderr, "preempt_bench: --backend %s: this build has %s (GPU backends: -Dcuda=enabled or -Dhip=enabled)\n",
+                     device_name.c_str(), backend_names().c_str());
+        return 2;
+    }
+    if (backend->gpu) {
 #if defined(REEFLINE_GPU_BACKEND)
-        if (device_name != gpu_backend_name()) {
-            std::fprintf(stderr, "preempt_bench: this build's GPU backend is %s, not %s\n", gpu_backend_name(),
-                         device_name.c_str());
-            return 2;
-        }
         try {
-            const auto d = make_gpu_device();
+            const auto d = make_backend(device_name);
             const device_caps c = d->caps();
             gpu_device_stats gs{};
             gpu_device_stats_of(*d, gs);
@@ -543,10 +546,6 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "preempt_bench: %s\n", e.what());
             return 77;
         }
-#else
-        std::fprintf(stderr, "preempt_bench: --device %s needs a build with -D%s=enabled\n", device_name.c_str(),
-                     device_name.c_str());
-        return 2;
 #endif
     } else {
         std::printf("preempt_bench: cpu device, %u compute unit(s)%s\n", g_units, quick ? ", quick" : "");

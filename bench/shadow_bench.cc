@@ -39,6 +39,7 @@
 #include <thread>
 #include <vector>
 
+#include "preempt/backend_option.h"
 #include "bench/bench_report.h"
 #include "dataplane/eal.h"
 #include "dataplane/engine.h"
@@ -233,6 +234,8 @@ int main(int argc, char** argv) {
                                        "the plan change also replaces the model by this new version (without a "
                                        "FILE: the zoo's resnet50_tiny with seed 2)")
                             ->expected(0, 1);
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     if (quick) {
         o.trials = 2;
@@ -279,7 +282,7 @@ int main(int argc, char** argv) {
         c.port.tx_mbufs = 2047;
         c.port.rx_descriptors = c.port.tx_descriptors = 512;
         auto plane = std::make_unique<dp::dataplane>(c);
-        auto device = reefline::gpu::make_cpu_device();
+        auto device = reefline::gpu::make_backend(backend);
         auto runtime = std::make_unique<ml::runtime>(*device);
         auto scheduler = std::make_unique<reefline::gpu::scheduler>(*device);
         if (!replace.empty()) o.replacement = runtime->load_model(replace, ifm::model_if::import_options());

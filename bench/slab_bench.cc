@@ -60,6 +60,7 @@
 #include <thread>
 #include <vector>
 
+#include "preempt/backend_option.h"
 #include "bench/bench_report.h"
 #include "libml/batching.h"
 #include "libml/libml.h"
@@ -584,6 +585,8 @@ int main(int argc, char** argv) {
     app.add_option("--series-round", series_round, "--csv-series: only this round (default: every round)")
         ->check(CLI::NonNegativeNumber);
     app.footer("Progress (one line per step) goes to stderr; stdout has the tables and the last line.");
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     if (quick) {
         rounds = 1;
@@ -636,9 +639,9 @@ int main(int argc, char** argv) {
             run_cmd(zoo.string() + " --out " + work.string() + " --tiny --only resnet50_tiny -q");
             model = (work / "resnet50_tiny.onnx").string();
         }
-        reefline::gpu::cpu_device_options dopt;
+        reefline::gpu::backend_options dopt;
         dopt.compute_units = units;
-        auto device = reefline::gpu::make_cpu_device(dopt);
+        auto device = reefline::gpu::make_backend(backend, dopt);
         ml::runtime rt(*device);
         std::printf("model %s, batch sizes 1..%u, cpu device with %u compute unit(s), %u hardware threads\n",
                     fs::path(model).filename().c_str(), max_batch, device->caps().compute_units,

@@ -8,13 +8,13 @@ void counter_snapshot::add(const rx_counters& c) {
     // Drops before rx_packets: the lcore counts packets in rx_packets before it drops any of
     // them (struct counter), so reading in this order keeps drops_total() <= rx_packets.
     for (size_t i = 0; i < drop_reason_count; ++i) drops[i] += c.drops[i].get();
-#define X(name) name += c.name.get();
+#define X(name, help) name += c.name.get();
     REEFLINE_RX_COUNTERS(X)
 #undef X
 }
 
 void counter_snapshot::add(const tx_counters& c) {
-#define X(name) name += c.name.get();
+#define X(name, help) name += c.name.get();
     REEFLINE_TX_COUNTERS(X)
 #undef X
 }
@@ -40,7 +40,7 @@ std::string counter_snapshot::to_json() const {
         s += "\":";
         s += std::to_string(v);
     };
-#define X(name) field(#name, name);
+#define X(name, ...) field(#name, name);
     REEFLINE_RX_COUNTERS(X)
     REEFLINE_TX_COUNTERS(X)
     REEFLINE_IF_COUNTERS(X)

@@ -363,7 +363,7 @@ json if_manager::persisted_config(const model_if& mif) const {
 }
 
 void if_manager::check_share(const model_settings& s) const {
-    if ((s.share < 1 || s.share_auto) && !_runtime.device().ops().stream_set_units)
+    if ((s.share < 1 || s.share_auto) && !_runtime.device().has_unit_sets())
         bad("field 'share' below 1 or \"auto\" needs a device with spatial shares; this backend (" + _info.backend +
             ") has none");
 }
@@ -507,7 +507,7 @@ void if_manager::profile(model_if& mif, const std::string& name, bool keep, mode
     }
     // The knee, where shares can be placed: on the IF's largest batch (a change's, when it
     // plans a larger one; the IF's stays otherwise).
-    if (_runtime.device().ops().stream_set_units) {
+    if (_runtime.device().has_unit_sets()) {
         dkp::knee_curve knee = mif.measure_knee(change, have ? &stored.knee : nullptr, run_on, share_units(),
                                                 _info.profile_budget_ms);
         if (!knee.points.empty()) {
@@ -853,8 +853,8 @@ json if_manager::memory_json() const {
 // served on the whole device instead (fallbacks), so that a share that does not hold shows.
 json if_manager::units_json() const {
     gpu::device& dev = _runtime.device();
-    if (!dev.ops().unit_shares) return {{"mechanism", "none"}, {"usable", false}, {"why", "this backend has no spatial shares"}};
-    const gpu::unit_shares_info i = dev.ops().unit_shares(&dev);
+    if (!dev.has_unit_sets()) return {{"mechanism", "none"}, {"usable", false}, {"why", "this backend has no spatial shares"}};
+    const gpu::unit_shares_info i = dev.unit_shares();
     json u = {{"mechanism", i.mechanism}, {"usable", i.usable},    {"step", i.step},
               {"binds", i.binds},         {"fallbacks", i.fallbacks}, {"partitions", i.partitions}};
     if (!i.why.empty()) u["why"] = i.why;
@@ -901,7 +901,7 @@ json if_manager::stats(const std::string& only) const {
               {"tx_mbufs", tx_pool->size}, {"tx_mbufs_in_use", rte_mempool_in_use_count(tx_pool)}}},
             {"dataplane",
              {
-#define X(name) {#name, c.name},
+#define X(name, help) {#name, c.name},
                  REEFLINE_RX_COUNTERS(X) REEFLINE_TX_COUNTERS(X)
 #undef X
                      {"drops", drops}}},
@@ -919,8 +919,8 @@ json if_manager::dkp_json() const {
     const gpu::scheduler_stats ss = _scheduler.stats();
     json d = {{"enabled", ss.padding}, {"padded_launches", ss.padded_launches}, {"pads_issued", ss.pads_issued}};
     gpu::device& dev = _runtime.device();
-    if (dev.ops().padding_stats) {
-        const auto c = dev.ops().padding_stats(&dev);
+    if (dev.pads_launches()) {
+        const auto c = dev.padding_stats();
         d["pads_completed"] = c.pads_completed;
         d["pads_cut"] = c.pads_cut;
         d["pads_skipped"] = c.pads_skipped;

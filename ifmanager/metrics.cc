@@ -1,5 +1,7 @@
 #include "ifmanager/metrics.h"
 
+#include "dataplane/counters.h"
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -16,6 +18,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -95,6 +98,12 @@ std::string label_text(const labels& ls) {
 // whatever order the input visits them in.
 class exposition {
 public:
+    // Where the section being rendered sits in the stats object ("ifs[]", "scheduler.dkp"): the
+    // paths of the fields read are recorded under it (stats_without_metric).
+    void at(std::string prefix) { _prefix = std::move(prefix); }
+    void consumed(const std::string& key) { _consumed.insert(_prefix.empty() ? key : _prefix + "." + key); }
+    const std::set<std::string>& consumed_paths() const { return _consumed; }
+
     void sample(const std::string& family, const char* type, const char* help,
                 const std::string& suffix, const labels& ls, const std::string& value) {
         auto [it, added] = _index.try_emplace(family, _families.size());
@@ -105,10 +114,12 @@ public:
     // A scalar field of `object`, when present and numeric.
     void field(const json& object, const char* key, const std::string& family, const char* type,
                const char* help, const labels& ls) {
+        consumed(key);
         if (auto v = value_text(member(object, key))) sample(family, type, help, "", ls, *v);
     }
     // A boolean field of `object`, when present, as a 0/1 gauge.
     void flag(const json& object, const char* key, const std::string& family, const char* help) {
+        consumed(key);
         if (const json& b = member(object, key); b.is_boolean())
             sample(family, "gauge", help, "", {}, b.get<bool>() ? "1" : "0");
     }
@@ -130,6 +141,8 @@ private:
     };
     std::vector<family_lines> _families;
     std::map<std::string, size_t> _index;
+    std::string _prefix;
+    std::set<std::string> _consumed;
 };
 
 struct field_spec {
@@ -163,6 +176,16 @@ constexpr field_spec if_fields[] = {
      "Times the IF's kernels were preempted by the scheduler."},
     {"reexecuted_kernels_total", "reefline_if_reexecuted_kernels_total", "counter",
      "Kernels executed again after a preemption."},
+    {"settings_switches_total", "reefline_if_settings_switches_total", "counter",
+     "Operator `set`s applied to the IF (each switches it to a new instance or new settings)."},
+};
+
+// Microsecond fields of an IF's stats exported in seconds.
+constexpr field_spec if_us_fields[] = {
+    {"switch_us_last", "reefline_if_switch_last_seconds", "gauge",
+     "How long the last `set` held the IF's requests while it switched."},
+    {"switch_us_max", "reefline_if_switch_max_seconds", "gauge",
+     "The longest time a `set` held the IF's requests while it switched."},
 };
 
 constexpr field_spec port_fields[] = {
@@ -182,28 +205,6 @@ constexpr field_spec port_fields[] = {
     {"tx_mbufs", "reefline_port_tx_mbufs", "gauge", "Mbufs in the transmit pool."},
     {"tx_mbufs_in_use", "reefline_port_tx_mbufs_in_use", "gauge",
      "Transmit mbufs out of their pool: responses queued or being sent."},
-};
-
-constexpr field_spec dataplane_fields[] = {
-    {"rx_packets", "reefline_dataplane_rx_packets_total", "counter", "Packets polled by the data plane."},
-    {"rx_bytes", "reefline_dataplane_rx_bytes_total", "counter", "Bytes polled by the data plane."},
-    {"requests_started", "reefline_dataplane_requests_started_total", "counter",
-     "Requests whose first fragment arrived."},
-    {"requests_completed", "reefline_dataplane_requests_completed_total", "counter",
-     "Requests fully reassembled and handed to an IF."},
-    {"requests_timed_out", "reefline_dataplane_requests_timed_out_total", "counter",
-     "Requests abandoned because fragments stopped arriving."},
-    {"requests_evicted", "reefline_dataplane_requests_evicted_total", "counter",
-     "Partial requests evicted to make room for new ones."},
-    {"requests_malformed", "reefline_dataplane_requests_malformed_total", "counter",
-     "Requests with inconsistent fragments."},
-    {"requests_ring_full", "reefline_dataplane_requests_ring_full_total", "counter",
-     "Complete requests dropped because the IF's ring was full."},
-    {"arp_replies", "reefline_dataplane_arp_replies_total", "counter", "ARP requests answered."},
-    {"tx_packets", "reefline_dataplane_tx_packets_total", "counter", "Packets queued for transmission."},
-    {"tx_bytes", "reefline_dataplane_tx_bytes_total", "counter", "Bytes queued for transmission."},
-    {"tx_dropped", "reefline_dataplane_tx_dropped_total", "counter",
-     "Packets the port would not take for transmission."},
 };
 
 constexpr field_spec scheduler_fields[] = {
@@ -274,11 +275,14 @@ bool is_loopback(const std::string& host) {
 
 }  // namespace
 
-std::string prometheus_text(const json& stats) {
-    exposition out;
-    if (!stats.is_object()) return out.str();
+namespace {
+
+// Every family, from the stats object; `out` records the stats paths it read.
+void render(exposition& out, const json& stats) {
+    if (!stats.is_object()) return;
 
     const json& ifs = member(stats, "ifs");
+    out.at("ifs[]");
     if (ifs.is_array())
         for (const auto& i : ifs) {
             const json& name = member(i, "name");
@@ -287,21 +291,36 @@ std::string prometheus_text(const json& stats) {
             if (const json& cls = member(i, "class"); cls.is_string())
                 ls.emplace_back("class", cls.get<std::string>());
             for (const auto& f : if_fields) out.field(i, f.key, f.family, f.type, f.help, ls);
+            for (const auto& f : if_us_fields) {
+                out.consumed(f.key);
+                if (auto us = as_double(member(i, f.key)))
+                    out.sample(f.family, f.type, f.help, "", ls, format_double(*us / 1e6));
+            }
+            out.consumed("slo_ms");
             if (auto slo = as_double(member(i, "slo_ms")))
                 out.sample("reefline_if_slo_seconds", "gauge", "The IF's latency SLO.", "", ls,
                            format_double(*slo / 1000.0));
+            out.consumed("latency_seconds");
             histogram(out, member(i, "latency_seconds"), ls);
         }
 
     if (const json& port = member(stats, "port"); port.is_object()) {
+        out.at("port");
         labels ls;
         if (const json& id = member(port, "id"); !id.is_null()) ls.emplace_back("port", label_value(id));
         if (const json& d = member(port, "driver"); !d.is_null()) ls.emplace_back("driver", label_value(d));
+        out.consumed("id");  // a label
         for (const auto& f : port_fields) out.field(port, f.key, f.family, f.type, f.help, ls);
     }
 
     if (const json& dp = member(stats, "dataplane"); dp.is_object()) {
-        for (const auto& f : dataplane_fields) out.field(dp, f.key, f.family, f.type, f.help, {});
+        out.at("dataplane");
+        // The data plane's counters as dataplane/counters.h declares them: name and help.
+        for (const auto& c : dp::dataplane_counter_infos) {
+            const std::string key(c.name), help(c.help);
+            out.field(dp, key.c_str(), "reefline_dataplane_" + key + "_total", "counter", help.c_str(), {});
+        }
+        out.consumed("drops");
         if (const json& drops = member(dp, "drops"); drops.is_object())
             for (const auto& [reason, n] : drops.items())
                 if (auto v = value_text(n))
@@ -311,6 +330,7 @@ std::string prometheus_text(const json& stats) {
     }
 
     if (const json& u = member(stats, "units"); u.is_object()) {
+        out.at("units");
         out.flag(u, "usable", "reefline_device_units_usable",
                  "Streams can be bound to a share of the device's compute units (1), or every share runs on "
                  "the whole device (0).");
@@ -320,34 +340,44 @@ std::string prometheus_text(const json& stats) {
                   "Binds the device could not make: those launches ran on every compute unit.", {});
         out.field(u, "partitions", "reefline_device_unit_partitions", "gauge",
                   "Vendor partitions of the device alive (green contexts).", {});
+        out.field(u, "step", "reefline_device_unit_step", "gauge",
+                  "Compute units a share is rounded to (an SM slice on green contexts).", {});
     }
 
     if (const json& s = member(stats, "scheduler"); s.is_object()) {
+        out.at("scheduler");
         if (const json& policy = member(s, "policy"); policy.is_string())
             out.sample("reefline_scheduler_info", "gauge", "The scheduling policy in use (value 1).",
                        "", {{"policy", policy.get<std::string>()}}, "1");
         out.field(s, "submitted", scheduler_fields[0].family, "counter", scheduler_fields[0].help, {});
-        for (const auto& [key, cls] : {std::pair{"completed_rt", "rt"}, std::pair{"completed_be", "be"}})
+        for (const auto& [key, cls] : {std::pair{"completed_rt", "rt"}, std::pair{"completed_be", "be"}}) {
+            out.consumed(key);
             if (auto v = value_text(member(s, key)))
                 out.sample("reefline_scheduler_completed_total", "counter",
                            "Tasks completed, by class.", "", {{"class", cls}}, *v);
+        }
         for (const auto& f : scheduler_fields)
             if (std::strcmp(f.key, "submitted") != 0) out.field(s, f.key, f.family, f.type, f.help, {});
         if (const json& d = member(s, "dkp"); d.is_object()) {
+            out.at("scheduler.dkp");
             out.flag(d, "enabled", "reefline_dkp_enabled", "Dynamic kernel padding is on (1) or off (0).");
             out.field(d, "padded_launches", "reefline_dkp_padded_launches_total", "counter",
                       "RT kernel launches padded with BE kernels.", {});
             out.field(d, "pad_blocks", "reefline_dkp_pad_blocks_total", "counter",
                       "BE blocks run to their end as padding.", {});
             for (const auto& [key, state] : {std::pair{"pads_issued", "issued"}, std::pair{"pads_completed", "completed"},
-                                             std::pair{"pads_cut", "cut"}, std::pair{"pads_skipped", "skipped"}})
+                                             std::pair{"pads_cut", "cut"}, std::pair{"pads_skipped", "skipped"}}) {
+                out.consumed(key);
                 if (auto v = value_text(member(d, key)))
                     out.sample("reefline_dkp_pads_total", "counter",
                                "BE kernels given as padding, by what became of them.", "", {{"state", state}}, *v);
+            }
+            out.consumed("selection_seconds");
             histogram(out, member(d, "selection_seconds"), {}, "reefline_dkp_selection_seconds",
                       "Time to choose the pads of one RT launch.");
         }
         if (const json& a = member(s, "abacus"); a.is_object()) {
+            out.at("scheduler.abacus");
             out.field(a, "groups", "reefline_abacus_groups_total", "counter",
                       "Operator groups the abacus policy ran (0 under other policies).", {});
             out.field(a, "groups_by_profile", "reefline_abacus_groups_by_profile_total", "counter",
@@ -361,9 +391,63 @@ std::string prometheus_text(const json& stats) {
         }
     }
 
+    out.at("");
+    out.consumed("uptime_s");
     if (auto v = value_text(member(stats, "uptime_s")))
         out.sample("reefline_uptime_seconds", "gauge", "Seconds since the daemon started.", "", {}, *v);
+}
+
+// Numeric and boolean fields of `stats` that no metric carries on purpose, and why.
+constexpr std::pair<const char*, const char*> not_exported[] = {
+    {"ifs[].udp_port", "configuration, not a measurement (reefctl describe)"},
+    {"ifs[].latency_ms", "the same distribution as reefline_if_latency_seconds, as percentiles for people"},
+};
+
+// The numeric and boolean leaves under `v`, as paths ("ifs[].requests_total"); arrays of
+// objects as "[]", arrays of values as one leaf.
+void leaves(const json& v, const std::string& path, std::set<std::string>& out) {
+    if (v.is_object()) {
+        for (const auto& [k, c] : v.items()) leaves(c, path.empty() ? k : path + "." + k, out);
+    } else if (v.is_array()) {
+        bool objects = false;
+        for (const auto& c : v)
+            if (c.is_object()) {
+                objects = true;
+                leaves(c, path + "[]", out);
+            }
+        if (!objects && !v.empty()) out.insert(path);
+    } else if (v.is_number() || v.is_boolean()) {
+        out.insert(path);
+    }
+}
+
+// `path` is `prefix` or lies under it.
+bool within(const std::string& path, const std::string& prefix) {
+    return path == prefix || (path.size() > prefix.size() && path.compare(0, prefix.size(), prefix) == 0 &&
+                              (path[prefix.size()] == '.' || path[prefix.size()] == '['));
+}
+
+}  // namespace
+
+std::string prometheus_text(const json& stats) {
+    exposition out;
+    render(out, stats);
     return out.str();
+}
+
+std::vector<std::string> stats_without_metric(const json& stats) {
+    exposition out;
+    render(out, stats);
+    std::set<std::string> all;
+    leaves(stats, "", all);
+    std::vector<std::string> missing;
+    for (const auto& p : all) {
+        bool covered = false;
+        for (const auto& c : out.consumed_paths()) covered = covered || within(p, c);
+        for (const auto& [n, why] : not_exported) covered = covered || within(p, n);
+        if (!covered) missing.push_back(p);
+    }
+    return missing;
 }
 
 std::pair<std::string, uint16_t> parse_listen_address(const std::string& text) {

@@ -1019,8 +1019,8 @@ nlohmann::json model_if::describe() const {
         j["units"] = on;
         // Where they really are: backends round sets, place them by count, or run them unbound.
         gpu::device& dev = _runtime.device();
-        if (mask && dev.ops().unit_grant_of) {
-            const gpu::unit_grant g = dev.ops().unit_grant_of(&dev, mask);
+        if (mask && dev.has_unit_sets()) {
+            const gpu::unit_grant g = dev.unit_grant_of(mask);
             nlohmann::json gj = {{"bound", g.bound}, {"note", g.note}};
             if (g.bound) {
                 gj["count"] = g.count;

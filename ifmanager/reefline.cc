@@ -43,9 +43,7 @@
 #include "libml/regular_file.h"
 #include "dataplane/eal.h"
 #include "dataplane/engine.h"
-#ifdef REEFLINE_GPU_BACKEND
-#include "preempt/gpu_device.h"
-#endif
+#include "preempt/backend_option.h"
 
 namespace dp = reefline::dp;
 
@@ -133,30 +131,6 @@ int rx_worker(void* arg) {
     return 0;
 }
 
-// The GPU backend this build has ("" when none): -Dcuda=enabled or -Dhip=enabled link the
-// GPU kernel library and device into the daemon (gpu_dep), -Dgpu_emu=true its software SIMT
-// stand-in.
-#ifdef REEFLINE_GPU_BACKEND
-const std::string gpu_backend = REEFLINE_GPU_BACKEND;
-#else
-const std::string gpu_backend;
-#endif
-
-std::string built_backends() { return gpu_backend.empty() ? "cpu" : "cpu, " + gpu_backend; }
-
-std::unique_ptr<reefline::gpu::device> make_gpu_backend([[maybe_unused]] int ordinal, [[maybe_unused]] const std::string& math) {
-#ifdef REEFLINE_GPU_BACKEND
-    reefline::gpu::gpu_device_options o;
-    o.ordinal = ordinal;
-    o.math = math == "f16" ? reefline::gpu::gpu_math::tensor_f16
-             : math == "bf16" ? reefline::gpu::gpu_math::tensor_bf16
-                              : reefline::gpu::gpu_math::fp32;
-    return reefline::gpu::make_gpu_device(o);
-#else
-    throw std::logic_error("no GPU backend in this build");
-#endif
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -184,8 +158,11 @@ int main(int argc, char** argv) {
     app.add_option("--curve-clients", curve_clients_file,
                    "file with the Z85 public keys of the clients allowed in, one per line (with --curve-secret-key)");
     app.add_option("--repo", repo_dir, "model repository directory, created if missing (default /var/lib/reefline/models as root, else ~/.reefline/models)");
-    app.add_option("--policy", policy_name, "GPU scheduling policy: reef, rt_only, seq, streams, prema, abacus")
-        ->capture_default_str();
+    {
+        std::string help = "GPU scheduling policy:";
+        for (const auto& p : reefline::gpu::policies()) help += std::string("\n  ") + p.name + ": " + p.help;
+        app.add_option("--policy", policy_name, help)->capture_default_str();
+    }
     std::string abacus_file;
     app.add_option("--abacus-predictor", abacus_file,
                    "policy abacus: the group predictor (build/tools/abacus_train); default <repo>/abacus.json if "
@@ -200,7 +177,7 @@ int main(int argc, char** argv) {
                    "kernel profiling (kprof, for DKP and prema) per model added: at most this long")
         ->capture_default_str()
         ->check(CLI::Range(0.0, 3.6e6));
-    app.add_option("--backend", backend, std::string("device backend: ") + built_backends())->capture_default_str();
+    reefline::gpu::add_backend_option(app, backend);
     int gpu_ordinal = 0;
     std::string gpu_math_name = "fp32";
     app.add_option("--gpu", gpu_ordinal, "cuda/hip backend: the GPU's ordinal")->capture_default_str();
@@ -286,16 +263,13 @@ int main(int argc, char** argv) {
         for (const auto& b : builtins) specs.push_back(parse_builtin(b));
         for (const auto& m : models) model_fields.push_back(parse_model(m, max_batch));
         if (!reefline::gpu::parse_policy(policy_name.c_str(), policy))
-            throw CLI::ValidationError("--policy", "unknown policy '" + policy_name +
-                                                       "' (reef, rt_only, seq, streams, prema, abacus)");
+            throw CLI::ValidationError("--policy", "unknown policy '" + policy_name + "' (" +
+                                                       reefline::gpu::policy_names() + ")");
         if (!abacus_file.empty() && policy != reefline::gpu::policy::abacus)
             throw CLI::ValidationError("--abacus-predictor", "the predictor is the abacus policy's (--policy abacus), not " +
                                                                   policy_name + "'s");
         if (dkp_mode == "on" && policy != reefline::gpu::policy::reef)
             throw CLI::ValidationError("--dkp", "padding is part of the reef policy (--policy reef), not " + policy_name);
-        if (backend != "cpu" && backend != gpu_backend)
-            throw CLI::ValidationError("--backend", "backend '" + backend + "' is not built in (this build has: " + built_backends() +
-                                                        (gpu_backend.empty() ? "; build with -Dcuda=enabled or -Dhip=enabled" : "") + ")");
         if (gpu_math_name != "fp32" && gpu_math_name != "f16" && gpu_math_name != "bf16")
             throw CLI::ValidationError("--gpu-math", "'" + gpu_math_name + "': expected fp32, f16 or bf16");
         if (metrics != "off") reefline::metrics::parse_listen_address(metrics);
@@ -408,23 +382,24 @@ int main(int argc, char** argv) {
             manager.reset();
             scheduler.reset();
             runtime.reset();
-            for (void* p : registered) device->ops().unregister_host(device.get(), p);
+            for (void* p : registered) device->unregister_host(p);
             device.reset();
         };
         try {
             plane = std::make_unique<dp::dataplane>(config);
-            if (backend == "cpu") {
-                reefline::gpu::cpu_device_options dopt;
-                dopt.compute_units = compute_units;
-                device = reefline::gpu::make_cpu_device(dopt);
+            reefline::gpu::backend_options dopt;
+            dopt.compute_units = compute_units;
+            dopt.ordinal = gpu_ordinal;
+            dopt.math = gpu_math_name;
+            device = reefline::gpu::make_backend(backend, dopt);
+            if (!reefline::gpu::find_backend(backend)->gpu) {
                 std::fprintf(stderr, "reefline: cpu device GEMM by %s\n",
                              reefline::ml::kernels::cpu_gemm_library().c_str());
             } else {
-                device = make_gpu_backend(gpu_ordinal, gpu_math_name);
                 // The gather kernel reads request payloads where the NIC wrote them: the rx
                 // mempool's pages are registered (pinned, mapped) with the GPU.
                 for (const auto& r : plane->eth().memory_ranges()) {
-                    if (!device->ops().register_host(device.get(), r.address, r.length))
+                    if (!device->register_host(r.address, r.length))
                         throw std::runtime_error("cannot register the packet memory (" + std::to_string(r.length >> 20) +
                                                  " MiB at " + std::to_string(reinterpret_cast<uintptr_t>(r.address)) +
                                                  ") with the " + backend + " device");
@@ -435,7 +410,7 @@ int main(int argc, char** argv) {
             reefline::gpu::scheduler_options sopt;
             sopt.pol = policy;
             if (dkp_mode != "off" && policy == reefline::gpu::policy::reef) {
-                if (!device->ops().launch_padded) {
+                if (!device->pads_launches()) {
                     if (dkp_mode == "on")
                         throw std::runtime_error("--dkp on: the " + backend + " backend does not pad launches (yet)");
                 } else {

@@ -75,9 +75,9 @@ void instance::free_variants() {
 instance::~instance() {
     if (_stream) {
         _device->synchronize(_stream);
-        _device->ops().stream_destroy(_device, _stream);
+        _device->stream_destroy(_stream);
     }
-    if (_task) _device->ops().task_words_destroy(_device, _task);
+    if (_task) _device->task_words_destroy(_task);
     free_variants();
     if (_arena) _device->free(_arena);
     leave_shared();
@@ -143,7 +143,7 @@ std::shared_ptr<model> runtime::finish_load(gpu::device& dev, graph g, std::stri
         if (!m->_weights) throw std::bad_alloc();
         std::vector<std::byte> host(size_t(m->_layout.bytes));
         plan::fill_weights(m->_layout, host.data());
-        dev.ops().copy_to_device(&dev, m->_weights, host.data(), host.size());
+        dev.copy_to_device(m->_weights, host.data(), host.size());
     }
     return m;
 }
@@ -167,7 +167,7 @@ std::unique_ptr<instance> runtime::link_model(const std::shared_ptr<model>& m, i
     in->_model = m;
     in->_device = &_device;
     in->_stream = _device.create_stream(stream_priority);
-    in->_task = _device.ops().task_words_create(&_device);
+    in->_task = _device.task_words_create();
     ++m->_instances;
     configure_batch(*in, m->_imported.batch > 0 ? m->_imported.batch : 1);
     return in;
@@ -385,7 +385,7 @@ void runtime::configure_batch(instance& in, int64_t batch, std::span<const int64
         v.p->bind({static_cast<std::byte*>(in._model->_weights), arena_memory, static_cast<std::byte*>(v.inputs)});
         for (const auto& [offset, data] : v.p->input_constants())
             if (!data->empty())
-                _device.ops().copy_to_device(&_device, static_cast<std::byte*>(v.inputs) + offset, data->data(),
+                _device.copy_to_device(static_cast<std::byte*>(v.inputs) + offset, data->data(),
                                              data->size());
     }
     in.free_variants();
@@ -409,8 +409,8 @@ void runtime::infer_batch(instance& in, std::span<const tensor> inputs, std::vec
 }
 
 bool runtime::set_units(instance& in, uint64_t units) {
-    if (!_device.ops().stream_set_units) return false;
-    _device.ops().stream_set_units(&_device, in._stream, units);
+    if (!_device.has_unit_sets()) return false;
+    _device.stream_set_units(in._stream, units);
     return true;
 }
 
@@ -441,7 +441,7 @@ void runtime::write_inputs(instance& in, std::span<const tensor> inputs) {
             throw std::invalid_argument("infer_batch: input " + std::to_string(i) + " is " + dtype_name(inputs[i].type) +
                                         shape_str(inputs[i].shape) + ", expected " + dtype_name(loc.type) + shape_str(loc.shape));
         if (inputs[i].bytes())
-            _device.ops().copy_to_device(&_device, in.input_memory() + loc.offset, inputs[i].data->data(),
+            _device.copy_to_device(in.input_memory() + loc.offset, inputs[i].data->data(),
                                          inputs[i].bytes());
     }
 }
@@ -515,7 +515,7 @@ dkp::plan_profile runtime::profile(instance& in, int runs, const launch_runner& 
         // The compiled kernel's resources where the device knows them (GPU backends), else
         // kernel_info's nominal figures.
         gpu::kernel_resources res;
-        if (_device.ops().kernel_resources_of && _device.ops().kernel_resources_of(&_device, l.kernel, res)) {
+        if (_device.kernel_resources_of(l.kernel, res)) {
             k.threads = res.threads_per_block;
             k.registers = res.registers;
             k.shared_bytes = res.shared_bytes;
@@ -570,7 +570,7 @@ std::vector<tensor> runtime::read_outputs(const instance& in) {
             const std::byte* src = loc.where == region::weights ? static_cast<const std::byte*>(in._model->_weights)
                                    : loc.where == region::arena  ? static_cast<const std::byte*>(in.arena_memory())
                                                                   : in.input_memory();
-            _device.ops().copy_to_host(&_device, host.data(), src + loc.offset, bytes);
+            _device.copy_to_host(host.data(), src + loc.offset, bytes);
         }
         outputs.push_back(tensor::make(loc.type, loc.shape, std::move(host)));
     }

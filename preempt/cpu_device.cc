@@ -751,7 +751,8 @@ device_caps op_caps(const device* dev) {
 
 void* op_alloc(device* dev, size_t bytes, memory_kind) {
     cpu_device_state* d = state_of(dev);
-    void* p = aligned_bytes(bytes);
+    void* p = std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+    if (!p) return nullptr;  // as a GPU backend answers: the caller reports what it could not have
     std::lock_guard lk(d->mu);
     d->allocs.emplace(p, bytes);
     return p;
@@ -1107,35 +1108,35 @@ uint32_t op_level_epoch(const device* dev, uint32_t level) {
 }
 
 const device_ops cpu_ops = {
-    op_destroy,
-    op_caps,
-    op_alloc,
-    op_free,
-    op_register_host,
-    op_unregister_host,
-    op_copy,
-    op_copy,
-    op_stream_create,
-    op_stream_destroy,
-    op_launch,
-    op_queued,
-    op_synchronize,
-    op_event_create,
-    op_event_destroy,
-    op_event_record,
-    op_event_query,
-    op_event_synchronize,
-    op_task_words_create,
-    op_task_words_destroy,
-    op_task_flag_set,
-    op_launch_padded,
-    op_padding_stats,
-    nullptr,  // kernel_resources_of: kernel_info's figures are the cpu kernels' own
-    op_stream_set_units,
-    op_raise_levels,
-    op_level_epoch,
-    op_unit_grant_of,
-    op_unit_shares,
+    .destroy = op_destroy,
+    .caps = op_caps,
+    .alloc = op_alloc,
+    .free = op_free,
+    .register_host = op_register_host,
+    .unregister_host = op_unregister_host,
+    .copy_to_device = op_copy,
+    .copy_to_host = op_copy,
+    .stream_create = op_stream_create,
+    .stream_destroy = op_stream_destroy,
+    .launch = op_launch,
+    .queued = op_queued,
+    .synchronize = op_synchronize,
+    .event_create = op_event_create,
+    .event_destroy = op_event_destroy,
+    .event_record = op_event_record,
+    .event_query = op_event_query,
+    .event_synchronize = op_event_synchronize,
+    .task_words_create = op_task_words_create,
+    .task_words_destroy = op_task_words_destroy,
+    .task_flag_set = op_task_flag_set,
+    .launch_padded = op_launch_padded,
+    .padding_stats = op_padding_stats,
+    // .kernel_resources_of: kernel_info's figures are the cpu kernels' own
+    .stream_set_units = op_stream_set_units,
+    .raise_levels = op_raise_levels,
+    .level_epoch = op_level_epoch,
+    .unit_grant_of = op_unit_grant_of,
+    .unit_shares = op_unit_shares,
 };
 
 }  // namespace

@@ -86,9 +86,9 @@ using cpu_block_fn = bool (*)(const void* args, const block_context& ctx);
 // point of each backend that implements it.
 struct kernel_info {
     const char* name;
-    cpu_block_fn cpu;           // cpu backend implementation of one block
-    const void* gpu;            // unused: GPU backends find the kernel by name in their
-                                // registry (preempt/gpu_kernels.h)
+    cpu_block_fn cpu;           // cpu backend implementation of one block (null: none);
+                                // GPU backends find the kernel by `name` in their registry
+                                // (preempt/gpu_kernels.h)
     uint32_t threads_per_block; // GPU resource needs (profiles, DKP occupancy)
     uint32_t registers;
     uint32_t shared_bytes;
@@ -181,6 +181,7 @@ struct device_ops {
     void (*destroy)(device* d);
     device_caps (*caps)(const device* d);
 
+    // 64-byte aligned (at least); null when the memory cannot be had (it never throws).
     void* (*alloc)(device* d, size_t bytes, memory_kind kind);
     void (*free)(device* d, void* p);
     // Makes external host memory (e.g. DPDK hugepages) readable by kernels in place.
@@ -275,6 +276,10 @@ struct device_ops {
     unit_shares_info (*unit_shares)(device* d);
 };
 
+// A device: its backend's table and state. Every op has a method here, named as the op (but
+// create_stream and set_task_flag); callers never reach into ops() for what a method does.
+// The optional ops (null on a backend without the feature) have a has_/pads_ test, and their
+// methods answer "none" (zeros, false, an unbound grant) where the backend lacks them.
 class device {
 public:
     device(const device_ops* ops, void* state) : _ops(ops), _state(state) {}
@@ -288,10 +293,62 @@ public:
 
     void* alloc(size_t bytes, memory_kind kind = memory_kind::device) { return _ops->alloc(this, bytes, kind); }
     void free(void* p) { _ops->free(this, p); }
+    bool register_host(void* p, size_t bytes) { return _ops->register_host(this, p, bytes); }
+    void unregister_host(void* p) { _ops->unregister_host(this, p); }
+    void copy_to_device(void* dst, const void* src, size_t bytes) { _ops->copy_to_device(this, dst, src, bytes); }
+    void copy_to_host(void* dst, const void* src, size_t bytes) { _ops->copy_to_host(this, dst, src, bytes); }
+
     stream* create_stream(int priority) { return _ops->stream_create(this, priority); }
-    void launch(stream* s, const launch& l) { _ops->launch(this, s, l); }
+    void stream_destroy(stream* s) { _ops->stream_destroy(this, s); }
+    void launch(stream* s, const struct launch& l) { _ops->launch(this, s, l); }
+    uint32_t queued(stream* s) { return _ops->queued(this, s); }
     void synchronize(stream* s) { _ops->synchronize(this, s); }
+
+    event* event_create() { return _ops->event_create(this); }
+    void event_destroy(event* e) { _ops->event_destroy(this, e); }
+    void event_record(event* e, stream* s) { _ops->event_record(this, e, s); }
+    bool event_query(event* e) { return _ops->event_query(this, e); }
+    void event_synchronize(event* e) { _ops->event_synchronize(this, e); }
+
+    task_words* task_words_create() { return _ops->task_words_create(this); }
+    void task_words_destroy(task_words* w) { _ops->task_words_destroy(this, w); }
     void set_task_flag(task_words* w, uint32_t value) { _ops->task_flag_set(this, w, value); }
+
+    // Dynamic kernel padding.
+    bool pads_launches() const { return _ops->launch_padded != nullptr; }
+    void launch_padded(stream* s, const struct launch& l, const struct launch* pads, uint32_t n_pads) {
+        _ops->launch_padded(this, s, l, pads, n_pads);
+    }
+    device_ops::padding_counters padding_stats() const {
+        return _ops->padding_stats ? _ops->padding_stats(this) : device_ops::padding_counters{};
+    }
+
+    bool kernel_resources_of(const kernel_info* k, kernel_resources& out) {
+        return _ops->kernel_resources_of && _ops->kernel_resources_of(this, k, out);
+    }
+
+    // Spatial shares.
+    bool has_unit_sets() const { return _ops->stream_set_units != nullptr; }
+    void stream_set_units(stream* s, uint64_t units) {
+        if (_ops->stream_set_units) _ops->stream_set_units(this, s, units);
+    }
+    unit_grant unit_grant_of(uint64_t units) {
+        if (_ops->unit_grant_of) return _ops->unit_grant_of(this, units);
+        unit_grant g;
+        g.note = "this backend has no unit sets";
+        return g;
+    }
+    unit_shares_info unit_shares() {
+        if (_ops->unit_shares) return _ops->unit_shares(this);
+        unit_shares_info u;
+        u.why = "this backend has no unit sets";
+        return u;
+    }
+
+    // Preemption levels.
+    bool has_levels() const { return _ops->raise_levels != nullptr && _ops->level_epoch != nullptr; }
+    void raise_levels(uint32_t mask) { _ops->raise_levels(this, mask); }
+    uint32_t level_epoch(uint32_t level) const { return _ops->level_epoch(this, level); }
 
 private:
     const device_ops* _ops;

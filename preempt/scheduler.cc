@@ -1,6 +1,8 @@
 // The GPU scheduler: see scheduler.h for the design.
 #include "preempt/scheduler.h"
 
+#include "preempt/policy.h"
+
 #include <pthread.h>
 #include <sched.h>
 
@@ -19,12 +21,6 @@
 namespace reefline::gpu {
 namespace {
 
-int64_t now_ns() {
-    return std::chrono::duration_cast<std::chrono::nanoseconds>(
-               std::chrono::steady_clock::now().time_since_epoch())
-        .count();
-}
-
 inline void relax() {
 #if defined(__x86_64__) || defined(__i386__)
     _mm_pause();
@@ -33,59 +29,47 @@ inline void relax() {
 
 }  // namespace
 
+const std::vector<policy_entry>& policies() {
+    static const std::vector<policy_entry> table = {
+        {.id = policy::reef, .name = "reef", .help = "RT runs at once: BE work is reset (preempted) and restored later; DKP pads",
+         .preempts = true, .pads = true, .make = make_reef_policy},
+        {.id = policy::rt_only, .name = "rt_only", .help = "BE tasks rejected: the RT latency reference",
+         .preempts = false, .pads = false, .make = make_rt_only_policy},
+        {.id = policy::seq, .name = "seq", .help = "one task at a time, RT first, never preempts",
+         .preempts = false, .pads = false, .make = make_seq_policy},
+        {.id = policy::streams, .name = "streams", .help = "everything concurrent on streams (RT highest priority), never preempts",
+         .preempts = false, .pads = false, .make = make_streams_policy},
+        {.id = policy::prema, .name = "prema", .help = "PREMA's token scheduling, one task at a time; drains or kills",
+         .preempts = true, .pads = false, .make = make_prema_policy},
+        {.id = policy::abacus, .name = "abacus", .help = "Abacus's deadline-aware operator groups (predictor: abacus_train)",
+         .preempts = true, .pads = false, .make = make_abacus_policy},
+    };
+    return table;
+}
+
+const policy_entry* find_policy(const std::string& name) {
+    for (const auto& p : policies())
+        if (name == p.name) return &p;
+    return nullptr;
+}
+
+std::string policy_names() {
+    std::string out;
+    for (const auto& p : policies()) out += (out.empty() ? "" : ", ") + std::string(p.name);
+    return out;
+}
+
 const char* policy_name(policy p) {
-    switch (p) {
-    case policy::reef: return "reef";
-    case policy::rt_only: return "rt_only";
-    case policy::seq: return "seq";
-    case policy::streams: return "streams";
-    case policy::prema: return "prema";
-    case policy::abacus: return "abacus";
-    }
+    for (const auto& e : policies())
+        if (e.id == p) return e.name;
     return "?";
 }
 
 bool parse_policy(const char* s, policy& out) {
-    for (policy p : {policy::reef, policy::rt_only, policy::seq, policy::streams, policy::prema, policy::abacus})
-        if (std::strcmp(s, policy_name(p)) == 0) {
-            out = p;
-            return true;
-        }
-    return false;
+    const policy_entry* e = s ? find_policy(s) : nullptr;
+    if (e) out = e->id;
+    return e != nullptr;
 }
-
-struct scheduler::record {
-    task t;
-    task_result res;
-    double tokens = 0;  // prema
-    // abacus: the first launch not yet run (where its next segment starts), and the profiles'
-    // times summed up to each launch (est_prefix[i]: launches [0, i)).
-    uint32_t next = 0;
-    std::vector<double> est_prefix;
-};
-
-struct scheduler::vhq {
-    // parked (abacus): holds a query between its segments; nothing of it is on the stream.
-    enum class state : uint8_t { idle, running, preempted, parked };
-    stream* s = nullptr;
-    task_words* w = nullptr;
-    event* drain = nullptr;
-    uint32_t cap = 4;
-    std::deque<record*> waiting;
-    record* cur = nullptr;
-    state st = state::idle;
-    std::unique_ptr<std::vector<launch>> pending;  // launches not yet submitted
-    size_t head = 0;                               // next entry of *pending
-    uint32_t submitted = 0;                        // kernels submitted (index of the next + 0)
-    uint32_t seg_end = 0;                          // abacus: the end of the segment it runs
-    uint64_t units = 0;                            // what its stream is bound to (0: every unit)
-    // DKP, for a preempted BE task: the last pad issued (its kernel index, and the RT task
-    // and RT kernel it rode on).
-    bool pad_pending = false;
-    uint32_t pad_kernel = 0;
-    const record* pad_rt_task = nullptr;
-    uint32_t pad_rt_kernel = 0;
-};
 
 scheduler::scheduler(device& dev, scheduler_options options) : _dev(dev), _opt(options) {
     if (_opt.be_queues == 0) _opt.be_queues = 1;
@@ -95,8 +79,8 @@ scheduler::scheduler(device& dev, scheduler_options options) : _dev(dev), _opt(o
     auto make_q = [&](int prio, uint32_t cap) {
         auto q = std::make_unique<vhq>();
         q->s = _dev.create_stream(prio);
-        q->w = _dev.ops().task_words_create(&_dev);
-        q->drain = _dev.ops().event_create(&_dev);
+        q->w = _dev.task_words_create();
+        q->drain = _dev.event_create();
         q->cap = std::min(cap, depth);
         return q;
     };
@@ -104,15 +88,17 @@ scheduler::scheduler(device& dev, scheduler_options options) : _dev(dev), _opt(o
     // DKP needs the device's padded launch and picks pads per RT launch, as each is issued:
     // two RT launches outstanding keep the device busy (the next one is queued while one
     // runs) and let each pick from what the BE queues offer then.
-    if (_opt.pol != policy::reef || !_dev.ops().launch_padded) _opt.padding.reset();
+    if (_opt.pol != policy::reef || !_dev.pads_launches()) _opt.padding.reset();
     _rt = make_q(caps.highest_priority, _opt.padding ? std::min<uint32_t>(2, depth) : depth);
     // Reset-based preemption by level: every BE launch at be_level, which an RT arrival raises
     // with one write (device_ops::raise_levels) instead of a flag write per BE queue.
-    _levels = _opt.use_levels && _opt.pol == policy::reef && _opt.preempt == preempt_mode::reset && _dev.ops().raise_levels &&
-              _dev.ops().level_epoch;
+    _levels = _opt.use_levels && _opt.pol == policy::reef && _opt.preempt == preempt_mode::reset && _dev.has_levels();
     _stats.padding = _opt.padding != nullptr;
     for (uint32_t i = 0; i < _opt.be_queues; ++i)
         _be.push_back(make_q(caps.lowest_priority, wide ? depth : _opt.vhq_capacity));
+    for (const policy_entry& e : policies())
+        if (e.id == _opt.pol) _policy = e.make(*this);
+    if (!_policy) throw std::invalid_argument("scheduler: unknown policy");
     _reclaimer = std::thread([this] { reclaim_loop(); });
     _thread = std::thread([this] { loop(); });
 }
@@ -162,7 +148,7 @@ task_id scheduler::submit(task t) {
     _incoming.push_back(r);
     _incoming_n.fetch_add(1, std::memory_order_release);
     lk.unlock();
-    if (rt_reset && _levels) _dev.ops().raise_levels(&_dev, 1u << be_level);
+    if (rt_reset && _levels) _dev.raise_levels(1u << be_level);
     _in_cv.notify_one();
     return id;
 }
@@ -219,9 +205,7 @@ void scheduler::finish(record* r, task_status st) {
 
 // ---- vHQ mechanics (scheduler thread) ---------------------------------------------------------
 
-namespace {
-// Launches [from, to) of the task (to: its end).
-std::unique_ptr<std::vector<launch>> build_pending(const task& t, task_words* w, uint32_t from, uint32_t to = ~0u) {
+std::unique_ptr<std::vector<launch>> build_pending(const task& t, task_words* w, uint32_t from, uint32_t to) {
     to = std::min<uint32_t>(to, uint32_t(t.launches.size()));
     auto v = std::make_unique<std::vector<launch>>();
     v->reserve(to > from ? to - from : 0);
@@ -232,7 +216,6 @@ std::unique_ptr<std::vector<launch>> build_pending(const task& t, task_words* w,
     }
     return v;
 }
-}  // namespace
 
 void scheduler::raise_flag(vhq& q) { _dev.set_task_flag(q.w, 1); }
 
@@ -243,8 +226,8 @@ void scheduler::lower_flag(vhq& q) {
 void scheduler::bind_units(vhq& q) {
     if (&q == _rt.get() || !q.cur) return;
     const uint64_t want = q.cur->t.units;
-    if (want == q.units || !_dev.ops().stream_set_units) return;
-    _dev.ops().stream_set_units(&_dev, q.s, want ? want : ~uint64_t{0});
+    if (want == q.units || !_dev.has_unit_sets()) return;
+    _dev.stream_set_units(q.s, want ? want : ~uint64_t{0});
     q.units = want;
 }
 
@@ -271,7 +254,7 @@ void scheduler::pump(vhq& q) {
     const bool level = _levels && &q != _rt.get();
     uint32_t epoch = 0;
     if (level) {
-        epoch = _dev.ops().level_epoch(&_dev, be_level);
+        epoch = _dev.level_epoch(be_level);
         if (_rt_submitted.load(std::memory_order_seq_cst) != _rt_intaken) return;
     }
     try {
@@ -339,7 +322,7 @@ void scheduler::pump_padded(vhq& rt) {
                     q.head = 0;
                     q.submitted = 0;
                     q.pad_pending = false;
-                    _dev.ops().event_record(&_dev, q.drain, q.s);
+                    _dev.event_record(q.drain, q.s);
                     q.st = vhq::state::preempted;
                 }
                 if (n == std::size(cand) || q.st != vhq::state::preempted || !q.cur || q.cur->t.units) continue;
@@ -355,7 +338,7 @@ void scheduler::pump_padded(vhq& rt) {
                     k = started ? q.pad_kernel + 1 : q.pad_kernel;
                 } else {
                     if (q.w->pads.load(std::memory_order_acquire) != 0) continue;
-                    if (!_dev.ops().event_query(&_dev, q.drain)) continue;
+                    if (!_dev.event_query(q.drain)) continue;
                     k = q.w->completed.load(std::memory_order_acquire);
                 }
                 if (k >= q.cur->t.launches.size()) continue;
@@ -378,7 +361,7 @@ void scheduler::pump_padded(vhq& rt) {
                 q.pad_rt_task = rt.cur;
                 q.pad_rt_kernel = l.kernel_index;
             }
-            if (m) _dev.ops().launch_padded(&_dev, rt.s, l, pads, m);
+            if (m) _dev.launch_padded(rt.s, l, pads, m);
             else _dev.launch(rt.s, l);
             ++rt.head;
             ++rt.submitted;
@@ -427,7 +410,7 @@ void scheduler::preempt(vhq& q) {
     // With levels the arrival's raise stopped every launch the queue had made (all at the BE
     // level, older epochs): nothing to write here.
     if (_opt.preempt == preempt_mode::reset && !_levels) raise_flag(q);
-    _dev.ops().event_record(&_dev, q.drain, q.s);
+    _dev.event_record(q.drain, q.s);
     q.st = vhq::state::preempted;
     ++q.cur->res.preemptions;
     std::lock_guard lk(_st_mu);
@@ -436,7 +419,7 @@ void scheduler::preempt(vhq& q) {
 
 bool scheduler::try_restore(vhq& q) {
     if (q.st != vhq::state::preempted) return false;
-    if (!_dev.ops().event_query(&_dev, q.drain)) return false;
+    if (!_dev.event_query(q.drain)) return false;
     // A pad of the task may still run a block (DKP): its writes must end before a restore.
     if (q.w->pads.load(std::memory_order_acquire) != 0) return false;
     q.pad_pending = false;
@@ -477,477 +460,6 @@ bool scheduler::try_restore(vhq& q) {
     return true;
 }
 
-// ---- policies ---------------------------------------------------------------------------------
-
-// Runs the RT queue: starts tasks back to back. Returns true if anything is in progress.
-static bool rt_busy(const scheduler::vhq& q) { return q.cur || !q.waiting.empty(); }
-
-bool scheduler::step_reef() {
-    vhq& rt = *_rt;
-    if (rt_busy(rt) && !_rt_mode) {
-        _rt_mode = true;
-        {
-            std::lock_guard lk(_st_mu);
-            ++_stats.rt_episodes;
-        }
-        for (auto& q : _be) preempt(*q);
-    }
-    if (_rt_mode) {
-        check_done(rt);
-        if (!rt.cur && !rt.waiting.empty()) {
-            bool go = true;
-            if (_opt.preempt == preempt_mode::wait)
-                for (auto& q : _be)
-                    if (q->st == vhq::state::preempted && !_dev.ops().event_query(&_dev, q->drain)) go = false;
-            if (go) {
-                record* r = rt.waiting.front();
-                rt.waiting.pop_front();
-                start_task(rt, r);  // (pumps unpadded; the loop below pads what is left)
-            }
-        }
-        if (_opt.padding) pump_padded(rt);
-        else pump(rt);
-        if (!rt_busy(rt)) _rt_mode = false;
-    }
-    if (!_rt_mode) {
-        for (auto& qp : _be) {
-            vhq& q = *qp;
-            if (q.st == vhq::state::preempted) try_restore(q);
-            if (q.st == vhq::state::running) {
-                check_done(q);
-                pump(q);
-            }
-            if (q.st == vhq::state::idle && !q.waiting.empty()) {
-                record* r = q.waiting.front();
-                q.waiting.pop_front();
-                start_task(q, r);
-            }
-        }
-    }
-    bool busy = rt_busy(rt);
-    for (auto& q : _be) busy = busy || q->cur || !q->waiting.empty();
-    return busy;
-}
-
-bool scheduler::step_streams() {
-    bool busy = false;
-    auto run = [&](vhq& q) {
-        check_done(q);
-        if (q.st == vhq::state::idle && !q.waiting.empty()) {
-            record* r = q.waiting.front();
-            q.waiting.pop_front();
-            start_task(q, r);
-        }
-        pump(q);
-        busy = busy || q.cur || !q.waiting.empty();
-    };
-    run(*_rt);
-    for (auto& q : _be) run(*q);
-    return busy;
-}
-
-bool scheduler::step_seq() {
-    vhq* cur = nullptr;
-    if (_rt->cur) cur = _rt.get();
-    for (auto& q : _be)
-        if (q->cur) cur = q.get();
-    if (cur && check_done(*cur)) cur = nullptr;
-    if (!cur) {
-        if (!_rt->waiting.empty()) {
-            cur = _rt.get();
-        } else {
-            for (uint32_t i = 0; i < _be.size() && !cur; ++i) {
-                vhq& q = *_be[(_rr + i) % _be.size()];
-                if (!q.waiting.empty()) {
-                    cur = &q;
-                    _rr = static_cast<uint32_t>((_rr + i + 1) % _be.size());
-                }
-            }
-        }
-        if (cur) {
-            record* r = cur->waiting.front();
-            cur->waiting.pop_front();
-            start_task(*cur, r);
-            if (check_done(*cur)) return true;
-        }
-    }
-    if (cur) pump(*cur);
-    bool busy = rt_busy(*_rt);
-    for (auto& q : _be) busy = busy || q->cur || !q->waiting.empty();
-    return busy;
-}
-
-// prema: one task at a time among the pool (not started) and the preempted tasks.
-bool scheduler::step_prema() {
-    std::vector<vhq*> all{_rt.get()};
-    for (auto& q : _be) all.push_back(q.get());
-    vhq* running = nullptr;
-    for (vhq* q : all) {
-        if (q->st == vhq::state::running) {
-            if (check_done(*q)) continue;
-            running = q;
-        }
-    }
-    const int64_t now = now_ns();
-    const bool tick = now - _last_tick >= 250'000;
-    if (running && !tick) {
-        pump(*running);
-        return true;
-    }
-    auto weight = [](const record* r) {
-        const int p = r->t.cls == task_class::rt ? 2 : std::clamp(r->t.priority, 0, 2);
-        return p == 0 ? 1.0 : p == 1 ? 3.0 : 9.0;
-    };
-    auto est_total = [&](const record* r) {
-        return r->t.est_us > 0 ? r->t.est_us : std::max(1.0, _kernel_est_us * r->res.kernels);
-    };
-    auto remaining = [&](const record* r, const vhq* q) {
-        const double done = q ? double(std::min(q->w->completed.load(std::memory_order_acquire), r->res.kernels)) : 0;
-        return r->res.kernels ? est_total(r) * (1.0 - done / r->res.kernels) : 0.0;
-    };
-    // Candidates: (record, vhq holding it preempted or null for the pool).
-    std::vector<std::pair<record*, vhq*>> cands;
-    for (record* r : _pool) cands.push_back({r, nullptr});
-    for (vhq* q : all)
-        if (q->st == vhq::state::preempted) cands.push_back({q->cur, q});
-    if (cands.empty()) {
-        if (running) pump(*running);
-        return running != nullptr;
-    }
-    if (tick) {
-        const double dt_us = _last_tick ? double(now - _last_tick) / 1000.0 : 0;
-        _last_tick = now;
-        for (auto& [r, q] : cands) r->tokens += weight(r) * dt_us / est_total(r);
-    }
-    // Runnable candidates: a preempted task once its stream has drained; a new one when a vHQ
-    // of its class is free. (Tokens rank only these, so a task holding a vHQ is never
-    // starved by one that waits for that vHQ.)
-    auto free_vhq = [&](const record* r) -> vhq* {
-        if (r->t.cls == task_class::rt) return _rt->st == vhq::state::idle ? _rt.get() : nullptr;
-        for (auto& q : _be)
-            if (q->st == vhq::state::idle) return q.get();
-        return nullptr;
-    };
-    std::vector<std::pair<record*, vhq*>> ready;
-    for (auto& [r, q] : cands) {
-        if (q ? _dev.ops().event_query(&_dev, q->drain) : free_vhq(r) != nullptr) ready.push_back({r, q});
-    }
-    double top = 0;
-    for (auto& [r, q] : ready) top = std::max(top, r->tokens);
-    const double threshold = top >= 9 ? 9 : top >= 3 ? 3 : top >= 1 ? 1 : 0;
-    record* best = nullptr;
-    vhq* best_q = nullptr;
-    double best_rem = 0;
-    for (auto& [r, q] : ready) {
-        if (r->tokens < threshold) continue;
-        const double rem = remaining(r, q);
-        if (!best || rem < best_rem) {
-            best = r;
-            best_q = q;
-            best_rem = rem;
-        }
-    }
-    if (!best) {
-        if (running) pump(*running);
-        return true;
-    }
-    vhq* target = best_q ? best_q : free_vhq(best);
-    if (running) {
-        const double run_rem = remaining(running->cur, running);
-        if (run_rem <= best_rem) {  // DRAIN
-            ++_drains;
-            std::lock_guard lk(_st_mu);
-            _stats.prema_drains = _drains;
-        } else {  // KILL
-            ++_kills;
-            {
-                std::lock_guard lk(_st_mu);
-                _stats.prema_kills = _kills;
-            }
-            preempt(*running);
-            running = nullptr;
-        }
-    }
-    if (!running) {
-        best->tokens = 0;  // (best may end, and be freed, right here)
-        if (best_q) {
-            try_restore(*best_q);
-        } else {
-            _pool.erase(std::find(_pool.begin(), _pool.end(), best));
-            start_task(*target, best);
-        }
-    } else {
-        pump(*running);
-    }
-    return true;
-}
-
-// ---- abacus ----------------------------------------------------------------------------------
-
-void scheduler::start_segment(vhq& q, record* r, uint32_t from, uint32_t end) {
-    q.cur = r;
-    if (r->res.start_ns == 0) r->res.start_ns = now_ns();
-    bind_units(q);
-    lower_flag(q);
-    q.w->completed.store(from, std::memory_order_seq_cst);
-    q.pending = build_pending(r->t, q.w, from, end);
-    q.head = 0;
-    q.submitted = from;
-    q.seg_end = end;
-    q.st = vhq::state::running;
-    pump(q);
-}
-
-// The group's duration: the predictor's where it covers every part's model, else the
-// profiles' times of the parts' launches back to back (a device shared by segments running
-// side by side takes about as long as running them in turn).
-double scheduler::abacus_predict(std::vector<abacus::segment>& group, const std::vector<record*>& owners,
-                                 bool& by_profile) const {
-    for (size_t i = 0; i < group.size(); ++i)
-        group[i].profile_us = owners[i]->est_prefix[group[i].end] - owners[i]->est_prefix[group[i].start];
-    if (_opt.predictor && _opt.predictor->covers(group)) {
-        const double us = _opt.predictor->predict_us(group);
-        if (std::isfinite(us) && us > 0) {
-            by_profile = false;
-            return us;
-        }
-    }
-    by_profile = true;
-    double us = 0;
-    for (const abacus::segment& s : group) us += s.profile_us;
-    return us;
-}
-
-bool scheduler::step_abacus() {
-    std::vector<vhq*> all{_rt.get()};
-    for (auto& q : _be) all.push_back(q.get());
-    const int64_t now = now_ns();
-
-    // ---- the round in flight
-    if (!_round.empty()) {
-        // An RT query waiting preempts the round's BE parts (REEF's reset): they resume in a
-        // later round from where their counters stand.
-        const bool rt_waiting =
-            std::any_of(_pool.begin(), _pool.end(), [](const record* r) { return r->t.cls == task_class::rt; });
-        bool open = false;
-        for (round_part& part : _round) {
-            if (!part.q) continue;
-            vhq& q = *part.q;
-            if (q.st == vhq::state::running) {
-                if (rt_waiting && q.cur->t.cls == task_class::be) {
-                    preempt(q);
-                    _round_report.preempted = true;
-                } else {
-                    pump(q);
-                    if (q.w->completed.load(std::memory_order_acquire) >= part.end) {
-                        record* r = q.cur;
-                        r->next = part.end;
-                        q.pending.reset();
-                        if (part.end >= r->res.kernels) {
-                            r->res.completed_kernels = r->res.kernels;
-                            q.cur = nullptr;
-                            q.st = vhq::state::idle;
-                            finish(r, task_status::completed);
-                        } else {
-                            q.st = vhq::state::parked;
-                        }
-                        part.q = nullptr;
-                        continue;
-                    }
-                }
-            }
-            if (q.st == vhq::state::preempted) {
-                // Parked once its stream has drained: no stale launch of it may run after that.
-                if (!_dev.ops().event_query(&_dev, q.drain)) {
-                    open = true;
-                    continue;
-                }
-                record* r = q.cur;
-                const uint32_t done = std::min(q.w->completed.load(std::memory_order_acquire), r->res.kernels);
-                r->res.lost_launches += q.submitted - done;
-                {
-                    std::lock_guard lk(_st_mu);
-                    _stats.lost_launches += q.submitted - done;
-                }
-                r->next = done;
-                q.pending.reset();
-                if (done >= r->res.kernels) {
-                    r->res.completed_kernels = r->res.kernels;
-                    q.cur = nullptr;
-                    q.st = vhq::state::idle;
-                    {
-                        std::lock_guard lk(_st_mu);
-                        ++_stats.finished_in_drain;
-                    }
-                    finish(r, task_status::completed);
-                } else {
-                    q.st = vhq::state::parked;
-                }
-                part.q = nullptr;
-                continue;
-            }
-            open = true;
-        }
-        if (open) return true;
-        _round.clear();
-        _round_report.measured_us = double(now_ns() - _round_start) / 1e3;
-        {
-            std::lock_guard lk(_st_mu);
-            ++_stats.abacus_groups;
-            if (_round_report.by_profile) ++_stats.abacus_by_profile;
-            if (!_round_report.preempted) {
-                _stats.abacus_predicted_us += _round_report.predicted_us;
-                _stats.abacus_measured_us += _round_report.measured_us;
-            }
-        }
-        if (_opt.on_group) _opt.on_group(_round_report);
-    }
-
-    // ---- plan the next group
-    struct query {
-        record* r;
-        vhq* held;        // the vHQ a partly run query is parked on (null: in the pool)
-        double headroom;  // us until its deadline (+inf: none)
-        double alone;     // predicted us of the rest of it alone
-    };
-    std::vector<query> qs;
-    const auto seg_of = [](const record* r, uint32_t from, uint32_t to) {
-        abacus::segment s;
-        s.model = r->t.model;
-        s.start = from;
-        s.end = to;
-        s.kernels = r->res.kernels;
-        s.batch = r->t.batch;
-        s.length = r->t.length;
-        return s;
-    };
-    const auto headroom_of = [&](const record* r) {
-        return r->t.deadline_ns ? double(r->t.deadline_ns - now) / 1e3 : std::numeric_limits<double>::infinity();
-    };
-    bool by_profile = false;
-    for (vhq* q : all)
-        if (q->st == vhq::state::parked) qs.push_back({q->cur, q, headroom_of(q->cur), 0});
-    for (record* r : _pool) qs.push_back({r, nullptr, headroom_of(r), 0});
-    if (qs.empty()) return false;
-    for (query& x : qs) {
-        std::vector<abacus::segment> alone{seg_of(x.r, x.r->next, x.r->res.kernels)};
-        x.alone = abacus_predict(alone, {x.r}, by_profile);
-    }
-    // Queries that cannot make their deadline even alone are dropped now, before they take
-    // device time from the ones that can (Abacus's query drop).
-    for (auto it = qs.begin(); it != qs.end();) {
-        if (it->headroom < it->alone) {
-            record* r = it->r;
-            if (it->held) {
-                it->held->cur = nullptr;
-                it->held->st = vhq::state::idle;
-            } else {
-                _pool.erase(std::find(_pool.begin(), _pool.end(), r));
-            }
-            r->res.completed_kernels = r->next;
-            it = qs.erase(it);
-            finish(r, task_status::dropped);
-        } else {
-            ++it;
-        }
-    }
-    if (qs.empty()) return true;
-    // RT queries first, then by headroom (least first), then by arrival.
-    std::stable_sort(qs.begin(), qs.end(), [](const query& a, const query& b) {
-        if ((a.r->t.cls == task_class::rt) != (b.r->t.cls == task_class::rt)) return a.r->t.cls == task_class::rt;
-        if (a.headroom != b.headroom) return a.headroom < b.headroom;
-        return a.r->res.id < b.r->res.id;
-    });
-    std::vector<vhq*> free;
-    for (vhq* q : all)
-        if (q->st == vhq::state::idle) free.push_back(q);
-    // The lead: to its end, on its own vHQ, or a free one (an RT query the RT vHQ where free).
-    const query& lead = qs.front();
-    vhq* lead_q = lead.held;
-    if (!lead_q) {
-        if (free.empty()) return true;  // (cannot happen: a round always leaves a vHQ free)
-        auto it = lead.r->t.cls == task_class::rt && std::find(free.begin(), free.end(), _rt.get()) != free.end()
-                      ? std::find(free.begin(), free.end(), _rt.get())
-                      : free.end() - 1;
-        lead_q = *it;
-        free.erase(it);
-    }
-    std::vector<abacus::segment> group{seg_of(lead.r, lead.r->next, lead.r->res.kernels)};
-    std::vector<record*> owners{lead.r};
-    std::vector<vhq*> queues{lead_q};
-    // What the group may take: the lead's headroom; an RT lead's own time (+5%: RT work is not
-    // slowed for throughput); a lead without a deadline its time +25%.
-    const double budget = lead.r->t.cls == task_class::rt ? 1.05 * lead.alone
-                          : std::isfinite(lead.headroom)  ? lead.headroom
-                                                          : 1.25 * lead.alone;
-    double predicted = lead.alone;
-    bool group_by_profile = false;
-    (void)abacus_predict(group, owners, group_by_profile);
-    for (size_t i = 1; i < qs.size() && group.size() < all.size(); ++i) {
-        const query& x = qs[i];
-        // A vHQ for it, always leaving one free for the next round's lead.
-        if (!x.held && free.size() < 2) continue;
-        const uint32_t from = x.r->next, k = x.r->res.kernels;
-        group.push_back(seg_of(x.r, from, from + 1));
-        owners.push_back(x.r);
-        bool bp = false;
-        double at_least = abacus_predict(group, owners, bp);
-        if (!(at_least <= budget)) {
-            group.pop_back();
-            owners.pop_back();
-            continue;
-        }
-        // The longest segment that fits: binary search on its end (predictions grow with it).
-        uint32_t lo = from + 1, hi = k;
-        double best = at_least;
-        bool best_bp = bp;
-        while (lo < hi) {
-            const uint32_t mid = lo + (hi - lo + 1) / 2;
-            group.back().end = mid;
-            const double us = abacus_predict(group, owners, bp);
-            if (us <= budget) {
-                lo = mid;
-                best = us;
-                best_bp = bp;
-            } else {
-                hi = mid - 1;
-            }
-        }
-        group.back().end = lo;
-        predicted = best;
-        group_by_profile = group_by_profile || best_bp;
-        if (x.held) {
-            queues.push_back(x.held);
-        } else {
-            queues.push_back(free.back());
-            free.pop_back();
-        }
-    }
-    // Issue it.
-    _round_report = abacus_group{};
-    for (const query& x : qs) _round_report.ranked.emplace_back(x.r->res.id, x.r->t.cls, x.headroom);
-    _round_report.predicted_us = predicted;
-    _round_report.by_profile = group_by_profile;
-    _round_start = now_ns();
-    for (size_t i = 0; i < group.size(); ++i) {
-        record* r = owners[i];
-        vhq& q = *queues[i];
-        if (q.st == vhq::state::parked && q.cur == r && r->res.preemptions > r->res.restores) {  // resumes after a preemption
-            ++r->res.restores;
-            std::lock_guard lk(_st_mu);
-            ++_stats.restores;
-        }
-        if (q.st != vhq::state::parked || q.cur != r) {
-            // From the pool.
-            _pool.erase(std::find(_pool.begin(), _pool.end(), r));
-        }
-        _round_report.parts.push_back({r->res.id, r->t.cls, group[i].start, group[i].end, r->res.kernels});
-        _round.push_back({&q, group[i].end});
-        start_segment(q, r, group[i].start, group[i].end);
-    }
-    return true;
-}
-
 // ---- the scheduler thread ---------------------------------------------------------------------
 
 void scheduler::intake() {
@@ -959,27 +471,10 @@ void scheduler::intake() {
         _incoming_n.store(0, std::memory_order_relaxed);
     }
     for (record* r : in) {
-        if (_opt.pol == policy::prema) {
-            _pool.push_back(r);
-            continue;
-        }
-        if (_opt.pol == policy::abacus) {
-            r->est_prefix.assign(r->t.launches.size() + 1, 0.0);
-            for (size_t i = 0; i < r->t.launches.size(); ++i) {
-                // Unprofiled launches: the running average of a kernel's time.
-                const double us = r->t.launches[i].est_us > 0 ? r->t.launches[i].est_us : _kernel_est_us;
-                r->est_prefix[i + 1] = r->est_prefix[i] + us;
-            }
-            _pool.push_back(r);
-            continue;
-        }
+        if (_policy->take(r)) continue;
         if (r->t.cls == task_class::rt) {
             if (_levels) ++_rt_intaken;  // submit counted it in _rt_submitted
             _rt->waiting.push_back(r);
-            continue;
-        }
-        if (_opt.pol == policy::rt_only) {
-            finish(r, task_status::rejected);
             continue;
         }
         vhq* best = nullptr;
@@ -1000,9 +495,7 @@ void scheduler::intake() {
 }
 
 void scheduler::cancel_all() {
-    for (record* r : _pool) finish(r, task_status::cancelled);
-    _pool.clear();
-    _round.clear();
+    _policy->cancel_held();
     std::vector<vhq*> all{_rt.get()};
     for (auto& q : _be) all.push_back(q.get());
     for (vhq* q : all) {
@@ -1053,15 +546,7 @@ void scheduler::loop() {
             hand_over_reclaim();
             return;
         }
-        bool busy = false;
-        switch (_opt.pol) {
-        case policy::reef:
-        case policy::rt_only: busy = step_reef(); break;
-        case policy::seq: busy = step_seq(); break;
-        case policy::streams: busy = step_streams(); break;
-        case policy::prema: busy = step_prema(); break;
-        case policy::abacus: busy = step_abacus(); break;
-        }
+        const bool busy = _policy->step();
         hand_over_reclaim();  // after the step's RT launch
         if (busy) {
             // Poll; give the core away between polls so that a compute unit sharing it (an
@@ -1136,9 +621,9 @@ void scheduler::shutdown() {
     _be.clear();
     for (auto& q : all) {
         _dev.synchronize(q->s);
-        _dev.ops().event_destroy(&_dev, q->drain);
-        _dev.ops().task_words_destroy(&_dev, q->w);
-        _dev.ops().stream_destroy(&_dev, q->s);
+        _dev.event_destroy(q->drain);
+        _dev.task_words_destroy(q->w);
+        _dev.stream_destroy(q->s);
     }
 }
 

@@ -46,6 +46,7 @@
 #include <iterator>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <tuple>
 #include <unordered_map>
@@ -89,6 +90,23 @@ enum class preempt_mode : uint8_t { reset, wait };
 // failed: the device refused a launch (e.g. a kernel the backend cannot run).
 // dropped: abacus dropped it early, its deadline out of reach.
 enum class task_status : uint8_t { completed, rejected, cancelled, failed, dropped };
+
+// The policies, one entry each: the list the daemon's --policy, disb's --policies, their help
+// and errors, the docs check (tests/registry_docs_test.sh) and the scheduler tests read.
+// Adding a policy: preempt/policy.h says which three files.
+class scheduler;
+class scheduling_policy;  // preempt/policy.h: what a policy implements
+struct policy_entry {
+    policy id;
+    const char* name;
+    const char* help;  // one line
+    bool preempts;     // an RT arrival stops running BE work
+    bool pads;         // may fill idle units with BE work (DKP: reef only)
+    std::unique_ptr<scheduling_policy> (*make)(scheduler& s);
+};
+const std::vector<policy_entry>& policies();
+const policy_entry* find_policy(const std::string& name);
+std::string policy_names();  // "reef, rt_only, ...", for help and errors
 
 const char* policy_name(policy p);
 bool parse_policy(const char* s, policy& out);
@@ -277,13 +295,6 @@ private:
     bool check_done(vhq& q);
     void preempt(vhq& q);
     bool try_restore(vhq& q);
-    bool step_reef();
-    bool step_seq();
-    bool step_streams();
-    bool step_prema();
-    bool step_abacus();
-    void start_segment(vhq& q, record* r, uint32_t from, uint32_t end);
-    double abacus_predict(std::vector<abacus::segment>& group, const std::vector<record*>& owners, bool& by_profile) const;
     void cancel_all();
 
     device& _dev;
@@ -312,25 +323,14 @@ private:
     std::unordered_map<task_id, task_result> _results;
     std::unordered_map<task_id, bool> _waitable;  // submitted without callback, not yet ended
 
-    // Scheduler-thread state.
+    // Scheduler-thread state: the vHQs, the policy that decides what they do
+    // (preempt/policies/), and a running average of a kernel's time (for tasks without
+    // profiles).
     std::unique_ptr<vhq> _rt;
     std::vector<std::unique_ptr<vhq>> _be;
-    bool _rt_mode = false;
-    uint32_t _rr = 0;
-    // prema
-    std::vector<record*> _pool;       // tasks not started
-    int64_t _last_tick = 0;
-    double _kernel_est_us = 100;      // running average of a kernel's time
-    uint64_t _drains = 0, _kills = 0;
-    // abacus: the group in flight (each part's vHQ and the end of its segment; a finished
-    // part's vHQ is null) and its prediction.
-    struct round_part {
-        vhq* q;
-        uint32_t end;
-    };
-    std::vector<round_part> _round;
-    abacus_group _round_report;
-    int64_t _round_start = 0;
+    std::unique_ptr<scheduling_policy> _policy;
+    double _kernel_est_us = 100;
+    friend class scheduling_policy;
 
     // Reclamation: lists detached in a step (scheduler thread), then handed to the thread.
     std::vector<std::unique_ptr<std::vector<launch>>> _rc_local;

@@ -57,7 +57,7 @@ bool eventually(P pred, std::chrono::milliseconds limit = 10s) {
 }
 
 kernel_info kernel(const char* name, cpu_block_fn fn, size_t scratch = 0) {
-    return kernel_info{name, fn, nullptr, 128, 32, 0, scratch};
+    return kernel_info{name, fn, 128, 32, 0, scratch};
 }
 
 // ---- kernels ----------------------------------------------------------------------------------
@@ -496,8 +496,8 @@ TEST(CpuDevice, StreamsRunConcurrently) {
         d->synchronize(a);
         d->synchronize(b);
         EXPECT_EQ(met.load(), 2u) << "priorities " << p0 << ", " << p1;
-        d->ops().stream_destroy(d.get(), a);
-        d->ops().stream_destroy(d.get(), b);
+        d->stream_destroy(a);
+        d->stream_destroy(b);
     }
     // Blocks of one launch run in parallel across units.
     auto d3 = make(3);
@@ -525,34 +525,34 @@ const kernel_info k_where = kernel("where", where_block);
 // What a set gets is what it names (workers bind exactly); the whole device is no bind.
 TEST(CpuDevice, AUnitSetIsGrantedItsVeryUnitsAndBindsAreCounted) {
     auto d = make(4);
-    ASSERT_NE(d->ops().unit_grant_of, nullptr);
-    const unit_grant g = d->ops().unit_grant_of(d.get(), 0b0110);
+    ASSERT_TRUE(d->has_unit_sets());
+    const unit_grant g = d->unit_grant_of(0b0110);
     EXPECT_TRUE(g.bound && g.exact);
     EXPECT_EQ(g.count, 2u);
     EXPECT_EQ(g.units, (std::vector<uint32_t>{1, 2}));
-    EXPECT_FALSE(d->ops().unit_grant_of(d.get(), 0b1111).bound);
-    EXPECT_FALSE(d->ops().unit_grant_of(d.get(), 0b110000).bound);  // no unit of this device
+    EXPECT_FALSE(d->unit_grant_of(0b1111).bound);
+    EXPECT_FALSE(d->unit_grant_of(0b110000).bound);  // no unit of this device
     stream* s = d->create_stream(3);
-    d->ops().stream_set_units(d.get(), s, 0b0110);
-    d->ops().stream_set_units(d.get(), s, 0b1111);  // every unit: not a bind
-    const unit_shares_info i = d->ops().unit_shares(d.get());
+    d->stream_set_units(s, 0b0110);
+    d->stream_set_units(s, 0b1111);  // every unit: not a bind
+    const unit_shares_info i = d->unit_shares();
     EXPECT_EQ(i.mechanism, "workers");
     EXPECT_TRUE(i.usable);
     EXPECT_EQ(i.binds, 1u);
     EXPECT_EQ(i.fallbacks, 0u);
-    d->ops().stream_destroy(d.get(), s);
+    d->stream_destroy(s);
     auto one = make(1);
-    EXPECT_FALSE(one->ops().unit_shares(one.get()).usable);
+    EXPECT_FALSE(one->unit_shares().usable);
 }
 
 TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
     auto d = make(4);
-    ASSERT_NE(d->ops().stream_set_units, nullptr);
+    ASSERT_TRUE(d->has_unit_sets());
     stream* a = d->create_stream(3);
     stream* b = d->create_stream(3);
     stream* c = d->create_stream(3);
-    d->ops().stream_set_units(d.get(), a, 0b0110);  // units 1 and 2
-    d->ops().stream_set_units(d.get(), b, 0b1000);  // unit 3
+    d->stream_set_units(a, 0b0110);  // units 1 and 2
+    d->stream_set_units(b, 0b1000);  // unit 3
     constexpr uint32_t launches = 4, blocks = 24;
     std::vector<std::atomic<uint32_t>> wa(launches * blocks), wb(launches * blocks), wc(launches * blocks);
     std::vector<where_args> aa, ab, ac;
@@ -585,8 +585,8 @@ TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
     // Unbound again (every unit), and a set naming no unit of this device means every unit:
     // four blocks that wait for each other meet only if all four units take one.
     for (const uint64_t every : {~uint64_t{0}, uint64_t{1} << 40}) {
-        d->ops().stream_set_units(d.get(), a, 0b0001);
-        d->ops().stream_set_units(d.get(), a, every);
+        d->stream_set_units(a, 0b0001);
+        d->stream_set_units(a, every);
         std::atomic<uint32_t> arrived{0}, met{0};
         meet_args m{&arrived, 4, &met};
         d->launch(a, make_launch(k_meet, m, 4));
@@ -594,7 +594,7 @@ TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
         EXPECT_EQ(met.load(), 4u);
     }
     // A stream bound to two units: two blocks meet, and the other units stay free for others.
-    d->ops().stream_set_units(d.get(), b, 0b0011);
+    d->stream_set_units(b, 0b0011);
     std::atomic<uint32_t> arrived{0}, met{0};
     meet_args m2{&arrived, 2, &met};
     d->launch(b, make_launch(k_meet, m2, 2));
@@ -605,7 +605,7 @@ TEST(CpuDevice, StreamsBoundToUnitsRunOnlyThere) {
     d->synchronize(c);
     EXPECT_EQ(met.load(), 2u);
     EXPECT_EQ(met_c.load(), 2u);
-    for (stream* s : {a, b, c}) d->ops().stream_destroy(d.get(), s);
+    for (stream* s : {a, b, c}) d->stream_destroy(s);
 }
 
 // Past 64 units a set's bit names a group of them (unit_group): on 130 units, groups of 3, so
@@ -617,8 +617,8 @@ TEST(CpuDevice, UnitSetsNameGroupsPastSixtyFourUnits) {
     ASSERT_EQ(unit_set_bits(130), 44u);
     stream* a = d->create_stream(3);
     stream* b = d->create_stream(3);
-    d->ops().stream_set_units(d.get(), a, 0b1);                // units 0, 1, 2
-    d->ops().stream_set_units(d.get(), b, uint64_t{1} << 43);  // unit 129
+    d->stream_set_units(a, 0b1);                // units 0, 1, 2
+    d->stream_set_units(b, uint64_t{1} << 43);  // unit 129
     constexpr uint32_t blocks = 60;
     std::vector<std::atomic<uint32_t>> wa(blocks), wb(blocks);
     where_args aa{wa.data()}, ab{wb.data()};
@@ -633,13 +633,13 @@ TEST(CpuDevice, UnitSetsNameGroupsPastSixtyFourUnits) {
         EXPECT_EQ(wb[i].load() - 1, 129u) << "a block of stream b (bit 43: unit 129) ran on unit " << wb[i].load() - 1;
     }
     // Every one of the 44 bits is the whole device: 130 blocks that wait for each other meet.
-    d->ops().stream_set_units(d.get(), a, every_unit_set(130));
+    d->stream_set_units(a, every_unit_set(130));
     std::atomic<uint32_t> arrived{0}, met{0};
     meet_args m{&arrived, 130, &met};
     d->launch(a, make_launch(k_meet, m, 130));
     d->synchronize(a);
     EXPECT_EQ(met.load(), 130u);
-    for (stream* s : {a, b}) d->ops().stream_destroy(d.get(), s);
+    for (stream* s : {a, b}) d->stream_destroy(s);
 }
 
 TEST(CpuDevice, HigherPriorityStreamGoesFirst) {
@@ -944,7 +944,7 @@ TEST(CpuDevice, BoundedQueueBlocksLaunch) {
     ASSERT_TRUE(eventually([&] { return returned.load() == depth && entered.load() == 1; }));
     std::this_thread::sleep_for(30ms);
     EXPECT_EQ(returned.load(), depth);  // the queue (head included) is full
-    EXPECT_EQ(d->ops().queued(d.get(), s), depth - 1);
+    EXPECT_EQ(d->queued(s), depth - 1);
     for (uint32_t i = 1; i <= total - depth; ++i) {
         gate.store(i);  // launch i-1 finishes: exactly one more launch() returns
         ASSERT_TRUE(eventually([&] { return returned.load() == depth + i; }));
@@ -955,7 +955,7 @@ TEST(CpuDevice, BoundedQueueBlocksLaunch) {
     producer.join();
     d->synchronize(s);
     EXPECT_EQ(ran.load(), total);
-    EXPECT_EQ(d->ops().queued(d.get(), s), 0u);
+    EXPECT_EQ(d->queued(s), 0u);
 }
 
 TEST(CpuDevice, EventsAndSynchronize) {

@@ -73,7 +73,7 @@ bool spin_block(const void* a, const gpu::block_context& ctx) {
     p.ran->fetch_add(1);
     return true;
 }
-const gpu::kernel_info k_spin = {"spin", spin_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info k_spin = {"spin", spin_block, 256, 32, 0, 0};
 
 struct spin_kernel {
     std::vector<std::atomic<int64_t>> start;
@@ -102,17 +102,17 @@ struct spin_kernel {
 struct device_fixture : ::testing::Test {
     void SetUp() override {
         d = make(4);
-        ASSERT_NE(d->ops().launch_padded, nullptr);
+        ASSERT_TRUE(d->pads_launches());
         rt = d->create_stream(0);
-        rt_w = d->ops().task_words_create(d.get());
-        be_w = d->ops().task_words_create(d.get());
+        rt_w = d->task_words_create();
+        be_w = d->task_words_create();
     }
     void TearDown() override {
         d->synchronize(rt);
         EXPECT_TRUE(pads_end(be_w));
-        d->ops().task_words_destroy(d.get(), rt_w);
-        d->ops().task_words_destroy(d.get(), be_w);
-        d->ops().stream_destroy(d.get(), rt);
+        d->task_words_destroy(rt_w);
+        d->task_words_destroy(be_w);
+        d->stream_destroy(rt);
     }
     std::unique_ptr<gpu::device> d;
     gpu::stream* rt = nullptr;
@@ -124,7 +124,7 @@ TEST_F(device_fixture, pads_take_only_units_the_rt_kernel_leaves_idle) {
     // RT: 6 blocks of 20 ms on 4 units (a second wave of 2 leaves 2 units idle); pad: 6 of 1 ms.
     spin_kernel r(6, 20000), b(6, 1000);
     const gpu::launch pad = b.at(be_w, 7);
-    d->ops().launch_padded(d.get(), rt, r.at(rt_w, 0), &pad, 1);
+    d->launch_padded(rt, r.at(rt_w, 0), &pad, 1);
     d->synchronize(rt);
     EXPECT_EQ(rt_w->completed.load(), 1u);
     EXPECT_EQ(r.ran.load(), 6u);
@@ -140,7 +140,7 @@ TEST_F(device_fixture, pads_take_only_units_the_rt_kernel_leaves_idle) {
     // 6 pad blocks of 1 ms on 2 units fit the 20 ms second wave: the pad completed.
     EXPECT_EQ(b.ran.load(), 6u);
     EXPECT_EQ(be_w->completed.load(), 8u);
-    const auto c = d->ops().padding_stats(d.get());
+    const auto c = d->padding_stats();
     EXPECT_EQ(c.padded_launches, 1u);
     EXPECT_EQ(c.pads_completed, 1u);
     EXPECT_EQ(c.pad_blocks, 6u);
@@ -150,12 +150,12 @@ TEST_F(device_fixture, a_pad_runs_only_when_its_task_is_at_its_kernel) {
     be_w->completed.store(5);  // kernel 5 next: a pad of kernel 7 must not run
     spin_kernel r(1, 3000), b(2, 100);
     const gpu::launch pad = b.at(be_w, 7);
-    d->ops().launch_padded(d.get(), rt, r.at(rt_w, 0), &pad, 1);
+    d->launch_padded(rt, r.at(rt_w, 0), &pad, 1);
     d->synchronize(rt);
     ASSERT_TRUE(pads_end(be_w));
     EXPECT_EQ(b.started(), 0u);
     EXPECT_EQ(be_w->completed.load(), 5u);
-    EXPECT_EQ(d->ops().padding_stats(d.get()).pads_skipped, 1u);
+    EXPECT_EQ(d->padding_stats().pads_skipped, 1u);
 }
 
 TEST_F(device_fixture, a_pad_ends_with_its_rt_kernel_and_the_next_pad_of_its_task_does_not_run) {
@@ -164,8 +164,8 @@ TEST_F(device_fixture, a_pad_ends_with_its_rt_kernel_and_the_next_pad_of_its_tas
     spin_kernel r0(1, 5000), r1(1, 5000), long_pad(2, 300'000), next_pad(2, 100);
     const gpu::launch p0 = long_pad.at(be_w, 3), p1 = next_pad.at(be_w, 4);
     const int64_t t0 = now_ns();
-    d->ops().launch_padded(d.get(), rt, r0.at(rt_w, 0), &p0, 1);
-    d->ops().launch_padded(d.get(), rt, r1.at(rt_w, 1), &p1, 1);
+    d->launch_padded(rt, r0.at(rt_w, 0), &p0, 1);
+    d->launch_padded(rt, r1.at(rt_w, 1), &p1, 1);
     d->synchronize(rt);
     const double rt_ms = double(now_ns() - t0) / 1e6;
     ASSERT_TRUE(pads_end(be_w, 1s)) << "cut pad blocks must stop at their next check point";
@@ -174,7 +174,7 @@ TEST_F(device_fixture, a_pad_ends_with_its_rt_kernel_and_the_next_pad_of_its_tas
     EXPECT_EQ(long_pad.ran.load(), 0u);
     EXPECT_EQ(next_pad.started(), 0u) << "a pad ran after its task's previous pad was cut";
     EXPECT_EQ(be_w->completed.load(), 3u);
-    const auto c = d->ops().padding_stats(d.get());
+    const auto c = d->padding_stats();
     EXPECT_EQ(c.pads_cut, 1u);
     EXPECT_EQ(c.pads_skipped, 1u);
     EXPECT_EQ(rt_w->completed.load(), 2u);
@@ -187,7 +187,7 @@ TEST_F(device_fixture, pads_of_one_task_run_in_order_across_rt_kernels) {
         rts.push_back(std::make_unique<spin_kernel>(1, 4000));
         pads.push_back(std::make_unique<spin_kernel>(2, 300));
         const gpu::launch p = pads.back()->at(be_w, k);
-        d->ops().launch_padded(d.get(), rt, rts.back()->at(rt_w, k), &p, 1);
+        d->launch_padded(rt, rts.back()->at(rt_w, k), &p, 1);
     }
     d->synchronize(rt);
     ASSERT_TRUE(pads_end(be_w));
@@ -369,7 +369,7 @@ TEST_F(dkp_scheduler, padded_be_kernels_progress_under_rt_load_and_results_stay_
         const auto got = rt.read_outputs(*bi);
         for (size_t o = 0; o < got.size(); ++o) ASSERT_TRUE(got[o] == want_b[o]) << "BE output " << o;
         const auto s = sched.stats();
-        const auto c = device->ops().padding_stats(device.get());
+        const auto c = device->padding_stats();
         std::printf("  %s x %s: %d RT tasks, BE preempted %u times; padded launches %llu, pads completed %llu cut %llu skipped "
                     "%llu, %llu BE blocks as padding, selection mean %.0f ns\n",
                     rt_name, be_name, rts, br.preemptions, (unsigned long long)s.padded_launches,

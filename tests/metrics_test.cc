@@ -11,8 +11,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <map>
 #include <optional>
@@ -20,6 +22,7 @@
 #include <set>
 #include <sstream>
 
+#include "dataplane/counters.h"
 #include "ifmanager/metrics.h"
 
 using json = nlohmann::json;
@@ -178,6 +181,60 @@ TEST(metrics_text, EveryFamilyHasHelpAndType) {
     EXPECT_EQ(value_of(text, "reefline_device_unit_binds_total"), "5");
     EXPECT_EQ(value_of(text, "reefline_device_unit_fallbacks_total"), "2");
     EXPECT_EQ(value_of(text, "reefline_device_unit_partitions"), "3");
+}
+
+// Every number of the stats object reaches a metric; one added without its metric is named.
+TEST(metrics_text, StatsKeysWithoutAMetricAreNamed) {
+    json stats = sample_stats();
+    EXPECT_EQ(stats_without_metric(stats), std::vector<std::string>{});
+    stats["scheduler"]["brand_new_total"] = 3;
+    stats["ifs"][0]["another_gauge"] = 1.5;
+    stats["dataplane"]["drops"]["a_new_reason"] = 2;  // exported: drops carry any reason as a label
+    EXPECT_EQ(stats_without_metric(stats), (std::vector<std::string>{"ifs[].another_gauge", "scheduler.brand_new_total"}));
+}
+
+// The data plane's counters are declared once (dataplane/counters.h): each is exported under
+// its name with its help, without a table here to keep in step.
+TEST(metrics_text, EveryDataplaneCounterIsExportedWithItsHelp) {
+    json dp = json::object();
+    for (const auto& c : reefline::dp::dataplane_counter_infos) dp[std::string(c.name)] = 7;
+    const std::string text = prometheus_text(json{{"dataplane", dp}});
+    for (const auto& c : reefline::dp::dataplane_counter_infos) {
+        const std::string family = "reefline_dataplane_" + std::string(c.name) + "_total";
+        EXPECT_NE(text.find("# HELP " + family + " " + std::string(c.help) + "\n"), std::string::npos) << family;
+        EXPECT_NE(text.find("# TYPE " + family + " counter\n"), std::string::npos) << family;
+        EXPECT_NE(text.find(family + " 7\n"), std::string::npos) << family;
+    }
+}
+
+// The alert rules' groups of drop reasons (deploy/k8s) are the kinds dataplane/counters.h
+// gives each reason: a reason added or moved there and not in the rules fails here.
+TEST(metrics_alerts, DropAlertsFollowTheDropKinds) {
+    const char* root = std::getenv("REEFLINE_SOURCE_ROOT");
+    if (!root) GTEST_SKIP() << "REEFLINE_SOURCE_ROOT not set (meson sets it)";
+    std::ifstream in(std::filesystem::path(root) / "deploy/k8s/base/prometheusrule.yaml");
+    ASSERT_TRUE(in) << "cannot read the alert rules";
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string rules = ss.str();
+    auto reasons_in = [&](const std::string& op) {
+        std::set<std::string> out;
+        const std::regex re("reefline_dataplane_drops_total\\{reason" + op + "\"([a-z0-9_|]+)\"\\}");
+        std::smatch m;
+        if (!std::regex_search(rules, m, re)) return out;
+        std::stringstream names(m[1].str());
+        for (std::string n; std::getline(names, n, '|');) out.insert(n);
+        return out;
+    };
+    std::set<std::string> capacity, quiet;
+    for (size_t i = 0; i < reefline::dp::drop_reason_count; ++i) {
+        const std::string n(reefline::dp::drop_reason_names[i]);
+        const auto kind = reefline::dp::drop_reason_kinds[i];
+        if (kind == reefline::dp::drop_kind::capacity) capacity.insert(n);
+        if (kind != reefline::dp::drop_kind::malformed) quiet.insert(n);
+    }
+    EXPECT_EQ(reasons_in("=~"), capacity) << "ReeflineDataplaneDropsRising must match the capacity reasons";
+    EXPECT_EQ(reasons_in("!~"), quiet) << "ReeflineMalformedTraffic must leave out the capacity and stray reasons";
 }
 
 TEST(metrics_text, HistogramIsCumulativeWithInfEqualToCount) {

@@ -97,7 +97,7 @@ bool chain_block(const void* a, const block_context& ctx) {
     }
     return true;
 }
-const kernel_info k_chain{"chain", chain_block, nullptr, 128, 32, 0, 0};
+const kernel_info k_chain{"chain", chain_block, 128, 32, 0, 0};
 
 // A task's buffers: bufs[0] input, bufs[k+1] output of kernel k.
 struct chain_task {
@@ -169,7 +169,7 @@ bool unit_block(const void* a, const block_context& ctx) {
         if (ctx.preempted()) return false;
     return true;
 }
-const kernel_info k_unit{"unit", unit_block, nullptr, 128, 32, 0, 0};
+const kernel_info k_unit{"unit", unit_block, 128, 32, 0, 0};
 
 TEST(Scheduler, BeTasksRunInsideTheirUnits) {
     auto dev = make(4);
@@ -307,8 +307,8 @@ void random_run(std::mt19937& rng, const run_cfg& cfg, uint64_t& preemptions_tot
     EXPECT_EQ(st.completed_be + st.rejected, nbe);
     EXPECT_EQ(st.restores + st.finished_in_drain, st.preemptions);
     EXPECT_EQ(st.reclaimed_lists, st.preemptions);
-    if (cfg.pol != policy::reef && cfg.pol != policy::prema && cfg.pol != policy::abacus) {
-        EXPECT_EQ(st.preemptions, 0u);
+    if (!find_policy(policy_name(cfg.pol))->preempts) {
+        EXPECT_EQ(st.preemptions, 0u) << policy_name(cfg.pol) << " never preempts";
     }
     if (cfg.restore == restore_mode::exact) {
         EXPECT_EQ(st.reexecuted_kernels, 0u);
@@ -316,15 +316,32 @@ void random_run(std::mt19937& rng, const run_cfg& cfg, uint64_t& preemptions_tot
     preemptions_total += st.preemptions;
 }
 
+// The registry is the one list of policies: names and ids round-trip, and each has help.
+TEST(Scheduler, PolicyRegistryRoundTrips) {
+    ASSERT_FALSE(policies().empty());
+    for (const policy_entry& e : policies()) {
+        policy p{};
+        ASSERT_TRUE(parse_policy(e.name, p)) << e.name;
+        EXPECT_EQ(p, e.id);
+        EXPECT_STREQ(policy_name(e.id), e.name);
+        EXPECT_EQ(find_policy(e.name), &e);
+        EXPECT_GT(std::strlen(e.help), 10u) << e.name;
+        EXPECT_NE(policy_names().find(e.name), std::string::npos);
+    }
+    policy p{};
+    EXPECT_FALSE(parse_policy("no_such_policy", p));
+    EXPECT_EQ(find_policy(""), nullptr);
+}
+
 TEST(Scheduler, RandomRunsOutputsIdentical) {
     std::mt19937 rng(12345);
-    const run_cfg cfgs[] = {
-        {policy::reef, restore_mode::exact, 1},       {policy::reef, restore_mode::approximate, 1},
-        {policy::reef, restore_mode::exact, 2},       {policy::streams, restore_mode::exact, 1},
-        {policy::seq, restore_mode::exact, 1},        {policy::rt_only, restore_mode::exact, 1},
-        {policy::prema, restore_mode::exact, 1},      {policy::abacus, restore_mode::exact, 1},
-        {policy::abacus, restore_mode::exact, 2},
-    };
+    // Every registered policy (a new one is tested here without touching this file), and the
+    // restore modes and unit counts reef and abacus add.
+    std::vector<run_cfg> cfgs;
+    for (const policy_entry& e : policies()) cfgs.push_back({e.id, restore_mode::exact, 1});
+    cfgs.push_back({policy::reef, restore_mode::approximate, 1});
+    cfgs.push_back({policy::reef, restore_mode::exact, 2});
+    cfgs.push_back({policy::abacus, restore_mode::exact, 2});
     uint64_t preemptions = 0;
     const auto t0 = clk::now();
     int runs = 0;
@@ -419,7 +436,7 @@ TEST(Scheduler, RefusedLaunchFailsTheTask) {
     auto dev = make(1);
     std::mt19937 rng(9);
     scheduler s(*dev);
-    const kernel_info k_big{"big", chain_block, nullptr, 128, 32, 0, size_t(1) << 30};
+    const kernel_info k_big{"big", chain_block, 128, 32, 0, size_t(1) << 30};
     chain_task bad(rng, task_class::be, 3, 1, 64, 0), good(rng, task_class::be, 3, 1, 64, 0);
     task t = bad.make(nullptr, 0);
     t.launches[1].kernel = &k_big;

@@ -851,8 +851,8 @@ bool pool2d_c16_possible(const pool2d_args& a) {
            a.w_out >= 1;
 }
 
-const gpu::kernel_info conv2d_c16_kernel = {"conv2d_c16", conv2d_c16_block, nullptr, 256, 128, 32768, 0};
-const gpu::kernel_info pool2d_c16_kernel = {"pool2d_c16", pool2d_c16_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info batchnorm_c16_kernel = {"batchnorm_c16", batchnorm_c16_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info conv2d_c16_kernel = {"conv2d_c16", conv2d_c16_block, 256, 128, 32768, 0};
+const gpu::kernel_info pool2d_c16_kernel = {"pool2d_c16", pool2d_c16_block, 256, 32, 0, 0};
+const gpu::kernel_info batchnorm_c16_kernel = {"batchnorm_c16", batchnorm_c16_block, 256, 32, 0, 0};
 
 }  // namespace reefline::ml::kernels

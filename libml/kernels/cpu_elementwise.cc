@@ -542,14 +542,14 @@ bool gather_axis_block(const void* p, const gpu::block_context& ctx) {
 
 }  // namespace
 
-const gpu::kernel_info copy_kernel = {"copy", copy_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info binary_kernel = {"binary", binary_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info unary_kernel = {"unary", unary_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info where_kernel = {"where", where_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info row_kernel = {"row", row_block, nullptr, 256, 40, 0, 0};
-const gpu::kernel_info pool2d_kernel = {"pool2d", pool2d_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info batchnorm_kernel = {"batchnorm", batchnorm_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info lrn_kernel = {"lrn", lrn_block, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info gather_axis_kernel = {"gather_axis", gather_axis_block, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info copy_kernel = {"copy", copy_block, 256, 32, 0, 0};
+const gpu::kernel_info binary_kernel = {"binary", binary_block, 256, 32, 0, 0};
+const gpu::kernel_info unary_kernel = {"unary", unary_block, 256, 32, 0, 0};
+const gpu::kernel_info where_kernel = {"where", where_block, 256, 32, 0, 0};
+const gpu::kernel_info row_kernel = {"row", row_block, 256, 40, 0, 0};
+const gpu::kernel_info pool2d_kernel = {"pool2d", pool2d_block, 256, 32, 0, 0};
+const gpu::kernel_info batchnorm_kernel = {"batchnorm", batchnorm_block, 256, 32, 0, 0};
+const gpu::kernel_info lrn_kernel = {"lrn", lrn_block, 256, 32, 0, 0};
+const gpu::kernel_info gather_axis_kernel = {"gather_axis", gather_axis_block, 256, 32, 0, 0};
 
 }  // namespace reefline::ml::kernels

@@ -97,8 +97,8 @@ bool tensor_gather_block_cpu(const void* p, const gpu::block_context& ctx) {
 
 }  // namespace
 
-const gpu::kernel_info gather_kernel = {"gather", gather_block_cpu, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info token_gather_kernel = {"token_gather", token_gather_block_cpu, nullptr, 256, 32, 0, 0};
-const gpu::kernel_info tensor_gather_kernel = {"tensor_gather", tensor_gather_block_cpu, nullptr, 256, 32, 0, 0};
+const gpu::kernel_info gather_kernel = {"gather", gather_block_cpu, 256, 32, 0, 0};
+const gpu::kernel_info token_gather_kernel = {"token_gather", token_gather_block_cpu, 256, 32, 0, 0};
+const gpu::kernel_info tensor_gather_kernel = {"tensor_gather", tensor_gather_block_cpu, 256, 32, 0, 0};
 
 }  // namespace reefline::ml::kernels

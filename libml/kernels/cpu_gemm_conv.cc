@@ -462,7 +462,7 @@ size_t conv2d_images_scratch_bytes(const conv2d_args& c) {
     return size_t(conv2d_k(c) + nco) * size_t(n) * sizeof(float);
 }
 
-const gpu::kernel_info gemm_kernel = {"gemm", gemm_block_cpu, nullptr, 256, 128, 32768, 0};
-const gpu::kernel_info conv2d_kernel = {"conv2d", conv2d_block_cpu, nullptr, 256, 128, 32768, 0};
+const gpu::kernel_info gemm_kernel = {"gemm", gemm_block_cpu, 256, 128, 32768, 0};
+const gpu::kernel_info conv2d_kernel = {"conv2d", conv2d_block_cpu, 256, 128, 32768, 0};
 
 }  // namespace reefline::ml::kernels

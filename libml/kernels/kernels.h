@@ -23,6 +23,9 @@ extern const gpu::kernel_info pool2d_kernel;       // pool2d_args, pool2d_grid()
 extern const gpu::kernel_info lrn_kernel;          // lrn_args, lrn_grid()
 extern const gpu::kernel_info batchnorm_kernel;    // batchnorm_args, batchnorm_grid()
 extern const gpu::kernel_info gather_axis_kernel;  // gather_axis_args, gather_axis_grid()
+// Blocks of a known length with check points (gpu_spin_args, gpu/launcher.h), on every
+// backend: the device contract's and the preemption benchmark's kernel.
+extern const gpu::kernel_info spin_kernel;
 
 // Scratch (bytes) a conv2d block needs on the cpu backend for its im2col tile.
 size_t conv2d_scratch_bytes(const conv2d_args& c);

@@ -30,15 +30,6 @@ gpu::launch launch_of(const gpu::kernel_info& ki, const A& a, uint32_t grid, gpu
 }
 
 
-template <typename P>
-bool eventually(P pred, double ms = 5000) {
-    const auto t0 = clk::now();
-    while (!pred()) {
-        if (ms_since(t0) > ms) return false;
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    return true;
-}
 
 // A kernel's first launch in the process runs beside a block already spinning on another
 // stream. With CUDA's lazy loading a first launch loads its kernel, which may wait for the
@@ -102,7 +93,7 @@ GPU_TEST(caps_memory_kinds_and_pool) {
     // Pinned memory copies.
     auto* pin = static_cast<float*>(d.alloc(n * 4, gpu::memory_kind::pinned));
     REQUIRE(pin != nullptr);
-    d.ops().copy_to_host(&d, pin, out.get(), n * 4);
+    d.copy_to_host(pin, out.get(), n * 4);
     EXPECT(pin[7] == 7.0f);
     d.free(pin);
     // The pool hands a freed block back out.
@@ -170,7 +161,7 @@ GPU_TEST(bounded_queue_blocks_launch) {
     producer.join();
     EXPECT(ms_since(t0) >= 50) << "the 4th launch returned before the 1st finished";
     d.synchronize(s);
-    d.ops().stream_destroy(&d, s);
+    d.stream_destroy(s);
 }
 
 GPU_TEST(flag_stops_running_and_queued_launches) {
@@ -189,7 +180,7 @@ GPU_TEST(flag_stops_running_and_queued_launches) {
     std::printf("  flag raised -> running launch and 20 queued ones gone: %.3f ms\n", ms);
     EXPECT(ms < 100 || emulated()) << "took " << ms << " ms";
     EXPECT(r.w->completed.load() == 0u) << "a preempted launch advanced the counter to " << r.w->completed.load();
-    EXPECT(d.ops().queued(&d, r.s) == 0u);
+    EXPECT(d.queued(r.s) == 0u);
     // After the flag is cleared, the stream runs launches again.
     d.set_task_flag(r.w, 0);
     r.next_index = 0;
@@ -294,7 +285,7 @@ GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
     const int64_t B = 4, H = 61, W = 47, C = 3, bytes = H * W * C;
     mbuf_arena arena(size_t(B * (bytes / 500 + 2)));
     std::printf("  mbuf arena: %zu bytes, %s\n", arena.bytes(), arena.hugepages() ? "2 MiB hugepages" : "4 KiB pages");
-    REQUIRE(d.ops().register_host(&d, arena.base(), arena.bytes()));
+    REQUIRE(d.register_host(arena.base(), arena.bytes()));
     std::vector<std::vector<uint8_t>> images(static_cast<size_t>(B));
     std::mt19937 rng(31);
     for (auto& im : images) {
@@ -344,7 +335,7 @@ GPU_TEST(gather_reads_registered_mbuf_memory_in_place) {
         }
         d.free(list);
     }
-    d.ops().unregister_host(&d, arena.base());
+    d.unregister_host(arena.base());
     gpu::gpu_device_stats st{};
     REQUIRE(gpu::gpu_device_stats_of(d, st));
     EXPECT(st.registered_ranges == 0u);
@@ -408,7 +399,7 @@ GPU_TEST(scheduler_preemption_keeps_results_approximate_restore) {
 
 GPU_TEST(scheduler_fails_task_with_kernel_the_gpu_lacks) {
     gpu::device& d = *the_device();
-    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, nullptr, 256, 0, 0, 0};
+    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, 256, 0, 0, 0};
     gpu::scheduler sched(d);
     gpu::task t;
     t.cls = gpu::task_class::be;

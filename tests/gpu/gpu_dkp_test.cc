@@ -48,19 +48,19 @@ bool pads_end(const gpu::task_words* w, double ms = 5000) {
 struct fixture {
     gpu::device& d = *the_device();
     gpu::stream* rt = d.create_stream(d.caps().highest_priority);
-    gpu::task_words* rt_w = d.ops().task_words_create(&d);
-    gpu::task_words* be_w = d.ops().task_words_create(&d);
-    gpu::device_ops::padding_counters before = d.ops().padding_stats(&d);
-    fixture() { REQUIRE(d.ops().launch_padded != nullptr); }
+    gpu::task_words* rt_w = d.task_words_create();
+    gpu::task_words* be_w = d.task_words_create();
+    gpu::device_ops::padding_counters before = d.padding_stats();
+    fixture() { REQUIRE(d.pads_launches()); }
     ~fixture() {
         d.synchronize(rt);
         (void)pads_end(be_w);
-        d.ops().task_words_destroy(&d, rt_w);
-        d.ops().task_words_destroy(&d, be_w);
-        d.ops().stream_destroy(&d, rt);
+        d.task_words_destroy(rt_w);
+        d.task_words_destroy(be_w);
+        d.stream_destroy(rt);
     }
     gpu::device_ops::padding_counters delta() const {
-        const auto now = d.ops().padding_stats(&d);
+        const auto now = d.padding_stats();
         gpu::device_ops::padding_counters c;
         c.padded_launches = now.padded_launches - before.padded_launches;
         c.pads = now.pads - before.pads;
@@ -80,7 +80,7 @@ GPU_TEST(pads_run_beside_the_rt_kernel_never_on_its_units) {
     spin_kernel r(f.d, 1, 20'000'000), b(f.d, 12, 1000);
     r.hold_until_finished(b, 12);
     const gpu::launch pad = b.at(f.be_w, 7);
-    f.d.ops().launch_padded(&f.d, f.rt, r.at(f.rt_w, 0), &pad, 1);
+    f.d.launch_padded(f.rt, r.at(f.rt_w, 0), &pad, 1);
     EXPECT(f.be_w->pads.load() == 1u) << "the pad's task counts it until the launch ends";
     f.d.synchronize(f.rt);
     EXPECT(f.rt_w->completed.load() == 1u);
@@ -102,7 +102,7 @@ GPU_TEST(a_pad_runs_only_when_its_task_is_at_its_kernel) {
     // The RT kernel long enough that a unit comes to the pad while it runs (and skips it).
     spin_kernel r(f.d, 1, 3000 * rt_scale()), b(f.d, 2, 100);
     const gpu::launch pad = b.at(f.be_w, 7);
-    f.d.ops().launch_padded(&f.d, f.rt, r.at(f.rt_w, 0), &pad, 1);
+    f.d.launch_padded(f.rt, r.at(f.rt_w, 0), &pad, 1);
     f.d.synchronize(f.rt);
     REQUIRE(pads_end(f.be_w));
     EXPECT(b.started() == 0u);
@@ -121,8 +121,8 @@ GPU_TEST(a_pad_ends_with_its_rt_kernel_and_the_next_pad_of_its_task_does_not_run
     r0.hold_until_started(long_pad);
     const gpu::launch p0 = long_pad.at(f.be_w, 3), p1 = next_pad.at(f.be_w, 4);
     const auto t0 = clk::now();
-    f.d.ops().launch_padded(&f.d, f.rt, r0.at(f.rt_w, 0), &p0, 1);
-    f.d.ops().launch_padded(&f.d, f.rt, r1.at(f.rt_w, 1), &p1, 1);
+    f.d.launch_padded(f.rt, r0.at(f.rt_w, 0), &p0, 1);
+    f.d.launch_padded(f.rt, r1.at(f.rt_w, 1), &p1, 1);
     f.d.synchronize(f.rt);
     const double rt_ms = ms_since(t0);
     REQUIRE(pads_end(f.be_w, 5000)) << "cut pad blocks must stop at their next check point";
@@ -144,7 +144,7 @@ GPU_TEST(pads_of_one_task_run_in_order_across_rt_kernels) {
         rts.push_back(std::make_unique<spin_kernel>(f.d, 1, 4000 * rt_scale()));
         pads.push_back(std::make_unique<spin_kernel>(f.d, 2, 300));
         const gpu::launch p = pads.back()->at(f.be_w, i);
-        f.d.ops().launch_padded(&f.d, f.rt, rts.back()->at(f.rt_w, i), &p, 1);
+        f.d.launch_padded(f.rt, rts.back()->at(f.rt_w, i), &p, 1);
     }
     f.d.synchronize(f.rt);
     REQUIRE(pads_end(f.be_w));
@@ -159,7 +159,7 @@ GPU_TEST(an_rt_kernel_that_fills_every_unit_is_launched_plainly) {
     const uint32_t grid = f.d.caps().compute_units * 64;  // more than any proxy holds at once
     spin_kernel r(f.d, grid, 20), b(f.d, 2, 100);
     const gpu::launch pad = b.at(f.be_w, 0);
-    f.d.ops().launch_padded(&f.d, f.rt, r.at(f.rt_w, 0), &pad, 1);
+    f.d.launch_padded(f.rt, r.at(f.rt_w, 0), &pad, 1);
     EXPECT(f.be_w->pads.load() == 0u) << "a pad that cannot run must not hold its task";
     f.d.synchronize(f.rt);
     EXPECT(f.rt_w->completed.load() == 1u);
@@ -188,7 +188,7 @@ struct gemm_case {
     }
     void clear() {
         const std::vector<float> junk(size_t(n * n), -7.0f);
-        d.ops().copy_to_device(&d, c.get(), junk.data(), junk.size() * 4);
+        d.copy_to_device(c.get(), junk.data(), junk.size() * 4);
     }
 };
 
@@ -206,7 +206,7 @@ GPU_TEST(a_padded_gemm_is_bit_identical_to_a_plain_launch_whole_or_restored_afte
         f.be_w->completed.store(0);
         const gpu::launch pad = gm.at(f.be_w, 0);
         const auto t0 = clk::now();
-        f.d.ops().launch_padded(&f.d, f.rt, r.at(f.rt_w, 0), &pad, 1);
+        f.d.launch_padded(f.rt, r.at(f.rt_w, 0), &pad, 1);
         // The RT kernel is cut short by its own flag once the pad completed (a 60 s spin only
         // bounds the emulation's slowness).
         while (f.be_w->completed.load() == 0 && ms_since(t0) < 120'000)
@@ -227,7 +227,7 @@ GPU_TEST(a_padded_gemm_is_bit_identical_to_a_plain_launch_whole_or_restored_afte
         spin_kernel r(f.d, 1, emulated() ? 2000 : 5);
         f.be_w->completed.store(0);
         const gpu::launch pad = gm.at(f.be_w, 0);
-        f.d.ops().launch_padded(&f.d, f.rt, r.at(f.rt_w, 0), &pad, 1);
+        f.d.launch_padded(f.rt, r.at(f.rt_w, 0), &pad, 1);
         f.d.synchronize(f.rt);
         REQUIRE(pads_end(f.be_w));
         const bool cut = f.be_w->completed.load() == 0;
@@ -255,7 +255,7 @@ GPU_TEST(the_scheduler_pads_rt_kernels_with_be_gemms_and_results_stay_bit_identi
     const auto be_task = [&] { return be.task(gpu::task_class::be, 500, 2); };
     REQUIRE(sched.wait(sched.submit(be_task())).status == gpu::task_status::completed);
     const auto want = be.output();
-    const auto before = d.ops().padding_stats(&d);
+    const auto before = d.padding_stats();
     // RT tasks of one 1-block kernel back to back: the BE task progresses as padding beside them.
     be.clear_outputs();
     const gpu::task_id b = sched.submit(be_task());
@@ -285,7 +285,7 @@ GPU_TEST(the_scheduler_pads_rt_kernels_with_be_gemms_and_results_stay_bit_identi
     const auto got = be.output();
     EXPECT(std::memcmp(got.data(), want.data(), got.size() * 4) == 0)
         << "BE output differs after " << br.preemptions << " preemptions";
-    const auto after = d.ops().padding_stats(&d);
+    const auto after = d.padding_stats();
     const auto s = sched.stats();
     std::printf("  %d RT tasks; BE preempted %u times; padded launches %llu, pads completed %llu cut %llu skipped %llu, "
                 "%llu BE blocks as padding\n",
@@ -301,17 +301,16 @@ GPU_TEST(the_scheduler_pads_rt_kernels_with_be_gemms_and_results_stay_bit_identi
 
 GPU_TEST(the_device_reports_compiled_kernels_resources) {
     gpu::device& d = *the_device();
-    REQUIRE(d.ops().kernel_resources_of != nullptr);
     gpu::kernel_resources r;
-    REQUIRE(d.ops().kernel_resources_of(&d, &gemm_info, r));
+    REQUIRE(d.kernel_resources_of(&gemm_info, r));
     std::printf("  gemm: %u threads, %u registers, %u B shared, %u blocks per unit\n", r.threads_per_block, r.registers,
                 r.shared_bytes, r.blocks_per_unit);
     EXPECT(r.threads_per_block == 256u);
     EXPECT(r.registers > 0u);
     EXPECT(r.shared_bytes >= 8192u) << "the GEMM's tiles are in shared memory";
     EXPECT(r.blocks_per_unit >= 1u);
-    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, nullptr, 256, 0, 0, 0};
-    EXPECT(!d.ops().kernel_resources_of(&d, &nowhere, r));
+    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, 256, 0, 0, 0};
+    EXPECT(!d.kernel_resources_of(&nowhere, r));
 }
 
 }  // namespace

@@ -891,7 +891,7 @@ GPU_TEST(token_and_tensor_gathers) {
 
 GPU_TEST(unknown_kernel_is_refused) {
     gpu::device& d = *the_device();
-    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, nullptr, 256, 0, 0, 0};
+    static const gpu::kernel_info nowhere = {"no_such_kernel", nullptr, 256, 0, 0, 0};
     gpu_runner r(d);
     int x = 0;
     bool threw = false;

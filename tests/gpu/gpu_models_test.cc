@@ -283,7 +283,7 @@ GPU_TEST(infer_images_from_registered_mbufs_matches_cpu) {
         for (auto& v : im) v = uint8_t(rng());
     }
     mbuf_arena arena(size_t(batch) * (bytes / 1000 + 2));
-    REQUIRE(the_device()->ops().register_host(the_device().get(), arena.base(), arena.bytes()));
+    REQUIRE(the_device()->register_host(arena.base(), arena.bytes()));
     const gather_list gl = scatter_images(arena, images, 1000, 9);
     ml::runtime::request_batch ib;
     ib.segments = gl.segments;
@@ -299,7 +299,7 @@ GPU_TEST(infer_images_from_registered_mbufs_matches_cpu) {
     EXPECT(r.ok) << r.where;
     std::printf("  resnet50_tiny, %lld images of %zu bytes in %zu fragments: max |gpu - cpu| %.3g\n",
                 (long long)batch, bytes, gl.segments.size(), r.worst);
-    the_device()->ops().unregister_host(the_device().get(), arena.base());
+    the_device()->unregister_host(arena.base());
 }
 
 // Token sequences of mixed lengths in registered memory through the token gather kernel at a
@@ -337,7 +337,7 @@ GPU_TEST(infer_sequences_and_tensors_from_registered_mbufs_match_cpu) {
             }
         }
         mbuf_arena arena(256);
-        REQUIRE(the_device()->ops().register_host(the_device().get(), arena.base(), arena.bytes()));
+        REQUIRE(the_device()->register_host(arena.base(), arena.bytes()));
         const gather_list gl = scatter_images(arena, payloads, 37, 5);  // elements straddle fragments
         ml::runtime::request_batch b;
         b.segments = gl.segments;
@@ -354,7 +354,7 @@ GPU_TEST(infer_sequences_and_tensors_from_registered_mbufs_match_cpu) {
             }
         }
         std::printf("  %s, 4 requests in %zu fragments: max |gpu - cpu| %.3g\n", name, gl.segments.size(), d.worst);
-        the_device()->ops().unregister_host(the_device().get(), arena.base());
+        the_device()->unregister_host(arena.base());
     }
 }
 

@@ -112,20 +112,16 @@ inline std::vector<std::function<void()>>& at_end() {
     return v;
 }
 
-// Runs every registered test whose name contains argv[1] (if given). `setup` returns false
-// (after printing why) when the machine has no GPU: the binary then exits 77.
-inline int main(int argc, char** argv, const std::function<bool()>& setup) {
-    const char* filter = argc > 1 ? argv[1] : "";
-    try {
-        if (!setup()) return 77;
-    } catch (const reefline::gpu::no_device_error& e) {
-        std::printf("SKIP: %s\n", e.what());
-        return 77;
-    }
-    int passed = 0, failed = 0, skipped_n = 0;
+struct run_counts {
+    int passed = 0, failed = 0, skipped = 0;
+};
+
+// Runs every registered test whose name contains `filter`, `label` before each name.
+inline run_counts run_registered(const char* filter, const std::string& label = "") {
+    run_counts n;
     for (const test_case& t : registry()) {
         if (!std::strstr(t.name, filter)) continue;
-        std::printf("[ RUN  ] %s\n", t.name);
+        std::printf("[ RUN  ] %s%s\n", label.c_str(), t.name);
         std::fflush(stdout);
         current() = state{};
         bool skip = false;
@@ -140,21 +136,40 @@ inline int main(int argc, char** argv, const std::function<bool()>& setup) {
             std::printf("  FAIL exception: %s\n", e.what());
         }
         if (skip) {
-            ++skipped_n;
-            std::printf("[ SKIP ] %s\n", t.name);
+            ++n.skipped;
+            std::printf("[ SKIP ] %s%s\n", label.c_str(), t.name);
         } else if (current().failures) {
-            ++failed;
-            std::printf("[ FAIL ] %s (%d failed checks)\n", t.name, current().failures);
+            ++n.failed;
+            std::printf("[ FAIL ] %s%s (%d failed checks)\n", label.c_str(), t.name, current().failures);
         } else {
-            ++passed;
-            std::printf("[  OK  ] %s\n", t.name);
+            ++n.passed;
+            std::printf("[  OK  ] %s%s\n", label.c_str(), t.name);
         }
         std::fflush(stdout);
     }
-    std::printf("gpu tests: %d passed, %d failed, %d skipped\n", passed, failed, skipped_n);
-    std::fflush(stdout);
+    return n;
+}
+
+inline void run_at_end() {
     for (auto it = at_end().rbegin(); it != at_end().rend(); ++it) (*it)();
-    return failed ? 1 : 0;
+    at_end().clear();
+}
+
+// Runs every registered test whose name contains argv[1] (if given). `setup` returns false
+// (after printing why) when the machine has no GPU: the binary then exits 77.
+inline int main(int argc, char** argv, const std::function<bool()>& setup) {
+    const char* filter = argc > 1 ? argv[1] : "";
+    try {
+        if (!setup()) return 77;
+    } catch (const reefline::gpu::no_device_error& e) {
+        std::printf("SKIP: %s\n", e.what());
+        return 77;
+    }
+    const run_counts n = run_registered(filter);
+    std::printf("gpu tests: %d passed, %d failed, %d skipped\n", n.passed, n.failed, n.skipped);
+    std::fflush(stdout);
+    run_at_end();
+    return n.failed ? 1 : 0;
 }
 
 // |got - want| <= atol + rtol * scale, with NaN == NaN and equal infinities.

@@ -35,15 +35,6 @@ namespace {
 // The backend binds streams to the very units of a mask (else: to a number of SMs).
 bool exact_units() { return emulated() || std::string(gpu::gpu_backend_name()) == "hip"; }
 
-template <typename P>
-bool eventually(P pred, double ms = 10000) {
-    const auto t0 = clk::now();
-    while (!pred()) {
-        if (ms_since(t0) > ms) return false;
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-    }
-    return true;
-}
 
 // The bits of a unit set of the device, and the units one bit names.
 uint32_t units_of(const gpu::device& d) { return gpu::unit_set_bits(d.caps().compute_units); }
@@ -61,11 +52,11 @@ gpu::gpu_device_stats stats(const gpu::device& d) {
 }
 
 void needs_units(const gpu::device& d, uint32_t n) {
-    REQUIRE(d.ops().stream_set_units != nullptr);
+    REQUIRE(d.has_unit_sets());
     if (units_of(d) < n) SKIP_TEST("needs " + std::to_string(n) + " compute units (REEFLINE_EMU_UNITS)");
 }
 
-void set_units(gpu::device& d, gpu::stream* s, uint64_t units) { d.ops().stream_set_units(&d, s, units); }
+void set_units(gpu::device& d, gpu::stream* s, uint64_t units) { d.stream_set_units(s, units); }
 
 // Whether a launch bound to `units` ran where the backend puts it: exactly there on exact
 // backends; on fewer SMs than the device has on CUDA, unless the device ran it unbound (no green
@@ -105,7 +96,7 @@ GPU_TEST(a_bound_stream_runs_its_blocks_only_on_its_units) {
     }
     d.synchronize(r.s);
     EXPECT(r.w->completed.load() == 3u) << "counter " << r.w->completed.load();
-    EXPECT(d.ops().queued(&d, r.s) == 0u);
+    EXPECT(d.queued(r.s) == 0u);
     for (const auto& k : ks) {
         EXPECT(k->finished() == grid) << k->finished() << " of " << grid << " blocks ran to their end";
         expect_placed(d, *k, mask, "a bound launch", before);
@@ -132,7 +123,7 @@ GPU_TEST(streams_bound_to_disjoint_units_run_side_by_side) {
     // A long block on a's units; b's launch must run beside it, not after it.
     spin_kernel longk(d, 1, 30e6), shortk(d, uint32_t(std::popcount(hi)) * group_of(d) * 2, 1000);
     d.launch(a.s, longk.at(a.w, 0));
-    REQUIRE(eventually([&] { return longk.started() == 1u; })) << "the long block never started";
+    REQUIRE(eventually([&] { return longk.started() == 1u; }, 10000)) << "the long block never started";
     const auto t0 = clk::now();
     d.launch(b.s, shortk.at(b.w, 0));
     d.synchronize(b.s);
@@ -282,25 +273,25 @@ GPU_TEST(a_stream_keeps_at_most_eight_unit_streams) {
 GPU_TEST(a_padded_launch_on_a_bound_stream_is_a_plain_one) {
     gpu::device& d = *the_device();
     needs_units(d, 2);
-    REQUIRE(d.ops().launch_padded != nullptr);
+    REQUIRE(d.pads_launches());
     gpu_runner r(d, d.caps().highest_priority);
-    gpu::task_words* be_w = d.ops().task_words_create(&d);
+    gpu::task_words* be_w = d.task_words_create();
     const uint64_t mask = 0b10;
     const auto before = stats(d);
     set_units(d, r.s, mask);
-    const auto pads_before = d.ops().padding_stats(&d);
+    const auto pads_before = d.padding_stats();
     spin_kernel rt(d, 2, 3000), pad(d, grid_of(d, 2), 100);
     const gpu::launch p = pad.at(be_w, 0);
-    d.ops().launch_padded(&d, r.s, rt.at(r.w, 0), &p, 1);
+    d.launch_padded(r.s, rt.at(r.w, 0), &p, 1);
     EXPECT(be_w->pads.load() == 0u) << "a pad dropped from a plain launch holds its task";
     d.synchronize(r.s);
     EXPECT(r.w->completed.load() == 1u);
     EXPECT(rt.finished() == 2u);
     EXPECT(pad.started() == 0u) << "a pad ran beside a bound launch";
     EXPECT(be_w->completed.load() == 0u);
-    EXPECT(d.ops().padding_stats(&d).padded_launches == pads_before.padded_launches);
+    EXPECT(d.padding_stats().padded_launches == pads_before.padded_launches);
     expect_placed(d, rt, mask, "the RT part", before);
-    d.ops().task_words_destroy(&d, be_w);
+    d.task_words_destroy(be_w);
 }
 
 // The units a kernel's started blocks ran on.
@@ -318,13 +309,13 @@ std::vector<bool> unit_ids(const spin_kernel& k, uint32_t compute_units) {
 GPU_TEST(two_bound_be_tasks_run_on_disjoint_units_and_an_rt_launch_preempts_both) {
     gpu::device& d = *the_device();
     needs_units(d, 2);
-    REQUIRE(d.ops().unit_grant_of != nullptr && d.ops().unit_shares != nullptr);
+    REQUIRE(d.has_unit_sets());
     const uint32_t n = units_of(d), cu = d.caps().compute_units;
     const uint64_t lo = unit_range(0, n / 2), hi = unit_range(n / 2, n);
-    const gpu::unit_grant ga = d.ops().unit_grant_of(&d, lo), gb = d.ops().unit_grant_of(&d, hi);
+    const gpu::unit_grant ga = d.unit_grant_of(lo), gb = d.unit_grant_of(hi);
     std::printf("  granted: 0x%llx -> %s (%u units), 0x%llx -> %s (%u units)\n", (unsigned long long)lo,
                 ga.note.c_str(), ga.count, (unsigned long long)hi, gb.note.c_str(), gb.count);
-    const gpu::unit_shares_info info = d.ops().unit_shares(&d);
+    const gpu::unit_shares_info info = d.unit_shares();
     if (!info.usable) {
         std::printf("  shares unusable here (%s): both run unbound\n", info.why.c_str());
         EXPECT(!ga.bound && !gb.bound) << "a grant on a device whose shares are unusable";
@@ -377,7 +368,7 @@ GPU_TEST(two_bound_be_tasks_run_on_disjoint_units_and_an_rt_launch_preempts_both
     EXPECT(a.w->completed.load() == 1u && b.w->completed.load() == 1u) << "a restored launch did not complete";
     expect_placed(d, ra, lo, "a's restored launch", before);
     expect_placed(d, rb, hi, "b's restored launch", before);
-    const gpu::unit_shares_info after = d.ops().unit_shares(&d);
+    const gpu::unit_shares_info after = d.unit_shares();
     EXPECT(after.binds >= info.binds + 2) << "binds not counted";
 }
 

@@ -10,6 +10,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "libml/kernels/gpu/launcher.h"
@@ -25,7 +26,7 @@ namespace gpu = reefline::gpu;
 namespace k = reefline::ml::kernels;
 
 // The library's spin kernel (launcher.h): blocks of a known length with flag checks.
-inline const gpu::kernel_info spin_info = {"gpu_spin", nullptr, nullptr, 32, 0, 0, 0};
+inline const gpu::kernel_info& spin_info = k::spin_kernel;
 
 // The software SIMT machine (-Dgpu_emu=true): one launch at a time, no stream priorities, a GEMM
 // ~10^4 times slower than on a GPU. Timing bounds are a GPU's; under emulation they only log.
@@ -33,6 +34,17 @@ inline bool emulated() { return std::string(k::gpu_runtime_name()) == "SIMT emul
 
 inline double ms_since(std::chrono::steady_clock::time_point t) {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// Polls `pred` until it holds (true) or `ms` have passed (false).
+template <typename P>
+bool eventually(P pred, double ms = 5000) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (!pred()) {
+        if (ms_since(t0) > ms) return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+    return true;
 }
 
 // A spin kernel of `grid` blocks of `us` each (flag checks every 50 us) that records, per
@@ -155,11 +167,11 @@ public:
         REQUIRE(_p != nullptr) << "device allocation of " << bytes << " bytes";
         // A recognisable pattern (NaN bits for f32): outputs a kernel forgets to write show.
         std::vector<unsigned char> fill(std::max<size_t>(bytes, 4), 0xff);
-        d.ops().copy_to_device(&d, _p, fill.data(), fill.size());
+        d.copy_to_device(_p, fill.data(), fill.size());
     }
     template <typename T>
     dev_buffer(gpu::device& d, const std::vector<T>& host) : dev_buffer(d, host.size() * sizeof(T)) {
-        if (!host.empty()) d.ops().copy_to_device(&d, _p, host.data(), host.size() * sizeof(T));
+        if (!host.empty()) d.copy_to_device(_p, host.data(), host.size() * sizeof(T));
     }
     ~dev_buffer() {
         if (_p) _d->free(_p);
@@ -172,7 +184,7 @@ public:
     template <typename T>
     std::vector<T> read() const {
         std::vector<T> v(_bytes / sizeof(T));
-        if (!v.empty()) _d->ops().copy_to_host(_d, v.data(), _p, v.size() * sizeof(T));
+        if (!v.empty()) _d->copy_to_host(v.data(), _p, v.size() * sizeof(T));
         return v;
     }
 
@@ -201,11 +213,11 @@ struct gpu_runner {
     gpu::task_words* w;
     uint32_t next_index = 0;
     explicit gpu_runner(gpu::device& dev, int priority = 0)
-        : d(dev), s(dev.create_stream(priority)), w(dev.ops().task_words_create(&dev)) {}
+        : d(dev), s(dev.create_stream(priority)), w(dev.task_words_create()) {}
     ~gpu_runner() {
         d.synchronize(s);
-        d.ops().stream_destroy(&d, s);
-        d.ops().task_words_destroy(&d, w);
+        d.stream_destroy(s);
+        d.task_words_destroy(w);
     }
     // Launches a whole grid (or a slice) as the next kernel of the task and waits for it.
     // True when it completed (the counter advanced to its index + 1).
@@ -223,8 +235,8 @@ struct gpu_runner {
 // The kernel_info a GPU launch names. Builds without OpenBLAS (gpu_core) lack the cpu
 // GEMM/conv kernels; the GPU device finds kernels by name alone.
 #if defined(REEFLINE_NO_CPU_GEMM)
-inline const gpu::kernel_info gemm_info = {"gemm", nullptr, nullptr, 256, 0, 0, 0};
-inline const gpu::kernel_info conv2d_info = {"conv2d", nullptr, nullptr, 256, 0, 0, 0};
+inline const gpu::kernel_info gemm_info = {"gemm", nullptr, 256, 0, 0, 0};
+inline const gpu::kernel_info conv2d_info = {"conv2d", nullptr, 256, 0, 0, 0};
 #else
 inline const gpu::kernel_info& gemm_info = k::gemm_kernel;
 inline const gpu::kernel_info& conv2d_info = k::conv2d_kernel;
@@ -265,7 +277,7 @@ struct gemm_chain {
     std::vector<float> output() const { return y.back()->read<float>(); }
     void clear_outputs() {
         const std::vector<float> junk(size_t(n * n), -1.0f);
-        for (size_t i = 1; i < y.size(); ++i) d.ops().copy_to_device(&d, y[i]->get(), junk.data(), junk.size() * 4);
+        for (size_t i = 1; i < y.size(); ++i) d.copy_to_device(y[i]->get(), junk.data(), junk.size() * 4);
     }
 };
 

@@ -20,6 +20,7 @@
 #include <random>
 #include <sstream>
 
+#include "preempt/backend_option.h"
 #include "ifmanager/repository.h"
 #include "libml/abacus_sampling.h"
 #include "libml/libml.h"
@@ -84,15 +85,17 @@ int main(int argc, char** argv) {
     app.add_option("--epochs", epochs, "MLP training epochs")->capture_default_str()->check(CLI::Range(10, 100000));
     app.add_option("--seed", seed, "sampling and training seed")->capture_default_str();
     app.add_option("--compute-units", units, "compute units of the cpu device (default: cores - 1, as the daemon)");
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     if (files.empty() == repo.empty()) {
         std::fprintf(stderr, "abacus_train: give either model files or --repo DIR\n");
         return 2;
     }
     try {
-        reefline::gpu::cpu_device_options o;
+        reefline::gpu::backend_options o;
         o.compute_units = units;
-        auto device = reefline::gpu::make_cpu_device(o);
+        auto device = reefline::gpu::make_backend(backend, o);
         ml::runtime rt(*device);
         std::vector<ml::sampled_model> models;
         if (!repo.empty()) {

@@ -3,7 +3,7 @@
 //
 //   build/tools/disb --workload A|B|C|D|E|REAL|FILE[,...] --policies rt_only,reef,seq,streams
 //                    [--tiny] [--seconds 10] [--scale auto|F] [--out DIR] [--compute-units N]
-//                    [--device cpu|cuda|hip]   (a GPU build's backend: build-cuda/tools/disb)
+//                    [--backend cpu|cuda|hip]  (a GPU build's backend: build-cuda/tools/disb)
 //
 // In-process (--mode inprocess, the default): the clients submit tasks to the scheduler through
 // the IF API (libml instances of the zoo's models), which is how policies compare fastest.
@@ -49,7 +49,7 @@
 
 #include "dkp/selector.h"
 #include "libml/libml.h"
-#include "preempt/device_choice.h"
+#include "preempt/backend_option.h"
 #include "preempt/scheduler.h"
 #include "libml/synthetic_inputs.h"
 #include "tools/disb/workload.h"
@@ -509,7 +509,7 @@ std::vector<policy_spec> parse_policies(const std::string& text) {
             p.name = "reef+dkp";
             p.dkp = true;
         } else if (!gpu::parse_policy(n.c_str(), p.pol)) {
-            throw CLI::ValidationError("--policies", "unknown policy '" + n + "' (rt_only, seq, streams, reef, reef+dkp, prema)");
+            throw CLI::ValidationError("--policies", "unknown policy '" + n + "' (" + gpu::policy_names() + ", reef+dkp)");
         }
         out.push_back(p);
     }
@@ -532,7 +532,7 @@ int main(int argc, char** argv) {
     bool tiny = false, quiet = false;
     app.add_option("--workload", workloads_text, "A, B, C, D, E, REAL, or a workload file (.csv/.json); several with commas")
         ->capture_default_str();
-    app.add_option("--policies", policies_text, "policies to compare (rt_only, seq, streams, reef, reef+dkp, prema)")
+    app.add_option("--policies", policies_text, "policies to compare: " + gpu::policy_names() + ", and reef+dkp (reef with padding)")
         ->capture_default_str();
     app.add_flag("--tiny", tiny, "the zoo's tiny models (quick runs)");
     app.add_option("--seconds", seconds, "length of each run")->capture_default_str()->check(CLI::Range(0.5, 3600.0));
@@ -546,15 +546,7 @@ int main(int argc, char** argv) {
     app.add_option("--seed", seed, "seed of the arrival sequences (the same for every policy)")->capture_default_str();
     app.add_flag("--quiet", quiet, "no progress bar");
     std::string device_name = "cpu";
-#if defined(REEFLINE_GPU_BACKEND)
-    app.add_option("--device", device_name, "cpu, or " REEFLINE_GPU_BACKEND " (this build's GPU backend)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"cpu", REEFLINE_GPU_BACKEND}));
-#else
-    app.add_option("--device", device_name, "cpu (a GPU build of disb also takes its GPU backend)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"cpu"}));
-#endif
+    gpu::add_backend_option(app, device_name);
     std::string mode = "inprocess";
     app.add_option("--mode", mode, "inprocess (clients submit to the scheduler), network (the daemon, reefgen clients over a veth "
                                    "pair in a namespace, every RT answer verified; root) or both")
@@ -564,7 +556,7 @@ int main(int argc, char** argv) {
     try {
         if (device_name != "cpu" && mode != "inprocess")
             throw CLI::ValidationError("--mode", "the network mode runs the daemon of the main build (cpu device); "
-                                                 "--device " + device_name + " takes --mode inprocess");
+                                                 "--backend " + device_name + " takes --mode inprocess");
         double scale = 1;
         if (scale_text != "auto") {
             try {
@@ -603,7 +595,9 @@ int main(int argc, char** argv) {
                                     " --only " + only + " -q";
             if (std::system(cmd.c_str()) != 0) throw std::runtime_error("the zoo tool failed: " + cmd);
         }
-        std::unique_ptr<gpu::device> device = gpu::make_device_named(device_name, units);
+        gpu::backend_options bopt;
+        bopt.compute_units = units;
+        std::unique_ptr<gpu::device> device = gpu::make_backend(device_name, bopt);
         bench b(*device, zoo, tiny, slo_factor);
         std::printf("disb: %s, %s models, %.1f s per run, seed %llu\n", device->caps().name.c_str(), tiny ? "tiny" : "full-size",
                     seconds, (unsigned long long)seed);

@@ -12,12 +12,13 @@
 #include <cstdio>
 #include <fstream>
 
+#include "preempt/backend_option.h"
 #include "libml/libml.h"
 
 namespace ml = reefline::ml;
 
 int main(int argc, char** argv) {
-    CLI::App app{"kprof: kernel profiles of a model's plan on the cpu device"};
+    CLI::App app{"kprof: kernel profiles of a model's plan on a device backend (cpu by default)"};
     std::string model, out;
     int64_t batch = 1, length = 0;
     int runs = 5;
@@ -30,11 +31,13 @@ int main(int argc, char** argv) {
     app.add_option("--compute-units", units, "compute units of the cpu device (default: cores - 1)");
     app.add_option("--out", out, "where to write the profile (JSON); default: stdout");
     app.add_option("--top", top, "print the N slowest launches")->capture_default_str();
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     try {
-        reefline::gpu::cpu_device_options o;
+        reefline::gpu::backend_options o;
         o.compute_units = units;
-        auto device = reefline::gpu::make_cpu_device(o);
+        auto device = reefline::gpu::make_backend(backend, o);
         ml::runtime rt(*device);
         ml::import_options io;
         io.unbound_dim = length ? length : ml::sequence_buckets[0];

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <map>
 
+#include "preempt/backend_option.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
@@ -122,7 +123,7 @@ outcome run_case(ml::runtime& rt, const fs::path& dir, double rtol, double atol)
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"reefconform: run an ONNX backend-test suite on reefline's cpu backend"};
+    CLI::App app{"reefconform: run an ONNX backend-test suite on a reefline device backend (cpu by default)"};
     std::string dir, filter;
     double rtol = 1e-3, atol = 1e-5;
     bool quiet = false;
@@ -131,6 +132,8 @@ int main(int argc, char** argv) {
     app.add_option("--rtol", rtol, "relative tolerance")->capture_default_str();
     app.add_option("--atol", atol, "absolute tolerance")->capture_default_str();
     app.add_flag("--quiet", quiet, "print failures and the summary only");
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
 
     std::vector<fs::path> cases;
@@ -139,7 +142,7 @@ int main(int argc, char** argv) {
             e.path().filename().string().find(filter) != std::string::npos)
             cases.push_back(e.path());
     std::sort(cases.begin(), cases.end());
-    auto device = reefline::gpu::make_cpu_device();
+    auto device = reefline::gpu::make_backend(backend);
     ml::runtime rt(*device);
     int passed = 0, failed = 0, skipped = 0;
     for (const auto& c : cases) {

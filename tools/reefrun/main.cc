@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <fstream>
 
+#include "preempt/backend_option.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/c16_layout.h"
@@ -31,7 +32,7 @@ void write_tensor(const std::string& path, const ml::tensor& t, const std::strin
 }  // namespace
 
 int main(int argc, char** argv) {
-    CLI::App app{"reefrun: run an ONNX model on reefline's cpu backend"};
+    CLI::App app{"reefrun: run an ONNX model on a reefline device backend (cpu by default)"};
     std::string model;
     std::vector<std::string> inputs, outputs;
     int64_t batch = 0;
@@ -69,11 +70,13 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     uint32_t units = 0;
     app.add_option("--compute-units", units, "the cpu device's compute units (default: cores - 1, at least 1)");
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     CLI11_PARSE(app, argc, argv);
     try {
-        reefline::gpu::cpu_device_options device_options;
+        reefline::gpu::backend_options device_options;
         device_options.compute_units = units;
-        auto device = reefline::gpu::make_cpu_device(device_options);
+        auto device = reefline::gpu::make_backend(backend, device_options);
         ml::kernels::use_openblas_only(gemm == "openblas");
         ml::kernels::use_conv_method(ml::kernels::conv_method_named(conv));
         ml::use_c16_layout(layout == "auto");

@@ -35,6 +35,7 @@
 #include <optional>
 #include <sstream>
 
+#include "preempt/backend_option.h"
 #include "libml/libml.h"
 #include "tools/reefgen/common.h"
 #include "tools/reefgen/payload.h"
@@ -394,6 +395,8 @@ int main(int argc, char** argv) {
         ->capture_default_str()
         ->check(CLI::Range(1u, 256u));
     app.add_flag("--no-errors", no_errors, "Fail on any error answer (default: count them apart)");
+    std::string backend = "cpu";
+    reefline::gpu::add_backend_option(app, backend);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
@@ -409,7 +412,7 @@ int main(int argc, char** argv) {
             if (s == 0) throw usage_error("--std: must be non-zero");
         const std::vector<answer_line> answers = read_results(results);
 
-        auto device = reefline::gpu::make_cpu_device();
+        auto device = reefline::gpu::make_backend(backend);
         ml::runtime rt(*device);
         reference_model ref(rt, model);
         const ml::request_input& in = ref.input();

@@ -33,8 +33,9 @@ using gpu::gpu_tensor_f16;
 // (gpu_clock_ns: %globaltimer, s_memrealtime) when block b started and when it stopped at a
 // check point; `shared_bytes` is the dynamic shared memory each block holds (UINT32_MAX: the
 // most a block may have, so that one block fills a compute unit, as a large convolution
-// block does). It has no cpu counterpart: the preemption benchmark (bench/preempt_bench.cc)
-// and the GPU device tests use it as a kernel of known length.
+// block does; the cpu backend ignores it). kernels.h's spin_kernel is its description, with
+// the cpu backend's implementation (cpu_spin.cc): the device contract, the preemption
+// benchmark and the GPU device tests use it as a kernel of known length.
 struct gpu_spin_args {
     uint64_t ns;
     uint64_t check_ns;
