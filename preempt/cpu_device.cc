@@ -160,8 +160,13 @@ std::vector<int> allowed_cpus() {
 
 size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+// kAlign-aligned memory, or null when it cannot be had.
+void* aligned_bytes_or_null(size_t bytes) {
+    return std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+}
+
 void* aligned_bytes(size_t bytes) {
-    void* p = std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+    void* p = aligned_bytes_or_null(bytes);
     if (!p) throw std::bad_alloc();
     return p;
 }
@@ -751,7 +756,7 @@ device_caps op_caps(const device* dev) {
 
 void* op_alloc(device* dev, size_t bytes, memory_kind) {
     cpu_device_state* d = state_of(dev);
-    void* p = std::aligned_alloc(kAlign, round_up(std::max<size_t>(bytes, 1), kAlign));
+    void* p = aligned_bytes_or_null(bytes);
     if (!p) return nullptr;  // as a GPU backend answers: the caller reports what it could not have
     std::lock_guard lk(d->mu);
     d->allocs.emplace(p, bytes);
