@@ -1,4 +1,5 @@
-// Shape and type inference for the canonical node forms (see graph.h), and the move of
+// Shape and type inference for the canonical node forms (see graph.h): one rule per operator
+// family and a table (shape_rules) that maps every op_type to its arity and rule; and the move of
 // constant shape parameters from inputs into attributes (canonicalize_params).
 #include <algorithm>
 #include <cmath>
@@ -37,26 +38,6 @@ double param_scalar(const node& n, const value& v, const char* what) {
 }
 
 }  // namespace
-
-int canonical_input_count(op_type op) {
-    switch (op) {
-    case op_type::Reshape:
-    case op_type::Expand:
-    case op_type::Unsqueeze:
-    case op_type::Squeeze:
-    case op_type::ReduceMean:
-    case op_type::Split:
-    case op_type::Slice:
-    case op_type::Pad:
-    case op_type::Clip:
-    case op_type::Dropout:
-        return 1;
-    case op_type::ConstantOfShape:
-        return 0;
-    default:
-        return -1;
-    }
-}
 
 bool canonicalize_params(graph& g, int ni, int* pending) {
     node& n = g.nodes[size_t(ni)];
@@ -255,673 +236,678 @@ void conv_pool_dims(ctx& c, const shape_t& x, const ints& kernel, bool pool, sha
     n.set("pads", pads);
 }
 
-void infer_impl(ctx& c) {
+// ---- elementwise unary
+
+void infer_numeric_unary(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (x.type == dtype::boolean && n.op != op_type::Identity) c.err("bool input is not numeric");
+    c.out(0, x.type, x.shape, x.batched);
+}
+
+void infer_dropout(ctx& c) {
+    const value& x = c.in(0);
+    c.out(0, x.type, x.shape, x.batched);
+    c.out(1, dtype::boolean, x.shape, x.batched);
+}
+
+void infer_float_unary(ctx& c) {
+    node& n = c.n;
+    c.need_float(0);
+    const value& x = c.in(0);
+    if (n.op == op_type::LeakyRelu) n.set("alpha", n.f("alpha", 0.01f));
+    if (n.op == op_type::HardSigmoid) {
+        n.set("alpha", n.f("alpha", 0.2f));
+        n.set("beta", n.f("beta", 0.5f));
+    }
+    if (n.op == op_type::Gelu) {
+        std::string a = n.s("approximate", "none");
+        if (a != "none" && a != "tanh") c.err("unknown approximate '" + a + "'", K::unsupported_feature);
+        n.set("approximate", a);
+    }
+    c.out(0, x.type, x.shape, x.batched);
+}
+
+void infer_clip(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (x.type == dtype::boolean) c.err("bool input is not numeric");
+    n.set("min", n.f("min", -std::numeric_limits<float>::infinity()));
+    n.set("max", n.f("max", std::numeric_limits<float>::infinity()));
+    c.out(0, x.type, x.shape, x.batched);
+}
+
+void infer_cast(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    int64_t to = n.i("to", -1);
+    if (to <= 0 || to > int64_t(dtype::boolean)) c.err("missing or bad 'to'", K::invalid_graph);
+    c.out(0, dtype(to), x.shape, x.batched);
+}
+
+// ---- elementwise binary / variadic
+
+void infer_binary(ctx& c) {
     graph& g = c.g;
     node& n = c.n;
-    (void)g;
-    switch (n.op) {
-    // ---- elementwise unary
-    case op_type::Relu:
-    case op_type::Neg:
-    case op_type::Abs:
-    case op_type::Identity: {
-        const value& x = c.in(0);
-        if (x.type == dtype::boolean && n.op != op_type::Identity) c.err("bool input is not numeric");
-        c.out(0, x.type, x.shape, x.batched);
-        break;
+    if (n.inputs.size() != 2) c.err("needs exactly 2 inputs", K::invalid_graph);
+    if (n.op != op_type::Pow) c.same_type(0, 1);
+    if (n.op != op_type::Equal && (c.in(0).type == dtype::boolean || c.in(1).type == dtype::boolean))
+        c.err("bool inputs are not numeric");
+    shape_t s = broadcast(c, {&c.sh(0), &c.sh(1)});
+    c.out(0, n.op == op_type::Equal ? dtype::boolean : c.in(0).type, s, batched_like(g, n, s));
+}
+
+void infer_variadic(ctx& c) {
+    graph& g = c.g;
+    node& n = c.n;
+    if (n.inputs.empty()) c.err("needs at least one input", K::invalid_graph);
+    std::vector<const shape_t*> shapes;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+        c.same_type(0, k);
+        shapes.push_back(&c.sh(k));
     }
-    case op_type::Dropout: {
-        const value& x = c.in(0);
-        c.out(0, x.type, x.shape, x.batched);
-        c.out(1, dtype::boolean, x.shape, x.batched);
-        break;
+    shape_t s = broadcast(c, shapes);
+    c.out(0, c.in(0).type, s, batched_like(g, n, s));
+}
+
+void infer_where(ctx& c) {
+    graph& g = c.g;
+    node& n = c.n;
+    if (c.in(0).type != dtype::boolean) c.err("condition must be bool");
+    c.same_type(1, 2);
+    shape_t s = broadcast(c, {&c.sh(0), &c.sh(1), &c.sh(2)});
+    c.out(0, c.in(1).type, s, batched_like(g, n, s));
+}
+
+// ---- convolution and pooling
+
+void infer_conv(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    const value& w = c.in(1);
+    c.need_float(0);
+    c.same_type(0, 1);
+    size_t r = x.shape.size();
+    if (r < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
+    if (w.shape.size() != r)
+        c.err("weight " + shape_str(w.shape) + " and input " + shape_str(x.shape) + " differ in rank");
+    int64_t group = n.i("group", 1);
+    if (group < 1) c.err("group must be >= 1");
+    int64_t cin = x.shape[1], m = w.shape[0];
+    if (checked_mul(w.shape[1], group) != cin)
+        c.err("weight " + shape_str(w.shape) + " expects " + std::to_string(w.shape[1]) + " x " +
+              std::to_string(group) + " (group) input channels, input " + shape_str(x.shape) + " has " +
+              std::to_string(cin));
+    if (m % group != 0) c.err("output channels " + std::to_string(m) + " not divisible by group");
+    ints kernel(w.shape.begin() + 2, w.shape.end());
+    if (n.has("kernel_shape") && n.is("kernel_shape") != kernel)
+        c.err("kernel_shape " + ints_str(n.is("kernel_shape")) + " does not match weight " + shape_str(w.shape));
+    if (const value* b = c.opt(2)) {
+        c.same_type(0, 2);
+        if (b->shape != shape_t{m}) c.err("bias " + shape_str(b->shape) + " must be [" + std::to_string(m) + "]");
     }
-    case op_type::Sigmoid:
-    case op_type::Tanh:
-    case op_type::HardSwish:
-    case op_type::Erf:
-    case op_type::Sqrt:
-    case op_type::Exp:
-    case op_type::Sin:
-    case op_type::Cos:
-    case op_type::LeakyRelu:
-    case op_type::HardSigmoid:
-    case op_type::Gelu: {
-        c.need_float(0);
-        const value& x = c.in(0);
-        if (n.op == op_type::LeakyRelu) n.set("alpha", n.f("alpha", 0.01f));
-        if (n.op == op_type::HardSigmoid) {
-            n.set("alpha", n.f("alpha", 0.2f));
-            n.set("beta", n.f("beta", 0.5f));
+    shape_t out{x.shape[0], m};
+    conv_pool_dims(c, x.shape, kernel, false, out);
+    n.set("group", group);
+    c.out(0, x.type, out, x.batched);
+}
+
+void infer_pool(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (n.op == op_type::AveragePool || (x.type != dtype::i8 && x.type != dtype::u8)) c.need_float(0);
+    size_t r = x.shape.size();
+    if (r < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
+    if (!n.has("kernel_shape")) c.err("kernel_shape is required", K::invalid_graph);
+    ints kernel = n.is("kernel_shape");
+    if (kernel.size() != r - 2) c.err("kernel_shape " + ints_str(kernel) + " does not match input " + shape_str(x.shape));
+    shape_t out{x.shape[0], x.shape[1]};
+    conv_pool_dims(c, x.shape, kernel, true, out);
+    n.set("ceil_mode", n.i("ceil_mode", 0));
+    if (n.op == op_type::MaxPool) n.set("storage_order", n.i("storage_order", 0));
+    if (n.op == op_type::AveragePool) n.set("count_include_pad", n.i("count_include_pad", 0));
+    c.out(0, x.type, out, x.batched);
+    // MaxPool's Indices: int64, the output's shape (flat indices into X).
+    if (n.op == op_type::MaxPool && n.output(1) >= 0) c.out(1, dtype::i64, out, x.batched);
+}
+
+void infer_global_pool(ctx& c) {
+    const value& x = c.in(0);
+    c.need_float(0);
+    if (x.shape.size() < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
+    shape_t out = x.shape;
+    std::fill(out.begin() + 2, out.end(), 1);
+    c.out(0, x.type, out, x.batched);
+}
+
+void infer_batch_norm(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    c.need_float(0);
+    if (x.shape.size() < 2) c.err("input must be at least N x C, got " + shape_str(x.shape));
+    if (n.i("training_mode", 0) != 0)
+        c.err("training_mode is unsupported (inference only)", K::unsupported_feature);
+    for (size_t k = 1; k < n.outputs.size(); ++k)
+        if (n.outputs[k] >= 0) c.err("training outputs (mean/var) are unsupported", K::unsupported_feature);
+    for (size_t k = 1; k <= 4; ++k) {
+        if (!is_float(c.in(k).type)) c.err("parameters must be floating-point");
+        if (c.sh(k) != shape_t{x.shape[1]})
+            c.err("parameter " + std::to_string(k) + " " + shape_str(c.sh(k)) + " must be [" +
+                  std::to_string(x.shape[1]) + "] (the input's channels)");
+    }
+    n.set("epsilon", n.f("epsilon", 1e-5f));
+    n.erase("momentum");
+    n.erase("spatial");
+    n.erase("training_mode");
+    c.out(0, x.type, x.shape, x.batched);
+}
+
+void infer_lrn(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    c.need_float(0);
+    if (x.shape.size() < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
+    if (n.i("size", 0) < 1) c.err("size must be >= 1", K::invalid_graph);
+    n.set("alpha", n.f("alpha", 1e-4f));
+    n.set("beta", n.f("beta", 0.75f));
+    n.set("bias", n.f("bias", 1.0f));
+    c.out(0, x.type, x.shape, x.batched);
+}
+
+// ---- matrix products
+
+void infer_gemm(ctx& c) {
+    node& n = c.n;
+    const value& a = c.in(0);
+    const value& b = c.in(1);
+    c.same_type(0, 1);
+    if (a.type == dtype::boolean) c.err("bool inputs are not numeric");
+    if (a.shape.size() != 2 || b.shape.size() != 2)
+        c.err("A " + shape_str(a.shape) + " and B " + shape_str(b.shape) + " must be 2-D");
+    int64_t ta = n.i("transA", 0), tb = n.i("transB", 0);
+    int64_t m = ta ? a.shape[1] : a.shape[0], k = ta ? a.shape[0] : a.shape[1];
+    int64_t kb = tb ? b.shape[1] : b.shape[0], nn = tb ? b.shape[0] : b.shape[1];
+    if (k != kb)
+        c.err("inner dimensions differ: A " + shape_str(a.shape) + (ta ? "^T" : "") + " x B " +
+              shape_str(b.shape) + (tb ? "^T" : ""));
+    if (const value* cc = c.opt(2)) {
+        c.same_type(0, 2);
+        const shape_t& s = cc->shape;
+        if (s.size() > 2) c.err("C " + shape_str(s) + " must be at most 2-D");
+        shape_t full{m, nn};
+        for (size_t i = 0; i < s.size(); ++i) {
+            int64_t want = full[2 - s.size() + i];
+            if (s[i] != 1 && s[i] != want)
+                c.err("C " + shape_str(s) + " does not broadcast to " + shape_str(full));
         }
-        if (n.op == op_type::Gelu) {
-            std::string a = n.s("approximate", "none");
-            if (a != "none" && a != "tanh") c.err("unknown approximate '" + a + "'", K::unsupported_feature);
-            n.set("approximate", a);
-        }
-        c.out(0, x.type, x.shape, x.batched);
-        break;
     }
-    case op_type::Clip: {
-        const value& x = c.in(0);
-        if (x.type == dtype::boolean) c.err("bool input is not numeric");
-        n.set("min", n.f("min", -std::numeric_limits<float>::infinity()));
-        n.set("max", n.f("max", std::numeric_limits<float>::infinity()));
-        c.out(0, x.type, x.shape, x.batched);
-        break;
+    n.set("alpha", n.f("alpha", 1.0f));
+    n.set("beta", n.f("beta", 1.0f));
+    n.set("transA", ta);
+    n.set("transB", tb);
+    c.out(0, a.type, {m, nn}, a.batched && !ta);
+}
+
+void infer_matmul(ctx& c) {
+    const value& a = c.in(0);
+    const value& b = c.in(1);
+    c.same_type(0, 1);
+    if (a.type == dtype::boolean) c.err("bool inputs are not numeric");
+    if (a.shape.empty() || b.shape.empty()) c.err("inputs must be at least 1-D");
+    shape_t sa = a.shape, sb = b.shape;
+    bool a1 = sa.size() == 1, b1 = sb.size() == 1;
+    if (a1) sa.insert(sa.begin(), 1);
+    if (b1) sb.push_back(1);
+    if (sa.back() != sb[sb.size() - 2])
+        c.err("inner dimensions differ: " + shape_str(a.shape) + " x " + shape_str(b.shape));
+    shape_t ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
+    shape_t out = broadcast(c, {&ba, &bb});
+    if (!a1) out.push_back(sa[sa.size() - 2]);
+    if (!b1) out.push_back(sb.back());
+    c.out(0, a.type, out, a.batched && a.shape.size() >= 2 && out.size() == a.shape.size());
+}
+
+// ---- shape manipulation
+
+void infer_concat(ctx& c) {
+    node& n = c.n;
+    if (n.inputs.empty()) c.err("needs at least one input", K::invalid_graph);
+    const shape_t& s0 = c.sh(0);
+    if (s0.empty()) c.err("inputs must be at least 1-D");
+    if (!n.has("axis")) c.err("axis is required", K::invalid_graph);
+    int64_t ax = c.axis(n.i("axis", 0), int64_t(s0.size()));
+    shape_t out = s0;
+    out[size_t(ax)] = 0;
+    for (size_t k = 0; k < n.inputs.size(); ++k) {
+        c.same_type(0, k);
+        const shape_t& s = c.sh(k);
+        bool ok = s.size() == s0.size();
+        for (size_t i = 0; ok && i < s.size(); ++i)
+            if (i != size_t(ax) && s[i] != s0[i]) ok = false;
+        if (!ok)
+            c.err("input " + std::to_string(k) + " " + shape_str(s) + " does not match " + shape_str(s0) +
+                  " outside axis " + std::to_string(ax));
+        if (__builtin_add_overflow(out[size_t(ax)], s[size_t(ax)], &out[size_t(ax)]))
+            c.err("dimension overflow", K::limits);
     }
-    case op_type::Cast: {
-        const value& x = c.in(0);
-        int64_t to = n.i("to", -1);
-        if (to <= 0 || to > int64_t(dtype::boolean)) c.err("missing or bad 'to'", K::invalid_graph);
-        c.out(0, dtype(to), x.shape, x.batched);
-        break;
-    }
-    // ---- elementwise binary / variadic
-    case op_type::Add:
-    case op_type::Sub:
-    case op_type::Mul:
-    case op_type::Div:
-    case op_type::Pow:
-    case op_type::Equal: {
-        if (n.inputs.size() != 2) c.err("needs exactly 2 inputs", K::invalid_graph);
-        if (n.op != op_type::Pow) c.same_type(0, 1);
-        if (n.op != op_type::Equal && (c.in(0).type == dtype::boolean || c.in(1).type == dtype::boolean))
-            c.err("bool inputs are not numeric");
-        shape_t s = broadcast(c, {&c.sh(0), &c.sh(1)});
-        c.out(0, n.op == op_type::Equal ? dtype::boolean : c.in(0).type, s, batched_like(g, n, s));
-        break;
-    }
-    case op_type::Sum:
-    case op_type::Mean:
-    case op_type::Max:
-    case op_type::Min: {
-        if (n.inputs.empty()) c.err("needs at least one input", K::invalid_graph);
-        std::vector<const shape_t*> shapes;
-        for (size_t k = 0; k < n.inputs.size(); ++k) {
-            c.same_type(0, k);
-            shapes.push_back(&c.sh(k));
-        }
-        shape_t s = broadcast(c, shapes);
-        c.out(0, c.in(0).type, s, batched_like(g, n, s));
-        break;
-    }
-    case op_type::Where: {
-        if (c.in(0).type != dtype::boolean) c.err("condition must be bool");
-        c.same_type(1, 2);
-        shape_t s = broadcast(c, {&c.sh(0), &c.sh(1), &c.sh(2)});
-        c.out(0, c.in(1).type, s, batched_like(g, n, s));
-        break;
-    }
-    // ---- convolution and pooling
-    case op_type::Conv: {
-        const value& x = c.in(0);
-        const value& w = c.in(1);
-        c.need_float(0);
-        c.same_type(0, 1);
-        size_t r = x.shape.size();
-        if (r < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
-        if (w.shape.size() != r)
-            c.err("weight " + shape_str(w.shape) + " and input " + shape_str(x.shape) + " differ in rank");
-        int64_t group = n.i("group", 1);
-        if (group < 1) c.err("group must be >= 1");
-        int64_t cin = x.shape[1], m = w.shape[0];
-        if (checked_mul(w.shape[1], group) != cin)
-            c.err("weight " + shape_str(w.shape) + " expects " + std::to_string(w.shape[1]) + " x " +
-                  std::to_string(group) + " (group) input channels, input " + shape_str(x.shape) + " has " +
-                  std::to_string(cin));
-        if (m % group != 0) c.err("output channels " + std::to_string(m) + " not divisible by group");
-        ints kernel(w.shape.begin() + 2, w.shape.end());
-        if (n.has("kernel_shape") && n.is("kernel_shape") != kernel)
-            c.err("kernel_shape " + ints_str(n.is("kernel_shape")) + " does not match weight " + shape_str(w.shape));
-        if (const value* b = c.opt(2)) {
-            c.same_type(0, 2);
-            if (b->shape != shape_t{m}) c.err("bias " + shape_str(b->shape) + " must be [" + std::to_string(m) + "]");
-        }
-        shape_t out{x.shape[0], m};
-        conv_pool_dims(c, x.shape, kernel, false, out);
-        n.set("group", group);
-        c.out(0, x.type, out, x.batched);
-        break;
-    }
-    case op_type::MaxPool:
-    case op_type::AveragePool: {
-        const value& x = c.in(0);
-        if (n.op == op_type::AveragePool || (x.type != dtype::i8 && x.type != dtype::u8)) c.need_float(0);
-        size_t r = x.shape.size();
-        if (r < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
-        if (!n.has("kernel_shape")) c.err("kernel_shape is required", K::invalid_graph);
-        ints kernel = n.is("kernel_shape");
-        if (kernel.size() != r - 2) c.err("kernel_shape " + ints_str(kernel) + " does not match input " + shape_str(x.shape));
-        shape_t out{x.shape[0], x.shape[1]};
-        conv_pool_dims(c, x.shape, kernel, true, out);
-        n.set("ceil_mode", n.i("ceil_mode", 0));
-        if (n.op == op_type::MaxPool) n.set("storage_order", n.i("storage_order", 0));
-        if (n.op == op_type::AveragePool) n.set("count_include_pad", n.i("count_include_pad", 0));
-        c.out(0, x.type, out, x.batched);
-        // MaxPool's Indices: int64, the output's shape (flat indices into X).
-        if (n.op == op_type::MaxPool && n.output(1) >= 0) c.out(1, dtype::i64, out, x.batched);
-        break;
-    }
-    case op_type::GlobalAveragePool:
-    case op_type::GlobalMaxPool: {
-        const value& x = c.in(0);
-        c.need_float(0);
-        if (x.shape.size() < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
-        shape_t out = x.shape;
-        std::fill(out.begin() + 2, out.end(), 1);
-        c.out(0, x.type, out, x.batched);
-        break;
-    }
-    case op_type::BatchNormalization: {
-        const value& x = c.in(0);
-        c.need_float(0);
-        if (x.shape.size() < 2) c.err("input must be at least N x C, got " + shape_str(x.shape));
-        if (n.i("training_mode", 0) != 0)
-            c.err("training_mode is unsupported (inference only)", K::unsupported_feature);
-        for (size_t k = 1; k < n.outputs.size(); ++k)
-            if (n.outputs[k] >= 0) c.err("training outputs (mean/var) are unsupported", K::unsupported_feature);
-        for (size_t k = 1; k <= 4; ++k) {
-            if (!is_float(c.in(k).type)) c.err("parameters must be floating-point");
-            if (c.sh(k) != shape_t{x.shape[1]})
-                c.err("parameter " + std::to_string(k) + " " + shape_str(c.sh(k)) + " must be [" +
-                      std::to_string(x.shape[1]) + "] (the input's channels)");
-        }
-        n.set("epsilon", n.f("epsilon", 1e-5f));
-        n.erase("momentum");
-        n.erase("spatial");
-        n.erase("training_mode");
-        c.out(0, x.type, x.shape, x.batched);
-        break;
-    }
-    case op_type::LRN: {
-        const value& x = c.in(0);
-        c.need_float(0);
-        if (x.shape.size() < 3) c.err("input must be N x C x spatial..., got " + shape_str(x.shape));
-        if (n.i("size", 0) < 1) c.err("size must be >= 1", K::invalid_graph);
-        n.set("alpha", n.f("alpha", 1e-4f));
-        n.set("beta", n.f("beta", 0.75f));
-        n.set("bias", n.f("bias", 1.0f));
-        c.out(0, x.type, x.shape, x.batched);
-        break;
-    }
-    // ---- matrix products
-    case op_type::Gemm: {
-        const value& a = c.in(0);
-        const value& b = c.in(1);
-        c.same_type(0, 1);
-        if (a.type == dtype::boolean) c.err("bool inputs are not numeric");
-        if (a.shape.size() != 2 || b.shape.size() != 2)
-            c.err("A " + shape_str(a.shape) + " and B " + shape_str(b.shape) + " must be 2-D");
-        int64_t ta = n.i("transA", 0), tb = n.i("transB", 0);
-        int64_t m = ta ? a.shape[1] : a.shape[0], k = ta ? a.shape[0] : a.shape[1];
-        int64_t kb = tb ? b.shape[1] : b.shape[0], nn = tb ? b.shape[0] : b.shape[1];
-        if (k != kb)
-            c.err("inner dimensions differ: A " + shape_str(a.shape) + (ta ? "^T" : "") + " x B " +
-                  shape_str(b.shape) + (tb ? "^T" : ""));
-        if (const value* cc = c.opt(2)) {
-            c.same_type(0, 2);
-            const shape_t& s = cc->shape;
-            if (s.size() > 2) c.err("C " + shape_str(s) + " must be at most 2-D");
-            shape_t full{m, nn};
-            for (size_t i = 0; i < s.size(); ++i) {
-                int64_t want = full[2 - s.size() + i];
-                if (s[i] != 1 && s[i] != want)
-                    c.err("C " + shape_str(s) + " does not broadcast to " + shape_str(full));
-            }
-        }
-        n.set("alpha", n.f("alpha", 1.0f));
-        n.set("beta", n.f("beta", 1.0f));
-        n.set("transA", ta);
-        n.set("transB", tb);
-        c.out(0, a.type, {m, nn}, a.batched && !ta);
-        break;
-    }
-    case op_type::MatMul: {
-        const value& a = c.in(0);
-        const value& b = c.in(1);
-        c.same_type(0, 1);
-        if (a.type == dtype::boolean) c.err("bool inputs are not numeric");
-        if (a.shape.empty() || b.shape.empty()) c.err("inputs must be at least 1-D");
-        shape_t sa = a.shape, sb = b.shape;
-        bool a1 = sa.size() == 1, b1 = sb.size() == 1;
-        if (a1) sa.insert(sa.begin(), 1);
-        if (b1) sb.push_back(1);
-        if (sa.back() != sb[sb.size() - 2])
-            c.err("inner dimensions differ: " + shape_str(a.shape) + " x " + shape_str(b.shape));
-        shape_t ba(sa.begin(), sa.end() - 2), bb(sb.begin(), sb.end() - 2);
-        shape_t out = broadcast(c, {&ba, &bb});
-        if (!a1) out.push_back(sa[sa.size() - 2]);
-        if (!b1) out.push_back(sb.back());
-        c.out(0, a.type, out, a.batched && a.shape.size() >= 2 && out.size() == a.shape.size());
-        break;
-    }
-    // ---- shape manipulation
-    case op_type::Concat: {
-        if (n.inputs.empty()) c.err("needs at least one input", K::invalid_graph);
-        const shape_t& s0 = c.sh(0);
-        if (s0.empty()) c.err("inputs must be at least 1-D");
-        if (!n.has("axis")) c.err("axis is required", K::invalid_graph);
-        int64_t ax = c.axis(n.i("axis", 0), int64_t(s0.size()));
-        shape_t out = s0;
-        out[size_t(ax)] = 0;
-        for (size_t k = 0; k < n.inputs.size(); ++k) {
-            c.same_type(0, k);
-            const shape_t& s = c.sh(k);
-            bool ok = s.size() == s0.size();
-            for (size_t i = 0; ok && i < s.size(); ++i)
-                if (i != size_t(ax) && s[i] != s0[i]) ok = false;
-            if (!ok)
-                c.err("input " + std::to_string(k) + " " + shape_str(s) + " does not match " + shape_str(s0) +
-                      " outside axis " + std::to_string(ax));
-            if (__builtin_add_overflow(out[size_t(ax)], s[size_t(ax)], &out[size_t(ax)]))
-                c.err("dimension overflow", K::limits);
-        }
-        n.set("axis", ax);
-        c.out(0, c.in(0).type, out, ax != 0 && c.in(0).batched);
-        break;
-    }
-    case op_type::Split: {
-        const value& x = c.in(0);
-        if (x.shape.empty()) c.err("input must be at least 1-D");
-        int64_t ax = c.axis(n.i("axis", 0), int64_t(x.shape.size()));
-        int64_t d = x.shape[size_t(ax)];
-        size_t nout = n.outputs.size();
-        ints split;
-        if (n.has("split")) {
-            split = n.is("split");
+    n.set("axis", ax);
+    c.out(0, c.in(0).type, out, ax != 0 && c.in(0).batched);
+}
+
+void infer_split(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (x.shape.empty()) c.err("input must be at least 1-D");
+    int64_t ax = c.axis(n.i("axis", 0), int64_t(x.shape.size()));
+    int64_t d = x.shape[size_t(ax)];
+    size_t nout = n.outputs.size();
+    ints split;
+    if (n.has("split")) {
+        split = n.is("split");
+    } else {
+        int64_t parts = n.i("num_outputs", int64_t(nout));
+        if (parts < 1 || size_t(parts) != nout)
+            c.err("num_outputs " + std::to_string(parts) + " does not match " + std::to_string(nout) + " outputs",
+                  K::invalid_graph);
+        if (n.has("num_outputs")) {  // opset 18: the last chunk may be smaller
+            int64_t chunk = (d + parts - 1) / parts;
+            for (int64_t i = 0; i < parts; ++i) split.push_back(std::clamp<int64_t>(d - i * chunk, 0, chunk));
         } else {
-            int64_t parts = n.i("num_outputs", int64_t(nout));
-            if (parts < 1 || size_t(parts) != nout)
-                c.err("num_outputs " + std::to_string(parts) + " does not match " + std::to_string(nout) + " outputs",
-                      K::invalid_graph);
-            if (n.has("num_outputs")) {  // opset 18: the last chunk may be smaller
-                int64_t chunk = (d + parts - 1) / parts;
-                for (int64_t i = 0; i < parts; ++i) split.push_back(std::clamp<int64_t>(d - i * chunk, 0, chunk));
-            } else {
-                if (d % parts != 0)
-                    c.err("dim " + std::to_string(d) + " does not split into " + std::to_string(parts) + " equal parts");
-                split.assign(size_t(parts), d / parts);
-            }
+            if (d % parts != 0)
+                c.err("dim " + std::to_string(d) + " does not split into " + std::to_string(parts) + " equal parts");
+            split.assign(size_t(parts), d / parts);
         }
-        if (split.size() != nout)
-            c.err("split " + ints_str(split) + " does not match " + std::to_string(nout) + " outputs", K::invalid_graph);
-        int64_t sum = 0;
-        for (int64_t s : split) {
-            if (s < 0) c.err("negative split size");
-            sum += s;
-        }
-        if (sum != d) c.err("split " + ints_str(split) + " does not sum to dim " + std::to_string(d));
-        n.set("axis", ax);
-        n.set("split", split);
-        n.erase("num_outputs");
-        for (size_t k = 0; k < nout; ++k) {
-            shape_t s = x.shape;
-            s[size_t(ax)] = split[k];
-            c.out(k, x.type, s, ax != 0 && x.batched);
-        }
-        break;
     }
-    case op_type::Slice: {
-        const value& x = c.in(0);
-        int64_t r = int64_t(x.shape.size());
-        if (!n.has("starts") || !n.has("ends")) c.err("starts and ends are required", K::invalid_graph);
-        ints starts = n.is("starts"), ends = n.is("ends");
-        ints axes = n.is("axes"), steps = n.is("steps");
-        if (axes.empty()) {
-            axes.resize(starts.size());
-            std::iota(axes.begin(), axes.end(), 0);
-        }
-        if (steps.empty()) steps.assign(starts.size(), 1);
-        if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
-            c.err("starts/ends/axes/steps differ in length");
-        shape_t out = x.shape;
-        std::set<int64_t> seen;
-        bool batched = x.batched;
-        for (size_t i = 0; i < starts.size(); ++i) {
-            int64_t a = c.axis(axes[i], r);
-            if (!seen.insert(a).second) c.err("repeated axis " + std::to_string(a));
-            int64_t d = x.shape[size_t(a)];
-            int64_t s = starts[i], e = ends[i], st = steps[i];
-            if (st == 0) c.err("step 0");
-            if (s < 0) s += d;
-            if (e < 0) e += d;
-            int64_t len;
-            if (st > 0) {
-                s = std::clamp<int64_t>(s, 0, d);
-                e = std::clamp<int64_t>(e, 0, d);
-                len = e > s ? (e - s + st - 1) / st : 0;
-            } else {
-                s = std::clamp<int64_t>(s, 0, d - 1);
-                e = std::clamp<int64_t>(e, -1, d - 1);
-                len = s > e ? (s - e + (-st) - 1) / (-st) : 0;
-            }
-            axes[i] = a;
-            starts[i] = s;
-            ends[i] = e;
-            out[size_t(a)] = len;
-            if (a == 0 && len != d) batched = false;
-        }
-        n.set("axes", axes);
-        n.set("starts", starts);
-        n.set("ends", ends);
-        n.set("steps", steps);
-        c.out(0, x.type, out, batched);
-        break;
+    if (split.size() != nout)
+        c.err("split " + ints_str(split) + " does not match " + std::to_string(nout) + " outputs", K::invalid_graph);
+    int64_t sum = 0;
+    for (int64_t s : split) {
+        if (s < 0) c.err("negative split size");
+        sum += s;
     }
-    case op_type::Flatten: {
-        const value& x = c.in(0);
-        int64_t r = int64_t(x.shape.size());
-        int64_t a = n.i("axis", 1);
-        if (a < -r || a > r) c.err("axis " + std::to_string(a) + " out of range for rank " + std::to_string(r));
-        if (a < 0) a += r;
-        int64_t outer = 1, inner = 1;
-        for (int64_t i = 0; i < r; ++i) (i < a ? outer : inner) = checked_mul(i < a ? outer : inner, x.shape[size_t(i)]);
-        n.set("axis", a);
-        c.out(0, x.type, {outer, inner}, a >= 1 && x.batched && outer == x.shape[0]);
-        break;
+    if (sum != d) c.err("split " + ints_str(split) + " does not sum to dim " + std::to_string(d));
+    n.set("axis", ax);
+    n.set("split", split);
+    n.erase("num_outputs");
+    for (size_t k = 0; k < nout; ++k) {
+        shape_t s = x.shape;
+        s[size_t(ax)] = split[k];
+        c.out(k, x.type, s, ax != 0 && x.batched);
     }
-    case op_type::Reshape: {
-        const value& x = c.in(0);
-        if (!n.has("shape")) c.err("shape is required", K::invalid_graph);
-        ints target = n.is("shape");
-        bool allowzero = n.i("allowzero", 0) != 0;
-        shape_t out(target.begin(), target.end());
-        int neg = -1;
-        int64_t known = 1;
-        bool has_zero = false;
-        for (size_t i = 0; i < out.size(); ++i) {
-            if (out[i] == 0 && !allowzero) {
-                if (i >= x.shape.size()) c.err("shape " + ints_str(target) + " copies dim " + std::to_string(i) + " that " + shape_str(x.shape) + " lacks");
-                out[i] = x.shape[i];
-            } else if (out[i] == -1) {
-                if (neg >= 0) c.err("shape " + ints_str(target) + " has more than one -1");
-                neg = int(i);
-                continue;
-            } else if (out[i] < -1) {
-                c.err("shape " + ints_str(target) + " has a negative dim");
-            }
-            if (out[i] == 0) has_zero = true;
-            known = checked_mul(known, out[i]);
-        }
-        int64_t total = element_count(x.shape);
-        if (neg >= 0) {
-            if (allowzero && has_zero) c.err("allowzero with both 0 and -1 in " + ints_str(target));
-            if (known == 0 || total % known != 0)
-                c.err("cannot reshape " + shape_str(x.shape) + " (" + std::to_string(total) + " elements) to " + ints_str(target));
-            out[size_t(neg)] = total / known;
-        } else if (known != total) {
-            c.err("cannot reshape " + shape_str(x.shape) + " (" + std::to_string(total) + " elements) to " +
-                  ints_str(target) + " (" + std::to_string(known) + " elements)");
-        }
-        n.set("allowzero", int64_t(allowzero));
-        bool batched = x.batched && !target.empty() && target[0] == 0 && !allowzero;
-        c.out(0, x.type, out, batched);
-        break;
+}
+
+void infer_slice(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    int64_t r = int64_t(x.shape.size());
+    if (!n.has("starts") || !n.has("ends")) c.err("starts and ends are required", K::invalid_graph);
+    ints starts = n.is("starts"), ends = n.is("ends");
+    ints axes = n.is("axes"), steps = n.is("steps");
+    if (axes.empty()) {
+        axes.resize(starts.size());
+        std::iota(axes.begin(), axes.end(), 0);
     }
-    case op_type::Transpose: {
-        const value& x = c.in(0);
-        size_t r = x.shape.size();
-        ints perm = n.is("perm");
-        if (perm.empty()) {
-            perm.resize(r);
-            for (size_t i = 0; i < r; ++i) perm[i] = int64_t(r - 1 - i);
-        }
-        if (perm.size() != r) c.err("perm " + ints_str(perm) + " does not match rank " + std::to_string(r));
-        std::vector<char> used(r, 0);
-        shape_t out(r);
-        for (size_t i = 0; i < r; ++i) {
-            int64_t p = perm[i];
-            if (p < 0 || p >= int64_t(r) || used[size_t(p)]) c.err("perm " + ints_str(perm) + " is not a permutation");
-            used[size_t(p)] = 1;
-            out[i] = x.shape[size_t(p)];
-        }
-        n.set("perm", perm);
-        c.out(0, x.type, out, x.batched && r > 0 && perm[0] == 0);
-        break;
-    }
-    case op_type::Squeeze: {
-        const value& x = c.in(0);
-        int64_t r = int64_t(x.shape.size());
-        ints axes = n.is("axes");
-        std::set<int64_t> ax;
-        if (!n.has("axes")) {
-            for (int64_t i = 0; i < r; ++i)
-                if (x.shape[size_t(i)] == 1) ax.insert(i);
+    if (steps.empty()) steps.assign(starts.size(), 1);
+    if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+        c.err("starts/ends/axes/steps differ in length");
+    shape_t out = x.shape;
+    std::set<int64_t> seen;
+    bool batched = x.batched;
+    for (size_t i = 0; i < starts.size(); ++i) {
+        int64_t a = c.axis(axes[i], r);
+        if (!seen.insert(a).second) c.err("repeated axis " + std::to_string(a));
+        int64_t d = x.shape[size_t(a)];
+        int64_t s = starts[i], e = ends[i], st = steps[i];
+        if (st == 0) c.err("step 0");
+        if (s < 0) s += d;
+        if (e < 0) e += d;
+        int64_t len;
+        if (st > 0) {
+            s = std::clamp<int64_t>(s, 0, d);
+            e = std::clamp<int64_t>(e, 0, d);
+            len = e > s ? (e - s + st - 1) / st : 0;
         } else {
-            for (int64_t a : axes) {
-                a = c.axis(a, r);
-                if (x.shape[size_t(a)] != 1)
-                    c.err("cannot squeeze dim " + std::to_string(a) + " of " + shape_str(x.shape) + " (not 1)");
-                ax.insert(a);
-            }
+            s = std::clamp<int64_t>(s, 0, d - 1);
+            e = std::clamp<int64_t>(e, -1, d - 1);
+            len = s > e ? (s - e + (-st) - 1) / (-st) : 0;
         }
-        shape_t out;
+        axes[i] = a;
+        starts[i] = s;
+        ends[i] = e;
+        out[size_t(a)] = len;
+        if (a == 0 && len != d) batched = false;
+    }
+    n.set("axes", axes);
+    n.set("starts", starts);
+    n.set("ends", ends);
+    n.set("steps", steps);
+    c.out(0, x.type, out, batched);
+}
+
+void infer_flatten(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    int64_t r = int64_t(x.shape.size());
+    int64_t a = n.i("axis", 1);
+    if (a < -r || a > r) c.err("axis " + std::to_string(a) + " out of range for rank " + std::to_string(r));
+    if (a < 0) a += r;
+    int64_t outer = 1, inner = 1;
+    for (int64_t i = 0; i < r; ++i) (i < a ? outer : inner) = checked_mul(i < a ? outer : inner, x.shape[size_t(i)]);
+    n.set("axis", a);
+    c.out(0, x.type, {outer, inner}, a >= 1 && x.batched && outer == x.shape[0]);
+}
+
+void infer_reshape(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (!n.has("shape")) c.err("shape is required", K::invalid_graph);
+    ints target = n.is("shape");
+    bool allowzero = n.i("allowzero", 0) != 0;
+    shape_t out(target.begin(), target.end());
+    int neg = -1;
+    int64_t known = 1;
+    bool has_zero = false;
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i] == 0 && !allowzero) {
+            if (i >= x.shape.size()) c.err("shape " + ints_str(target) + " copies dim " + std::to_string(i) + " that " + shape_str(x.shape) + " lacks");
+            out[i] = x.shape[i];
+        } else if (out[i] == -1) {
+            if (neg >= 0) c.err("shape " + ints_str(target) + " has more than one -1");
+            neg = int(i);
+            continue;
+        } else if (out[i] < -1) {
+            c.err("shape " + ints_str(target) + " has a negative dim");
+        }
+        if (out[i] == 0) has_zero = true;
+        known = checked_mul(known, out[i]);
+    }
+    int64_t total = element_count(x.shape);
+    if (neg >= 0) {
+        if (allowzero && has_zero) c.err("allowzero with both 0 and -1 in " + ints_str(target));
+        if (known == 0 || total % known != 0)
+            c.err("cannot reshape " + shape_str(x.shape) + " (" + std::to_string(total) + " elements) to " + ints_str(target));
+        out[size_t(neg)] = total / known;
+    } else if (known != total) {
+        c.err("cannot reshape " + shape_str(x.shape) + " (" + std::to_string(total) + " elements) to " +
+              ints_str(target) + " (" + std::to_string(known) + " elements)");
+    }
+    n.set("allowzero", int64_t(allowzero));
+    bool batched = x.batched && !target.empty() && target[0] == 0 && !allowzero;
+    c.out(0, x.type, out, batched);
+}
+
+void infer_transpose(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    size_t r = x.shape.size();
+    ints perm = n.is("perm");
+    if (perm.empty()) {
+        perm.resize(r);
+        for (size_t i = 0; i < r; ++i) perm[i] = int64_t(r - 1 - i);
+    }
+    if (perm.size() != r) c.err("perm " + ints_str(perm) + " does not match rank " + std::to_string(r));
+    std::vector<char> used(r, 0);
+    shape_t out(r);
+    for (size_t i = 0; i < r; ++i) {
+        int64_t p = perm[i];
+        if (p < 0 || p >= int64_t(r) || used[size_t(p)]) c.err("perm " + ints_str(perm) + " is not a permutation");
+        used[size_t(p)] = 1;
+        out[i] = x.shape[size_t(p)];
+    }
+    n.set("perm", perm);
+    c.out(0, x.type, out, x.batched && r > 0 && perm[0] == 0);
+}
+
+void infer_squeeze(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    int64_t r = int64_t(x.shape.size());
+    ints axes = n.is("axes");
+    std::set<int64_t> ax;
+    if (!n.has("axes")) {
         for (int64_t i = 0; i < r; ++i)
-            if (!ax.count(i)) out.push_back(x.shape[size_t(i)]);
-        n.set("axes", ints(ax.begin(), ax.end()));
-        c.out(0, x.type, out, x.batched && !ax.count(0));
-        break;
+            if (x.shape[size_t(i)] == 1) ax.insert(i);
+    } else {
+        for (int64_t a : axes) {
+            a = c.axis(a, r);
+            if (x.shape[size_t(a)] != 1)
+                c.err("cannot squeeze dim " + std::to_string(a) + " of " + shape_str(x.shape) + " (not 1)");
+            ax.insert(a);
+        }
     }
-    case op_type::Unsqueeze: {
-        const value& x = c.in(0);
-        if (!n.has("axes")) c.err("axes is required", K::invalid_graph);
-        ints axes = n.is("axes");
-        int64_t r = int64_t(x.shape.size()) + int64_t(axes.size());
-        std::set<int64_t> ax;
+    shape_t out;
+    for (int64_t i = 0; i < r; ++i)
+        if (!ax.count(i)) out.push_back(x.shape[size_t(i)]);
+    n.set("axes", ints(ax.begin(), ax.end()));
+    c.out(0, x.type, out, x.batched && !ax.count(0));
+}
+
+void infer_unsqueeze(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (!n.has("axes")) c.err("axes is required", K::invalid_graph);
+    ints axes = n.is("axes");
+    int64_t r = int64_t(x.shape.size()) + int64_t(axes.size());
+    std::set<int64_t> ax;
+    for (int64_t a : axes)
+        if (!ax.insert(c.axis(a, r, "axes")).second) c.err("repeated axis in " + ints_str(axes));
+    shape_t out;
+    size_t src = 0;
+    for (int64_t i = 0; i < r; ++i) out.push_back(ax.count(i) ? 1 : x.shape[src++]);
+    n.set("axes", ints(ax.begin(), ax.end()));
+    c.out(0, x.type, out, x.batched && !ax.count(0));
+}
+
+void infer_gather(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    const value& idx = c.in(1);
+    if (x.shape.empty()) c.err("data must be at least 1-D");
+    if (idx.type != dtype::i64 && idx.type != dtype::i32) c.err("indices must be int32 or int64");
+    int64_t ax = c.axis(n.i("axis", 0), int64_t(x.shape.size()));
+    int64_t d = x.shape[size_t(ax)];
+    if (idx.data) {
+        tensor t = idx.constant();
+        for (int64_t i = 0, e = t.elements(); i < e; ++i) {
+            int64_t v = t.as_i64(i);
+            if (v < -d || v >= d) c.err("index " + std::to_string(v) + " out of range for dim " + std::to_string(d));
+        }
+    }
+    shape_t out(x.shape.begin(), x.shape.begin() + ax);
+    out.insert(out.end(), idx.shape.begin(), idx.shape.end());
+    out.insert(out.end(), x.shape.begin() + ax + 1, x.shape.end());
+    n.set("axis", ax);
+    c.out(0, x.type, out, ax != 0 && x.batched);
+}
+
+void infer_shape(ctx& c) {
+    node& n = c.n;
+    int64_t r = int64_t(c.sh(0).size());
+    int64_t s = n.i("start", 0), e = n.i("end", r);
+    if (s < 0) s += r;
+    if (e < 0) e += r;
+    s = std::clamp<int64_t>(s, 0, r);
+    e = std::clamp<int64_t>(e, 0, r);
+    n.set("start", s);
+    n.set("end", e);
+    c.out(0, dtype::i64, {std::max<int64_t>(0, e - s)});
+}
+
+void infer_constant_of_shape(ctx& c) {
+    node& n = c.n;
+    if (!n.has("shape")) c.err("shape is required", K::invalid_graph);
+    ints s = n.is("shape");
+    for (int64_t d : s)
+        if (d < 0) c.err("negative dim in " + ints_str(s), K::limits);
+    dtype t = dtype::f32;
+    if (const tensor* v = n.t("value")) {
+        if (v->elements() != 1) c.err("value must have exactly one element");
+        t = v->type;
+    }
+    c.out(0, t, shape_t(s.begin(), s.end()));
+}
+
+void infer_range(ctx& c) {
+    node& n = c.n;
+    for (size_t k = 0; k < 3; ++k) {
+        const value& v = c.in(k);
+        if (!v.data)
+            fail_node(K::dynamic, n, "input '" + v.name + "' must be constant (the output shape depends on it)",
+                      v.name);
+        if (element_count(v.shape) != 1) c.err("inputs must be scalars");
+        c.same_type(0, k);
+    }
+    dtype t = c.in(0).type;
+    if (t == dtype::boolean || t == dtype::i8 || t == dtype::u8 || t == dtype::f16)
+        c.err(std::string("unsupported Range type ") + dtype_name(t), K::unsupported_dtype);
+    double start = c.in(0).constant().as_f64(0), limit = c.in(1).constant().as_f64(0),
+           delta = c.in(2).constant().as_f64(0);
+    if (is_integer(t)) {  // exact
+        int64_t s = c.in(0).constant().as_i64(0), l = c.in(1).constant().as_i64(0), d = c.in(2).constant().as_i64(0);
+        if (d == 0) c.err("delta is 0");
+        start = double(s), limit = double(l), delta = double(d);
+    }
+    if (delta == 0) c.err("delta is 0");
+    if (t == dtype::f32) limit = double(float(limit) - float(start)), start = 0;  // as ONNX Runtime: in T
+    double cnt = std::ceil((limit - start) / delta);
+    if (!(cnt < double(max_elements))) {
+        if (std::isnan(cnt)) c.err("non-finite start/limit/delta");
+        c.err("output would have more than 2^31 elements", K::limits);
+    }
+    c.out(0, t, {std::max<int64_t>(0, int64_t(cnt))});
+}
+
+void infer_expand(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (!n.has("shape")) c.err("shape is required", K::invalid_graph);
+    ints s = n.is("shape");
+    for (int64_t d : s)
+        if (d < 0) c.err("negative dim in shape " + ints_str(s));
+    shape_t target(s.begin(), s.end());
+    shape_t out = broadcast(c, {&x.shape, &target});
+    c.out(0, x.type, out, x.batched && out.size() == x.shape.size() && out[0] == x.shape[0]);
+}
+
+void infer_softmax(ctx& c) {
+    node& n = c.n;
+    c.need_float(0);
+    const value& x = c.in(0);
+    int64_t r = int64_t(x.shape.size());
+    if (r == 0) c.err("input must be at least 1-D");
+    int64_t coerce = n.i("coerce_2d", 0);
+    int64_t a = c.axis(n.i("axis", coerce ? 1 : -1), r);
+    if (a == r - 1) coerce = 0;
+    n.set("axis", a);
+    n.set("coerce_2d", coerce);
+    c.out(0, x.type, x.shape, x.batched && a != 0);
+}
+
+void infer_layer_norm(ctx& c) {
+    node& n = c.n;
+    c.need_float(0);
+    const value& x = c.in(0);
+    int64_t r = int64_t(x.shape.size());
+    if (r == 0) c.err("input must be at least 1-D");
+    int64_t a = c.axis(n.i("axis", -1), r);
+    shape_t norm(x.shape.begin() + a, x.shape.end());
+    for (size_t k = 1; k <= 2; ++k) {
+        const value* p = c.opt(k);
+        if (!p) {
+            if (k == 1) c.err("scale is required", K::invalid_graph);
+            continue;
+        }
+        c.same_type(0, k);
+        if (p->shape.size() > norm.size()) c.err("scale/bias " + shape_str(p->shape) + " do not broadcast to " + shape_str(norm));
+        for (size_t i = 0; i < p->shape.size(); ++i) {
+            int64_t want = norm[norm.size() - p->shape.size() + i];
+            if (p->shape[i] != 1 && p->shape[i] != want)
+                c.err("scale/bias " + shape_str(p->shape) + " do not broadcast to " + shape_str(norm));
+        }
+    }
+    int64_t stash = n.i("stash_type", 1);
+    if (stash != 1) c.err("stash_type other than float is unsupported", K::unsupported_feature);
+    n.set("axis", a);
+    n.set("epsilon", n.f("epsilon", 1e-5f));
+    n.set("stash_type", stash);
+    c.out(0, x.type, x.shape, x.batched && a > 0);
+    shape_t stat(x.shape.begin(), x.shape.begin() + a);
+    stat.resize(size_t(r), 1);
+    c.out(1, dtype::f32, stat, x.batched && a > 0);
+    c.out(2, dtype::f32, stat, x.batched && a > 0);
+}
+
+void infer_reduce_mean(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    if (x.type == dtype::boolean) c.err("bool input is not numeric");
+    int64_t r = int64_t(x.shape.size());
+    ints axes = n.is("axes");
+    int64_t keep = n.i("keepdims", 1);
+    if (axes.empty() && n.i("noop_with_empty_axes", 0)) {
+        n.op = op_type::Identity;
+        n.attrs.clear();
+        c.out(0, x.type, x.shape, x.batched);
+        return;
+    }
+    std::set<int64_t> ax;
+    if (axes.empty()) {
+        for (int64_t i = 0; i < r; ++i) ax.insert(i);
+    } else {
         for (int64_t a : axes)
-            if (!ax.insert(c.axis(a, r, "axes")).second) c.err("repeated axis in " + ints_str(axes));
-        shape_t out;
-        size_t src = 0;
-        for (int64_t i = 0; i < r; ++i) out.push_back(ax.count(i) ? 1 : x.shape[src++]);
-        n.set("axes", ints(ax.begin(), ax.end()));
-        c.out(0, x.type, out, x.batched && !ax.count(0));
-        break;
+            if (!ax.insert(c.axis(a, r)).second) c.err("repeated axis in " + ints_str(axes));
     }
-    case op_type::Gather: {
-        const value& x = c.in(0);
-        const value& idx = c.in(1);
-        if (x.shape.empty()) c.err("data must be at least 1-D");
-        if (idx.type != dtype::i64 && idx.type != dtype::i32) c.err("indices must be int32 or int64");
-        int64_t ax = c.axis(n.i("axis", 0), int64_t(x.shape.size()));
-        int64_t d = x.shape[size_t(ax)];
-        if (idx.data) {
-            tensor t = idx.constant();
-            for (int64_t i = 0, e = t.elements(); i < e; ++i) {
-                int64_t v = t.as_i64(i);
-                if (v < -d || v >= d) c.err("index " + std::to_string(v) + " out of range for dim " + std::to_string(d));
-            }
-        }
-        shape_t out(x.shape.begin(), x.shape.begin() + ax);
-        out.insert(out.end(), idx.shape.begin(), idx.shape.end());
-        out.insert(out.end(), x.shape.begin() + ax + 1, x.shape.end());
-        n.set("axis", ax);
-        c.out(0, x.type, out, ax != 0 && x.batched);
-        break;
+    shape_t out;
+    for (int64_t i = 0; i < r; ++i) {
+        if (!ax.count(i)) out.push_back(x.shape[size_t(i)]);
+        else if (keep) out.push_back(1);
     }
-    case op_type::Shape: {
-        int64_t r = int64_t(c.sh(0).size());
-        int64_t s = n.i("start", 0), e = n.i("end", r);
-        if (s < 0) s += r;
-        if (e < 0) e += r;
-        s = std::clamp<int64_t>(s, 0, r);
-        e = std::clamp<int64_t>(e, 0, r);
-        n.set("start", s);
-        n.set("end", e);
-        c.out(0, dtype::i64, {std::max<int64_t>(0, e - s)});
-        break;
-    }
-    case op_type::ConstantOfShape: {
-        if (!n.has("shape")) c.err("shape is required", K::invalid_graph);
-        ints s = n.is("shape");
-        for (int64_t d : s)
-            if (d < 0) c.err("negative dim in " + ints_str(s), K::limits);
-        dtype t = dtype::f32;
-        if (const tensor* v = n.t("value")) {
-            if (v->elements() != 1) c.err("value must have exactly one element");
-            t = v->type;
-        }
-        c.out(0, t, shape_t(s.begin(), s.end()));
-        break;
-    }
-    case op_type::Range: {
-        for (size_t k = 0; k < 3; ++k) {
-            const value& v = c.in(k);
-            if (!v.data)
-                fail_node(K::dynamic, n, "input '" + v.name + "' must be constant (the output shape depends on it)",
-                          v.name);
-            if (element_count(v.shape) != 1) c.err("inputs must be scalars");
-            c.same_type(0, k);
-        }
-        dtype t = c.in(0).type;
-        if (t == dtype::boolean || t == dtype::i8 || t == dtype::u8 || t == dtype::f16)
-            c.err(std::string("unsupported Range type ") + dtype_name(t), K::unsupported_dtype);
-        double start = c.in(0).constant().as_f64(0), limit = c.in(1).constant().as_f64(0),
-               delta = c.in(2).constant().as_f64(0);
-        if (is_integer(t)) {  // exact
-            int64_t s = c.in(0).constant().as_i64(0), l = c.in(1).constant().as_i64(0), d = c.in(2).constant().as_i64(0);
-            if (d == 0) c.err("delta is 0");
-            start = double(s), limit = double(l), delta = double(d);
-        }
-        if (delta == 0) c.err("delta is 0");
-        if (t == dtype::f32) limit = double(float(limit) - float(start)), start = 0;  // as ONNX Runtime: in T
-        double cnt = std::ceil((limit - start) / delta);
-        if (!(cnt < double(max_elements))) {
-            if (std::isnan(cnt)) c.err("non-finite start/limit/delta");
-            c.err("output would have more than 2^31 elements", K::limits);
-        }
-        c.out(0, t, {std::max<int64_t>(0, int64_t(cnt))});
-        break;
-    }
-    case op_type::Expand: {
-        const value& x = c.in(0);
-        if (!n.has("shape")) c.err("shape is required", K::invalid_graph);
-        ints s = n.is("shape");
-        for (int64_t d : s)
-            if (d < 0) c.err("negative dim in shape " + ints_str(s));
-        shape_t target(s.begin(), s.end());
-        shape_t out = broadcast(c, {&x.shape, &target});
-        c.out(0, x.type, out, x.batched && out.size() == x.shape.size() && out[0] == x.shape[0]);
-        break;
-    }
-    case op_type::Softmax:
-    case op_type::LogSoftmax: {
-        c.need_float(0);
-        const value& x = c.in(0);
-        int64_t r = int64_t(x.shape.size());
-        if (r == 0) c.err("input must be at least 1-D");
-        int64_t coerce = n.i("coerce_2d", 0);
-        int64_t a = c.axis(n.i("axis", coerce ? 1 : -1), r);
-        if (a == r - 1) coerce = 0;
-        n.set("axis", a);
-        n.set("coerce_2d", coerce);
-        c.out(0, x.type, x.shape, x.batched && a != 0);
-        break;
-    }
-    case op_type::LayerNormalization: {
-        c.need_float(0);
-        const value& x = c.in(0);
-        int64_t r = int64_t(x.shape.size());
-        if (r == 0) c.err("input must be at least 1-D");
-        int64_t a = c.axis(n.i("axis", -1), r);
-        shape_t norm(x.shape.begin() + a, x.shape.end());
-        for (size_t k = 1; k <= 2; ++k) {
-            const value* p = c.opt(k);
-            if (!p) {
-                if (k == 1) c.err("scale is required", K::invalid_graph);
-                continue;
-            }
-            c.same_type(0, k);
-            if (p->shape.size() > norm.size()) c.err("scale/bias " + shape_str(p->shape) + " do not broadcast to " + shape_str(norm));
-            for (size_t i = 0; i < p->shape.size(); ++i) {
-                int64_t want = norm[norm.size() - p->shape.size() + i];
-                if (p->shape[i] != 1 && p->shape[i] != want)
-                    c.err("scale/bias " + shape_str(p->shape) + " do not broadcast to " + shape_str(norm));
-            }
-        }
-        int64_t stash = n.i("stash_type", 1);
-        if (stash != 1) c.err("stash_type other than float is unsupported", K::unsupported_feature);
-        n.set("axis", a);
-        n.set("epsilon", n.f("epsilon", 1e-5f));
-        n.set("stash_type", stash);
-        c.out(0, x.type, x.shape, x.batched && a > 0);
-        shape_t stat(x.shape.begin(), x.shape.begin() + a);
-        stat.resize(size_t(r), 1);
-        c.out(1, dtype::f32, stat, x.batched && a > 0);
-        c.out(2, dtype::f32, stat, x.batched && a > 0);
-        break;
-    }
-    case op_type::ReduceMean: {
-        const value& x = c.in(0);
-        if (x.type == dtype::boolean) c.err("bool input is not numeric");
-        int64_t r = int64_t(x.shape.size());
+    n.set("axes", ints(ax.begin(), ax.end()));
+    n.set("keepdims", keep ? int64_t(1) : int64_t(0));
+    n.erase("noop_with_empty_axes");
+    c.out(0, x.type, out, x.batched && !ax.count(0));
+}
+
+void infer_pad(ctx& c) {
+    node& n = c.n;
+    const value& x = c.in(0);
+    size_t r = x.shape.size();
+    ints pads = n.is("pads");
+    if (n.has("axes")) {
         ints axes = n.is("axes");
-        int64_t keep = n.i("keepdims", 1);
-        if (axes.empty() && n.i("noop_with_empty_axes", 0)) {
-            n.op = op_type::Identity;
-            n.attrs.clear();
-            c.out(0, x.type, x.shape, x.batched);
-            break;
+        if (pads.size() != 2 * axes.size())
+            c.err("pads " + ints_str(pads) + " do not match axes " + ints_str(axes));
+        ints full(2 * r, 0);
+        for (size_t i = 0; i < axes.size(); ++i) {
+            int64_t a = c.axis(axes[i], int64_t(r));
+            full[size_t(a)] = pads[i];
+            full[size_t(a) + r] = pads[i + axes.size()];
         }
-        std::set<int64_t> ax;
-        if (axes.empty()) {
-            for (int64_t i = 0; i < r; ++i) ax.insert(i);
-        } else {
-            for (int64_t a : axes)
-                if (!ax.insert(c.axis(a, r)).second) c.err("repeated axis in " + ints_str(axes));
-        }
-        shape_t out;
-        for (int64_t i = 0; i < r; ++i) {
-            if (!ax.count(i)) out.push_back(x.shape[size_t(i)]);
-            else if (keep) out.push_back(1);
-        }
-        n.set("axes", ints(ax.begin(), ax.end()));
-        n.set("keepdims", keep ? int64_t(1) : int64_t(0));
-        n.erase("noop_with_empty_axes");
-        c.out(0, x.type, out, x.batched && !ax.count(0));
-        break;
+        pads = full;
+        n.erase("axes");
     }
-    case op_type::Pad: {
-        const value& x = c.in(0);
-        size_t r = x.shape.size();
-        ints pads = n.is("pads");
-        if (n.has("axes")) {
-            ints axes = n.is("axes");
-            if (pads.size() != 2 * axes.size())
-                c.err("pads " + ints_str(pads) + " do not match axes " + ints_str(axes));
-            ints full(2 * r, 0);
-            for (size_t i = 0; i < axes.size(); ++i) {
-                int64_t a = c.axis(axes[i], int64_t(r));
-                full[size_t(a)] = pads[i];
-                full[size_t(a) + r] = pads[i + axes.size()];
-            }
-            pads = full;
-            n.erase("axes");
-        }
-        if (pads.empty()) pads.assign(2 * r, 0);
-        if (pads.size() != 2 * r) c.err("pads " + ints_str(pads) + " do not match rank " + std::to_string(r));
-        std::string mode = n.s("mode", "constant");
-        if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
-            c.err("unknown mode '" + mode + "'", K::unsupported_feature);
-        shape_t out = x.shape;
-        for (size_t i = 0; i < r; ++i) {
-            if (std::abs(pads[i]) > (int64_t{1} << 31) || std::abs(pads[i + r]) > (int64_t{1} << 31))
-                c.err("absurd pads " + ints_str(pads), K::limits);
-            out[i] = x.shape[i] + pads[i] + pads[i + r];
-            if (out[i] < 0) c.err("pads " + ints_str(pads) + " remove more than " + shape_str(x.shape));
-            if (mode != "constant" && x.shape[i] == 0 && out[i] > 0) c.err("cannot pad an empty dim in mode " + mode);
-        }
-        n.set("pads", pads);
-        n.set("mode", mode);
-        n.set("value", n.f("value", 0.0f));
-        c.out(0, x.type, out, x.batched && r > 0 && pads[0] == 0 && pads[r] == 0);
-        break;
+    if (pads.empty()) pads.assign(2 * r, 0);
+    if (pads.size() != 2 * r) c.err("pads " + ints_str(pads) + " do not match rank " + std::to_string(r));
+    std::string mode = n.s("mode", "constant");
+    if (mode != "constant" && mode != "reflect" && mode != "edge" && mode != "wrap")
+        c.err("unknown mode '" + mode + "'", K::unsupported_feature);
+    shape_t out = x.shape;
+    for (size_t i = 0; i < r; ++i) {
+        if (std::abs(pads[i]) > (int64_t{1} << 31) || std::abs(pads[i + r]) > (int64_t{1} << 31))
+            c.err("absurd pads " + ints_str(pads), K::limits);
+        out[i] = x.shape[i] + pads[i] + pads[i + r];
+        if (out[i] < 0) c.err("pads " + ints_str(pads) + " remove more than " + shape_str(x.shape));
+        if (mode != "constant" && x.shape[i] == 0 && out[i] > 0) c.err("cannot pad an empty dim in mode " + mode);
     }
-    case op_type::Constant:
-        c.err("Constant nodes are turned into constants at import", K::invalid_graph);
-    case op_type::count_:
-        c.err("bad op", K::invalid_graph);
-    }
+    n.set("pads", pads);
+    n.set("mode", mode);
+    n.set("value", n.f("value", 0.0f));
+    c.out(0, x.type, out, x.batched && r > 0 && pads[0] == 0 && pads[r] == 0);
+}
+
+void infer_constant(ctx& c) {
+    c.err("Constant nodes are turned into constants at import", K::invalid_graph);
 }
 
 // Input and output counts of the canonical forms: {min in, max in, min out, max out}.
@@ -930,45 +916,104 @@ struct arity {
 };
 constexpr int many = 1 << 20;
 
-arity canonical_arity(op_type op) {
-    switch (op) {
-    case op_type::Conv: return {2, 3, 1, 1};
-    case op_type::BatchNormalization: return {5, 5, 1, 5};
-    case op_type::Gemm: return {2, 3, 1, 1};
-    case op_type::MatMul: case op_type::Add: case op_type::Sub: case op_type::Mul: case op_type::Div:
-    case op_type::Pow: case op_type::Equal: case op_type::Gather:
-        return {2, 2, 1, 1};
-    case op_type::Sum: case op_type::Mean: case op_type::Max: case op_type::Min: case op_type::Concat:
-        return {1, many, 1, 1};
-    case op_type::Split: return {1, 1, 1, many};
-    case op_type::ConstantOfShape: return {0, 0, 1, 1};
-    case op_type::Range: case op_type::Where: return {3, 3, 1, 1};
-    case op_type::LayerNormalization: return {2, 3, 1, 3};
-    case op_type::Dropout: return {1, 1, 1, 2};
-    case op_type::MaxPool: return {1, 1, 1, 2};
-    case op_type::Constant: return {0, 0, 1, 1};
-    default: return {1, 1, 1, 1};
-    }
+// One entry per operator, in op_type order: the arity of its canonical form, how many parameter
+// inputs ONNX may add after the canonical ones (canonicalize_params moves them into attributes),
+// and its shape rule. A new operator is one row here and its rule above.
+struct shape_rule {
+    op_type op;
+    arity canonical;
+    int param_inputs;
+    void (*infer)(ctx&);
+};
+
+constexpr shape_rule shape_rules[] = {
+    {op_type::Conv, {2, 3, 1, 1}, 0, infer_conv},
+    {op_type::BatchNormalization, {5, 5, 1, 5}, 0, infer_batch_norm},
+    {op_type::Relu, {1, 1, 1, 1}, 0, infer_numeric_unary},
+    {op_type::LeakyRelu, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Sigmoid, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Tanh, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Clip, {1, 1, 1, 1}, 2, infer_clip},
+    {op_type::HardSigmoid, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::HardSwish, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Erf, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Gelu, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::MaxPool, {1, 1, 1, 2}, 0, infer_pool},
+    {op_type::AveragePool, {1, 1, 1, 1}, 0, infer_pool},
+    {op_type::GlobalAveragePool, {1, 1, 1, 1}, 0, infer_global_pool},
+    {op_type::GlobalMaxPool, {1, 1, 1, 1}, 0, infer_global_pool},
+    {op_type::LRN, {1, 1, 1, 1}, 0, infer_lrn},
+    {op_type::Gemm, {2, 3, 1, 1}, 0, infer_gemm},
+    {op_type::MatMul, {2, 2, 1, 1}, 0, infer_matmul},
+    {op_type::Add, {2, 2, 1, 1}, 0, infer_binary},
+    {op_type::Sub, {2, 2, 1, 1}, 0, infer_binary},
+    {op_type::Mul, {2, 2, 1, 1}, 0, infer_binary},
+    {op_type::Div, {2, 2, 1, 1}, 0, infer_binary},
+    {op_type::Pow, {2, 2, 1, 1}, 0, infer_binary},
+    {op_type::Sqrt, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Exp, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Neg, {1, 1, 1, 1}, 0, infer_numeric_unary},
+    {op_type::Abs, {1, 1, 1, 1}, 0, infer_numeric_unary},
+    {op_type::Sum, {1, many, 1, 1}, 0, infer_variadic},
+    {op_type::Mean, {1, many, 1, 1}, 0, infer_variadic},
+    {op_type::Max, {1, many, 1, 1}, 0, infer_variadic},
+    {op_type::Min, {1, many, 1, 1}, 0, infer_variadic},
+    {op_type::Concat, {1, many, 1, 1}, 0, infer_concat},
+    {op_type::Split, {1, 1, 1, many}, 1, infer_split},
+    {op_type::Slice, {1, 1, 1, 1}, 4, infer_slice},
+    {op_type::Flatten, {1, 1, 1, 1}, 0, infer_flatten},
+    {op_type::Reshape, {1, 1, 1, 1}, 1, infer_reshape},
+    {op_type::Transpose, {1, 1, 1, 1}, 0, infer_transpose},
+    {op_type::Squeeze, {1, 1, 1, 1}, 1, infer_squeeze},
+    {op_type::Unsqueeze, {1, 1, 1, 1}, 1, infer_unsqueeze},
+    {op_type::Gather, {2, 2, 1, 1}, 0, infer_gather},
+    {op_type::Shape, {1, 1, 1, 1}, 0, infer_shape},
+    {op_type::Constant, {0, 0, 1, 1}, 0, infer_constant},
+    {op_type::ConstantOfShape, {0, 0, 1, 1}, 1, infer_constant_of_shape},
+    {op_type::Range, {3, 3, 1, 1}, 0, infer_range},
+    {op_type::Sin, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Cos, {1, 1, 1, 1}, 0, infer_float_unary},
+    {op_type::Cast, {1, 1, 1, 1}, 0, infer_cast},
+    {op_type::Where, {3, 3, 1, 1}, 0, infer_where},
+    {op_type::Equal, {2, 2, 1, 1}, 0, infer_binary},
+    {op_type::Expand, {1, 1, 1, 1}, 1, infer_expand},
+    {op_type::Softmax, {1, 1, 1, 1}, 0, infer_softmax},
+    {op_type::LogSoftmax, {1, 1, 1, 1}, 0, infer_softmax},
+    {op_type::LayerNormalization, {2, 3, 1, 3}, 0, infer_layer_norm},
+    {op_type::ReduceMean, {1, 1, 1, 1}, 1, infer_reduce_mean},
+    {op_type::Dropout, {1, 1, 1, 2}, 2, infer_dropout},
+    {op_type::Identity, {1, 1, 1, 1}, 0, infer_numeric_unary},
+    {op_type::Pad, {1, 1, 1, 1}, 3, infer_pad},
+};
+
+constexpr bool rules_in_op_order() {
+    for (size_t i = 0; i < std::size(shape_rules); ++i)
+        if (shape_rules[i].op != op_type(i)) return false;
+    return std::size(shape_rules) == size_t(op_type::count_);
+}
+static_assert(rules_in_op_order(), "shape_rules must list every op_type, in order");
+
+const shape_rule& rule_of(op_type op) {
+    if (size_t(op) >= std::size(shape_rules)) fail(model_error::kind::invalid_graph, "bad op");
+    return shape_rules[size_t(op)];
 }
 
 }  // namespace
 
 int onnx_max_inputs(op_type op) {
-    switch (op) {
-    case op_type::Reshape: case op_type::Expand: case op_type::Unsqueeze: case op_type::Squeeze:
-    case op_type::ReduceMean: case op_type::Split:
-        return 2;
-    case op_type::ConstantOfShape: return 1;
-    case op_type::Slice: return 5;
-    case op_type::Pad: return 4;
-    case op_type::Clip: case op_type::Dropout: return 3;
-    default: return canonical_arity(op).in_max;
-    }
+    const shape_rule& r = rule_of(op);
+    return r.canonical.in_max + r.param_inputs;
+}
+
+int canonical_input_count(op_type op) {
+    const shape_rule& r = rule_of(op);
+    return r.param_inputs > 0 ? r.canonical.in_max : -1;
 }
 
 void infer_node(graph& g, int ni) {
     node& n = g.nodes[size_t(ni)];
-    arity a = canonical_arity(n.op);
+    const shape_rule& rule = rule_of(n.op);
+    arity a = rule.canonical;
     if (int(n.inputs.size()) < a.in_min || int(n.inputs.size()) > a.in_max)
         fail_node(K::invalid_graph, n, "has " + std::to_string(n.inputs.size()) + " inputs (expected " +
                                            std::to_string(a.in_min) + (a.in_max > a.in_min ? " or more" : "") + ")");
@@ -983,7 +1028,7 @@ void infer_node(graph& g, int ni) {
             if (d < 0) fail_node(K::shape, n, "input '" + x.name + "' has an unknown shape " + shape_str(x.shape));
     }
     ctx c{g, n};
-    infer_impl(c);
+    rule.infer(c);
     for (int v : n.outputs)
         if (v >= 0 && g.values[size_t(v)].type == dtype::undefined)
             fail_node(K::invalid_graph, n, "output '" + g.values[size_t(v)].name + "' was not inferred");
