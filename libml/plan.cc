@@ -511,6 +511,7 @@ private:
     };
     k::conv2d_args conv_geometry(const node& n);
     void lower_conv(const node& n, int ni, const folded_pointwise* pre = nullptr);
+    void choose_conv_tiles(k::conv2d_args& a, bool winograd, bool folded);
     void lower_gemm(const node& n);
     void lower_matmul(const node& n);
     void lower_binary(const node& n, k::binary_op op, int a, int b, int y, k::epilogue ep = {});
@@ -519,6 +520,21 @@ private:
                          const shape_t& x_strides, int64_t y_offset, const shape_t& y_strides);
     void lower_pool(const node& n, bool global, int x = -1, int y = -1);
     void lower_cast(const node& n, int x, int y);
+    void lower_clip(const node& n);
+    void lower_variadic(const node& n);
+    void lower_pad(const node& n);
+    void lower_transpose(const node& n);
+    void lower_expand(const node& n);
+    void lower_slice(const node& n);
+    void lower_concat(const node& n);
+    void lower_split(const node& n);
+    void lower_gather(const node& n);
+    void lower_softmax(const node& n);
+    void lower_layer_norm(const node& n);
+    void lower_reduce_mean(const node& n);
+    void lower_lrn(const node& n);
+    void lower_batch_norm(const node& n);
+    void lower_where(const node& n);
     void lower_rows(const node& n, k::row_op op, int x, int y, int64_t outer, int64_t axis,
                     int64_t inner, int scale = -1, int bias = -1, float eps = 0);
 
@@ -680,60 +696,11 @@ k::conv2d_args planner::conv_geometry(const node& n) {
     return *a;
 }
 
-void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
-    const int w = n.input(1), b = n.input(2);
-    // With a pointwise layer folded in, the launch reads that layer's input.
-    const int x = pre ? pre->x : n.input(0);
-    int y = n.output(0);
-    k::conv2d_args a = conv_geometry(n);
-    // Fusions: Conv -> [Add(residual)] -> [activation], each step only when the intermediate
-    // has no other reader and the residual is ready before this conv runs. A depthwise layer
-    // with a pointwise layer folded in takes no residual and only the activations its windows
-    // apply (depthwise3x3); the rest run as launches of their own.
-    int residual = -1;
-    int c = -1;
-    if (const node* next = sole_consumer(y, &c); next && !pre) {
-        if ((next->op == op_type::Add) && !_done[size_t(c)]) {
-            const int other = next->input(0) == y ? next->input(1) : next->input(0);
-            const value& o = val(other);
-            const bool ready = o.producer < ni;  // graph inputs and constants are -1
-            if (o.type == dtype::f32 && o.shape == val(y).shape && ready && other != y) {
-                residual = other;
-                _done[size_t(c)] = true;
-                y = next->output(0);
-            }
-        }
-    }
-    const bool on_c16 = _c16.conv[size_t(ni)] != 0 && !pre;
-    if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
-        const auto ep = activation_of(*next);
-        if (ep && ((!pre && !on_c16) || k::bias_activation_applies(*ep))) {
-            a.ep = *ep;
-            _done[size_t(c)] = true;
-            y = next->output(0);
-        }
-    }
-    if (on_c16) return lower_conv_c16(n, x, w, b, residual, y, a);
-    // A pointwise layer whose output (after its activation) only a 3x3 depthwise layer reads:
-    // on the cpu device the two run as one launch (kernels::pointwise_depthwise), and the
-    // pointwise output is never written to memory. MobileNet-v2's expansion and depthwise pairs.
-    if (!pre && residual < 0 && _o.tiles != plan_options::tiles_for::gpu && _o.fold_pointwise) {
-        if (const node* next = sole_consumer(y, &c); next && next->op == op_type::Conv && !_done[size_t(c)] &&
-                                                     next->input(0) == y && val(next->input(1)).is_constant()) {
-            const k::conv2d_args dw = conv_geometry(*next);
-            if (k::pointwise_depthwise_possible(a, dw)) {
-                const folded_pointwise f{x, w, b, a, &n};
-                _done[size_t(c)] = true;
-                lower_conv(_g.nodes[size_t(c)], c, &f);
-                return;
-            }
-        }
-    }
-    if (pre) a = k::pointwise_depthwise_args(pre->args, a);
+// The tiles of a convolution's blocks on the cpu device (GPU plans take use_gpu_tiles after):
+// pixels, channels, images and K chunks sized for cache reuse and ~0.1-1 ms between check points,
+// then split until every compute unit has work. `folded`: a pointwise layer is folded in.
+void planner::choose_conv_tiles(k::conv2d_args& a, bool winograd, bool folded) {
     const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out;
-    // Whether the cpu blocks will run this layer by Winograd: its filters are in the weights'
-    // layout (only there for the cpu device) and it can.
-    const bool winograd = _w.winograd.count(val(w).data.get()) && k::conv2d_winograd_possible(a);
     a.tile_co = int32_t(std::min<int64_t>(co_g, 256));
     // About 64K multiply-adds per output row chunk keeps blocks in the 0.1-1 ms range.
     const int64_t K = k::conv2d_k(a);
@@ -849,7 +816,7 @@ void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
     // (one cache line the units pass back and forth) than summing.
     // Planes small enough for the cpu device to take 16 channels at a time
     // (depthwise16_max_pixels) get a multiple of 16 where the channels allow.
-    if (pre) {
+    if (folded) {
         // With a pointwise layer folded in: whole passes of its planes a block, about 256K
         // multiply-adds of its sums or more each (MobileNet-v2's, 112x112 to 28x28: one pass
         // of 8 channels), two blocks a unit where there are units.
@@ -871,6 +838,62 @@ void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
                 a.tile_groups = int32_t(a.tile_groups > 16 && by_16 ? std::max<int64_t>(16, rounded(a.tile_groups / 2))
                                                                      : (a.tile_groups + 1) / 2);
     }
+}
+
+void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
+    const int w = n.input(1), b = n.input(2);
+    // With a pointwise layer folded in, the launch reads that layer's input.
+    const int x = pre ? pre->x : n.input(0);
+    int y = n.output(0);
+    k::conv2d_args a = conv_geometry(n);
+    // Fusions: Conv -> [Add(residual)] -> [activation], each step only when the intermediate
+    // has no other reader and the residual is ready before this conv runs. A depthwise layer
+    // with a pointwise layer folded in takes no residual and only the activations its windows
+    // apply (depthwise3x3); the rest run as launches of their own.
+    int residual = -1;
+    int c = -1;
+    if (const node* next = sole_consumer(y, &c); next && !pre) {
+        if ((next->op == op_type::Add) && !_done[size_t(c)]) {
+            const int other = next->input(0) == y ? next->input(1) : next->input(0);
+            const value& o = val(other);
+            const bool ready = o.producer < ni;  // graph inputs and constants are -1
+            if (o.type == dtype::f32 && o.shape == val(y).shape && ready && other != y) {
+                residual = other;
+                _done[size_t(c)] = true;
+                y = next->output(0);
+            }
+        }
+    }
+    const bool on_c16 = _c16.conv[size_t(ni)] != 0 && !pre;
+    if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
+        const auto ep = activation_of(*next);
+        if (ep && ((!pre && !on_c16) || k::bias_activation_applies(*ep))) {
+            a.ep = *ep;
+            _done[size_t(c)] = true;
+            y = next->output(0);
+        }
+    }
+    if (on_c16) return lower_conv_c16(n, x, w, b, residual, y, a);
+    // A pointwise layer whose output (after its activation) only a 3x3 depthwise layer reads:
+    // on the cpu device the two run as one launch (kernels::pointwise_depthwise), and the
+    // pointwise output is never written to memory. MobileNet-v2's expansion and depthwise pairs.
+    if (!pre && residual < 0 && _o.tiles != plan_options::tiles_for::gpu && _o.fold_pointwise) {
+        if (const node* next = sole_consumer(y, &c); next && next->op == op_type::Conv && !_done[size_t(c)] &&
+                                                     next->input(0) == y && val(next->input(1)).is_constant()) {
+            const k::conv2d_args dw = conv_geometry(*next);
+            if (k::pointwise_depthwise_possible(a, dw)) {
+                const folded_pointwise f{x, w, b, a, &n};
+                _done[size_t(c)] = true;
+                lower_conv(_g.nodes[size_t(c)], c, &f);
+                return;
+            }
+        }
+    }
+    if (pre) a = k::pointwise_depthwise_args(pre->args, a);
+    // Whether the cpu blocks will run this layer by Winograd: its filters are in the weights'
+    // layout (only there for the cpu device) and it can.
+    const bool winograd = _w.winograd.count(val(w).data.get()) && k::conv2d_winograd_possible(a);
+    choose_conv_tiles(a, winograd, pre != nullptr);
     if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
     std::vector<std::pair<const void*, int>> pointers{{&a.x, x}, {&a.w, w}, {&a.y, y}};
     if (b >= 0) pointers.push_back({&a.bias, b});
@@ -1214,23 +1237,7 @@ void planner::lower_node(const node& n, int ni) {
     case op_type::AveragePool: return lower_pool(n, false);
     case op_type::GlobalAveragePool:
     case op_type::GlobalMaxPool: return lower_pool(n, true);
-    case op_type::Clip:
-        if (val(x).type != dtype::f32) {
-            const auto t = elem_of(val(x).type);
-            if (!t) unsupported(n, std::string("element type ") + dtype_name(val(x).type));
-            k::unary_args a{};
-            a.count = std::max<int64_t>(1, element_count(val(y).shape));
-            a.op = k::unary_op::clip;
-            a.alpha = n.f("min", -std::numeric_limits<float>::infinity());
-            a.beta = n.f("max", std::numeric_limits<float>::infinity());
-            // Integer bounds beyond the type saturate to the type's range.
-            a.alpha = std::max(a.alpha, -9.2e18f);
-            a.beta = std::min(a.beta, 9.2e18f);
-            a.x_type = a.y_type = *t;
-            a.per_block = _o.elements_per_block;
-            return emit(k::unary_kernel, a, k::unary_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
-        }
-        return lower_unary(n, k::unary_op::identity, x, y, *activation_of(n));
+    case op_type::Clip: return lower_clip(n);
     case op_type::Relu: case op_type::LeakyRelu: case op_type::Sigmoid: case op_type::Tanh:
     case op_type::HardSigmoid: case op_type::HardSwish: case op_type::Gelu:
         return lower_unary(n, k::unary_op::identity, x, y, *activation_of(n));
@@ -1248,219 +1255,283 @@ void planner::lower_node(const node& n, int ni) {
     case op_type::Pow: return lower_binary(n, k::binary_op::pow, x, n.input(1), y);
     case op_type::Equal: return lower_binary(n, k::binary_op::equal, x, n.input(1), y);
     case op_type::Cast: return lower_cast(n, x, y);
-    case op_type::Sum: case op_type::Max: case op_type::Min: case op_type::Mean: {
-        const k::binary_op op = n.op == op_type::Max ? k::binary_op::max
-                                : n.op == op_type::Min ? k::binary_op::min : k::binary_op::add;
-        const size_t count = n.inputs.size();
-        const bool mean = n.op == op_type::Mean;
-        // A chain of binary launches through temporaries of the output's shape (element-wise
-        // ops commute with broadcasting); Mean scales the sum by 1/count at the end.
-        int acc = x;
-        for (size_t i = 1; i < count; ++i) {
-            const int out = i + 1 == count && !mean ? y : temp(val(y).type, val(y).shape);
-            lower_binary(n, op, acc, n.input(i), out);
-            acc = out;
-        }
-        if (mean) return lower_unary(n, k::unary_op::scale, acc, y, {}, 1.0f / float(count));
-        if (count == 1) return lower_unary(n, k::unary_op::identity, x, y);
-        return;
-    }
-    case op_type::Pad: {
-        if (n.s("mode", "constant") != "constant") unsupported(n, "mode '" + n.s("mode") + "' (constant only)");
-        const shape_t& xs = val(x).shape;
-        const shape_t& ys = val(y).shape;
-        const ints pads = n.is("pads");
-        const size_t r = xs.size();
-        // Fill the output with the value, then copy the input's kept part into its place
-        // (negative pads crop).
-        lower_unary(n, k::unary_op::fill, -1, y, {}, n.f("value", 0.0f));
-        const shape_t xst = contiguous_strides(xs), yst = contiguous_strides(ys);
-        shape_t part(r);
-        int64_t xoff = 0, yoff = 0;
-        for (size_t d = 0; d < r; ++d) {
-            const int64_t b = pads[d], e = pads[d + r];
-            part[d] = xs[d] + std::min<int64_t>(b, 0) + std::min<int64_t>(e, 0);
-            if (part[d] <= 0) return;
-            xoff += std::max<int64_t>(-b, 0) * xst[d];
-            yoff += std::max<int64_t>(b, 0) * yst[d];
-        }
-        require_f32(n, x);
-        return lower_copy_view(n, x, y, part, xoff, xst, yoff, yst);
-    }
+    case op_type::Sum: case op_type::Max: case op_type::Min: case op_type::Mean: return lower_variadic(n);
+    case op_type::Pad: return lower_pad(n);
     case op_type::Reshape: case op_type::Flatten: case op_type::Squeeze: case op_type::Unsqueeze:
         return alias(y, x);
     case op_type::Identity: return lower_unary(n, k::unary_op::identity, x, y);
-    case op_type::Transpose: {
-        const ints perm = n.is("perm");
-        const shape_t& xs = val(x).shape;
-        const shape_t xst = contiguous_strides(xs);
-        shape_t st(perm.size());
-        for (size_t d = 0; d < perm.size(); ++d) st[d] = xst[size_t(perm[d])];
-        const shape_t& ys = val(y).shape;
-        return lower_copy_view(n, x, y, ys, 0, st, 0, contiguous_strides(ys));
-    }
-    case op_type::Expand: {
-        const shape_t& ys = val(y).shape;
-        shape_t st(ys.size());
-        broadcast_strides(ys, val(x).shape, st.data());
-        return lower_copy_view(n, x, y, ys, 0, st, 0, contiguous_strides(ys));
-    }
-    case op_type::Slice: {
-        const shape_t& xs = val(x).shape;
-        const shape_t xst = contiguous_strides(xs);
-        const ints axes = n.is("axes"), starts = n.is("starts"), steps = n.is("steps");
-        shape_t st = xst;
-        int64_t off = 0;
-        for (size_t i = 0; i < axes.size(); ++i) {
-            const size_t ax = size_t(axes[i]);
-            off += starts[i] * xst[ax];
-            st[ax] = xst[ax] * steps[i];
-        }
-        const shape_t& ys = val(y).shape;
-        return lower_copy_view(n, x, y, ys, off, st, 0, contiguous_strides(ys));
-    }
-    case op_type::Concat: {
-        const int64_t axis = n.i("axis", 0);
-        const shape_t& ys = val(y).shape;
-        const shape_t yst = contiguous_strides(ys);
-        if (concat_in_place(n, y, axis)) return;
-        int64_t at = 0;
-        for (int in : n.inputs) {
-            const shape_t& is = val(in).shape;
-            lower_copy_view(n, in, y, is, 0, contiguous_strides(is), at * yst[size_t(axis)], yst);
-            at += is[size_t(axis)];
-        }
-        return;
-    }
-    case op_type::Split: {
-        const int64_t axis = n.i("axis", 0);
-        const shape_t& xs = val(x).shape;
-        const shape_t xst = contiguous_strides(xs);
-        int64_t at = 0;
-        for (int out : n.outputs) {
-            if (out < 0) continue;
-            const shape_t& os = val(out).shape;
-            lower_copy_view(n, x, out, os, at * xst[size_t(axis)], xst, 0, contiguous_strides(os));
-            at += os[size_t(axis)];
-        }
-        return;
-    }
-    case op_type::Gather: {
-        const int idx = n.input(1);
-        const shape_t& xs = val(x).shape;
-        const int64_t axis = n.i("axis", 0);
-        if (val(idx).type != dtype::i64 && val(idx).type != dtype::i32) unsupported(n, "indices must be int64 or int32");
-        k::gather_axis_args a{};
-        a.index_bytes = int32_t(dtype_size(val(idx).type));
-        a.outer = product(xs, 0, size_t(axis));
-        a.axis = xs[size_t(axis)];
-        a.inner = product(xs, size_t(axis) + 1);
-        a.count = std::max<int64_t>(1, element_count(val(idx).shape));
-        a.element_bytes = int32_t(dtype_size(val(x).type));
-        a.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.inner));
-        return emit(k::gather_axis_kernel, a, k::gather_axis_grid(a), n,
-                    {{&a.x, x}, {&a.indices, idx}, {&a.y, y}}, {x, idx}, {y});
-    }
-    case op_type::Softmax: case op_type::LogSoftmax: {
-        const shape_t& xs = val(x).shape;
-        const int64_t axis = n.i("axis", int64_t(xs.size()) - 1);
-        const k::row_op op = n.op == op_type::Softmax ? k::row_op::softmax : k::row_op::log_softmax;
-        if (n.i("coerce_2d", 0)) return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), product(xs, size_t(axis)), 1);
-        return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), xs[size_t(axis)], product(xs, size_t(axis) + 1));
-    }
-    case op_type::LayerNormalization: {
-        require_f32(n, x);
-        const shape_t& xs = val(x).shape;
-        const int64_t axis = n.i("axis", -1);
-        const int64_t norm = product(xs, size_t(axis));
-        const int scale = n.input(1), bias = n.input(2), mean = n.output(1), inv = n.output(2);
-        if (element_count(val(scale).shape) != norm || (bias >= 0 && element_count(val(bias).shape) != norm))
-            unsupported(n, "scale/bias that broadcast over the normalised dims");
-        if ((mean >= 0 && val(mean).type != dtype::f32) || (inv >= 0 && val(inv).type != dtype::f32))
-            unsupported(n, "Mean/InvStdDev outputs other than f32");
-        k::row_args a{};
-        a.outer = product(xs, 0, size_t(axis));
-        a.axis = norm;
-        a.inner = 1;
-        a.op = k::row_op::layer_norm;
-        a.epsilon = n.f("epsilon", 1e-5f);
-        a.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, norm));
-        // Optional operands as (field, value) pairs; absent ones stay null in the arguments.
-        std::vector<int> reads{x, scale}, writes{y};
-        std::vector<std::pair<const void*, int>> ptrs{{&a.x, x}, {&a.scale, scale}, {&a.y, y}};
-        if (bias >= 0) { ptrs.push_back({&a.bias, bias}); reads.push_back(bias); }
-        if (mean >= 0) { ptrs.push_back({&a.mean_out, mean}); writes.push_back(mean); }
-        if (inv >= 0) { ptrs.push_back({&a.inv_std_out, inv}); writes.push_back(inv); }
-        return emit_list(k::row_kernel, a, k::row_grid(a), n, ptrs, reads, writes);
-    }
-    case op_type::ReduceMean: {
-        const shape_t& xs = val(x).shape;
-        ints axes = n.is("axes");
-        if (axes.empty()) { axes.resize(xs.size()); std::iota(axes.begin(), axes.end(), 0); }
-        for (size_t i = 1; i < axes.size(); ++i)
-            if (axes[i] != axes[i - 1] + 1) unsupported(n, "non-contiguous reduction axes");
-        return lower_rows(n, k::row_op::reduce_mean, x, y, product(xs, 0, size_t(axes.front())),
-                          product(xs, size_t(axes.front()), size_t(axes.back()) + 1),
-                          product(xs, size_t(axes.back()) + 1));
-    }
-    case op_type::LRN: {
-        require_f32(n, x);
-        const shape_t& xs = val(x).shape;
-        k::lrn_args a{};
-        a.n = xs[0]; a.c = xs[1]; a.hw = product(xs, 2);
-        a.size = n.i("size", 1);
-        a.alpha = n.f("alpha", 1e-4f); a.beta = n.f("beta", 0.75f); a.bias = n.f("bias", 1.0f);
-        a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw * a.size));
-        return emit(k::lrn_kernel, a, k::lrn_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
-    }
-    case op_type::BatchNormalization: {
-        require_f32(n, x);
-        const shape_t& xs = val(x).shape;
-        if (xs.size() < 2) unsupported(n, "input of rank < 2");
-        for (int i = 1; i <= 4; ++i)
-            if (val(n.input(size_t(i))).type != dtype::f32 || element_count(val(n.input(size_t(i))).shape) != xs[1])
-                unsupported(n, "per-channel parameters that are not f32 vectors of C");
-        k::batchnorm_args a{};
-        a.n = xs[0]; a.c = xs[1]; a.hw = product(xs, 2);
-        a.epsilon = n.f("epsilon", 1e-5f);
-        int out = y, c = -1;
-        if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
-            if (auto ep = activation_of(*next)) {
-                a.ep = *ep;
-                _done[size_t(c)] = true;
-                out = next->output(0);
-            }
-        }
-        a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw));
-        const int s_ = n.input(1), b_ = n.input(2), m_ = n.input(3), v_ = n.input(4);
-        if (blocked(x)) {
-            a.planes_per_block = std::max<int64_t>(1, a.planes_per_block / k::c16);
-            return emit(k::batchnorm_c16_kernel, a, k::batchnorm_c16_grid(a), n,
-                        {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
-                        {x, s_, b_, m_, v_}, {out});
-        }
-        return emit(k::batchnorm_kernel, a, k::batchnorm_grid(a), n,
-                    {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
-                    {x, s_, b_, m_, v_}, {out});
-    }
-    case op_type::Where: {
-        const int cond = x, a_in = n.input(1), b_in = n.input(2);
-        const auto ct = elem_of(val(cond).type), vt = elem_of(val(a_in).type);
-        if (!ct || !vt || val(b_in).type != val(a_in).type) unsupported(n, "condition or value types");
-        k::where_args a{};
-        a.c_type = *ct;
-        a.type = *vt;
-        const shape_t& ys = val(y).shape;
-        a.shape = nd(n, ys);
-        broadcast_strides(ys, val(cond).shape, a.c_strides);
-        broadcast_strides(ys, val(a_in).shape, a.a_strides);
-        broadcast_strides(ys, val(b_in).shape, a.b_strides);
-        a.per_block = _o.elements_per_block;
-        return emit(k::where_kernel, a, k::where_grid(a), n, {{&a.cond, cond}, {&a.a, a_in}, {&a.b, b_in}, {&a.y, y}}, {cond, a_in, b_in}, {y});
-    }
+    case op_type::Transpose: return lower_transpose(n);
+    case op_type::Expand: return lower_expand(n);
+    case op_type::Slice: return lower_slice(n);
+    case op_type::Concat: return lower_concat(n);
+    case op_type::Split: return lower_split(n);
+    case op_type::Gather: return lower_gather(n);
+    case op_type::Softmax: case op_type::LogSoftmax: return lower_softmax(n);
+    case op_type::LayerNormalization: return lower_layer_norm(n);
+    case op_type::ReduceMean: return lower_reduce_mean(n);
+    case op_type::LRN: return lower_lrn(n);
+    case op_type::BatchNormalization: return lower_batch_norm(n);
+    case op_type::Where: return lower_where(n);
     default:
         unsupported(n, std::string("no kernel for ") + op_name(n.op) + " at run time");
     }
+}
+
+
+// Clip on f32 is an activation (fused where it follows a producer); on other element types it is
+// a saturating unary kernel.
+void planner::lower_clip(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    if (val(x).type != dtype::f32) {
+        const auto t = elem_of(val(x).type);
+        if (!t) unsupported(n, std::string("element type ") + dtype_name(val(x).type));
+        k::unary_args a{};
+        a.count = std::max<int64_t>(1, element_count(val(y).shape));
+        a.op = k::unary_op::clip;
+        a.alpha = n.f("min", -std::numeric_limits<float>::infinity());
+        a.beta = n.f("max", std::numeric_limits<float>::infinity());
+        // Integer bounds beyond the type saturate to the type's range.
+        a.alpha = std::max(a.alpha, -9.2e18f);
+        a.beta = std::min(a.beta, 9.2e18f);
+        a.x_type = a.y_type = *t;
+        a.per_block = _o.elements_per_block;
+        return emit(k::unary_kernel, a, k::unary_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+    }
+    return lower_unary(n, k::unary_op::identity, x, y, *activation_of(n));
+}
+void planner::lower_variadic(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const k::binary_op op = n.op == op_type::Max ? k::binary_op::max
+                            : n.op == op_type::Min ? k::binary_op::min : k::binary_op::add;
+    const size_t count = n.inputs.size();
+    const bool mean = n.op == op_type::Mean;
+    // A chain of binary launches through temporaries of the output's shape (element-wise
+    // ops commute with broadcasting); Mean scales the sum by 1/count at the end.
+    int acc = x;
+    for (size_t i = 1; i < count; ++i) {
+        const int out = i + 1 == count && !mean ? y : temp(val(y).type, val(y).shape);
+        lower_binary(n, op, acc, n.input(i), out);
+        acc = out;
+    }
+    if (mean) return lower_unary(n, k::unary_op::scale, acc, y, {}, 1.0f / float(count));
+    if (count == 1) return lower_unary(n, k::unary_op::identity, x, y);
+    return;
+}
+
+void planner::lower_pad(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    if (n.s("mode", "constant") != "constant") unsupported(n, "mode '" + n.s("mode") + "' (constant only)");
+    const shape_t& xs = val(x).shape;
+    const shape_t& ys = val(y).shape;
+    const ints pads = n.is("pads");
+    const size_t r = xs.size();
+    // Fill the output with the value, then copy the input's kept part into its place
+    // (negative pads crop).
+    lower_unary(n, k::unary_op::fill, -1, y, {}, n.f("value", 0.0f));
+    const shape_t xst = contiguous_strides(xs), yst = contiguous_strides(ys);
+    shape_t part(r);
+    int64_t xoff = 0, yoff = 0;
+    for (size_t d = 0; d < r; ++d) {
+        const int64_t b = pads[d], e = pads[d + r];
+        part[d] = xs[d] + std::min<int64_t>(b, 0) + std::min<int64_t>(e, 0);
+        if (part[d] <= 0) return;
+        xoff += std::max<int64_t>(-b, 0) * xst[d];
+        yoff += std::max<int64_t>(b, 0) * yst[d];
+    }
+    require_f32(n, x);
+    return lower_copy_view(n, x, y, part, xoff, xst, yoff, yst);
+}
+
+void planner::lower_transpose(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const ints perm = n.is("perm");
+    const shape_t& xs = val(x).shape;
+    const shape_t xst = contiguous_strides(xs);
+    shape_t st(perm.size());
+    for (size_t d = 0; d < perm.size(); ++d) st[d] = xst[size_t(perm[d])];
+    const shape_t& ys = val(y).shape;
+    return lower_copy_view(n, x, y, ys, 0, st, 0, contiguous_strides(ys));
+}
+
+void planner::lower_expand(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const shape_t& ys = val(y).shape;
+    shape_t st(ys.size());
+    broadcast_strides(ys, val(x).shape, st.data());
+    return lower_copy_view(n, x, y, ys, 0, st, 0, contiguous_strides(ys));
+}
+
+void planner::lower_slice(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const shape_t& xs = val(x).shape;
+    const shape_t xst = contiguous_strides(xs);
+    const ints axes = n.is("axes"), starts = n.is("starts"), steps = n.is("steps");
+    shape_t st = xst;
+    int64_t off = 0;
+    for (size_t i = 0; i < axes.size(); ++i) {
+        const size_t ax = size_t(axes[i]);
+        off += starts[i] * xst[ax];
+        st[ax] = xst[ax] * steps[i];
+    }
+    const shape_t& ys = val(y).shape;
+    return lower_copy_view(n, x, y, ys, off, st, 0, contiguous_strides(ys));
+}
+
+void planner::lower_concat(const node& n) {
+    const int y = n.output(0);
+    const int64_t axis = n.i("axis", 0);
+    const shape_t& ys = val(y).shape;
+    const shape_t yst = contiguous_strides(ys);
+    if (concat_in_place(n, y, axis)) return;
+    int64_t at = 0;
+    for (int in : n.inputs) {
+        const shape_t& is = val(in).shape;
+        lower_copy_view(n, in, y, is, 0, contiguous_strides(is), at * yst[size_t(axis)], yst);
+        at += is[size_t(axis)];
+    }
+    return;
+}
+
+void planner::lower_split(const node& n) {
+    const int x = n.input(0);
+    const int64_t axis = n.i("axis", 0);
+    const shape_t& xs = val(x).shape;
+    const shape_t xst = contiguous_strides(xs);
+    int64_t at = 0;
+    for (int out : n.outputs) {
+        if (out < 0) continue;
+        const shape_t& os = val(out).shape;
+        lower_copy_view(n, x, out, os, at * xst[size_t(axis)], xst, 0, contiguous_strides(os));
+        at += os[size_t(axis)];
+    }
+    return;
+}
+
+void planner::lower_gather(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const int idx = n.input(1);
+    const shape_t& xs = val(x).shape;
+    const int64_t axis = n.i("axis", 0);
+    if (val(idx).type != dtype::i64 && val(idx).type != dtype::i32) unsupported(n, "indices must be int64 or int32");
+    k::gather_axis_args a{};
+    a.index_bytes = int32_t(dtype_size(val(idx).type));
+    a.outer = product(xs, 0, size_t(axis));
+    a.axis = xs[size_t(axis)];
+    a.inner = product(xs, size_t(axis) + 1);
+    a.count = std::max<int64_t>(1, element_count(val(idx).shape));
+    a.element_bytes = int32_t(dtype_size(val(x).type));
+    a.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.inner));
+    return emit(k::gather_axis_kernel, a, k::gather_axis_grid(a), n,
+                {{&a.x, x}, {&a.indices, idx}, {&a.y, y}}, {x, idx}, {y});
+}
+
+void planner::lower_softmax(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const shape_t& xs = val(x).shape;
+    const int64_t axis = n.i("axis", int64_t(xs.size()) - 1);
+    const k::row_op op = n.op == op_type::Softmax ? k::row_op::softmax : k::row_op::log_softmax;
+    if (n.i("coerce_2d", 0)) return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), product(xs, size_t(axis)), 1);
+    return lower_rows(n, op, x, y, product(xs, 0, size_t(axis)), xs[size_t(axis)], product(xs, size_t(axis) + 1));
+}
+
+void planner::lower_layer_norm(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    require_f32(n, x);
+    const shape_t& xs = val(x).shape;
+    const int64_t axis = n.i("axis", -1);
+    const int64_t norm = product(xs, size_t(axis));
+    const int scale = n.input(1), bias = n.input(2), mean = n.output(1), inv = n.output(2);
+    if (element_count(val(scale).shape) != norm || (bias >= 0 && element_count(val(bias).shape) != norm))
+        unsupported(n, "scale/bias that broadcast over the normalised dims");
+    if ((mean >= 0 && val(mean).type != dtype::f32) || (inv >= 0 && val(inv).type != dtype::f32))
+        unsupported(n, "Mean/InvStdDev outputs other than f32");
+    k::row_args a{};
+    a.outer = product(xs, 0, size_t(axis));
+    a.axis = norm;
+    a.inner = 1;
+    a.op = k::row_op::layer_norm;
+    a.epsilon = n.f("epsilon", 1e-5f);
+    a.rows_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, norm));
+    // Optional operands as (field, value) pairs; absent ones stay null in the arguments.
+    std::vector<int> reads{x, scale}, writes{y};
+    std::vector<std::pair<const void*, int>> ptrs{{&a.x, x}, {&a.scale, scale}, {&a.y, y}};
+    if (bias >= 0) { ptrs.push_back({&a.bias, bias}); reads.push_back(bias); }
+    if (mean >= 0) { ptrs.push_back({&a.mean_out, mean}); writes.push_back(mean); }
+    if (inv >= 0) { ptrs.push_back({&a.inv_std_out, inv}); writes.push_back(inv); }
+    return emit_list(k::row_kernel, a, k::row_grid(a), n, ptrs, reads, writes);
+}
+
+void planner::lower_reduce_mean(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const shape_t& xs = val(x).shape;
+    ints axes = n.is("axes");
+    if (axes.empty()) { axes.resize(xs.size()); std::iota(axes.begin(), axes.end(), 0); }
+    for (size_t i = 1; i < axes.size(); ++i)
+        if (axes[i] != axes[i - 1] + 1) unsupported(n, "non-contiguous reduction axes");
+    return lower_rows(n, k::row_op::reduce_mean, x, y, product(xs, 0, size_t(axes.front())),
+                      product(xs, size_t(axes.front()), size_t(axes.back()) + 1),
+                      product(xs, size_t(axes.back()) + 1));
+}
+
+void planner::lower_lrn(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    require_f32(n, x);
+    const shape_t& xs = val(x).shape;
+    k::lrn_args a{};
+    a.n = xs[0]; a.c = xs[1]; a.hw = product(xs, 2);
+    a.size = n.i("size", 1);
+    a.alpha = n.f("alpha", 1e-4f); a.beta = n.f("beta", 0.75f); a.bias = n.f("bias", 1.0f);
+    a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw * a.size));
+    return emit(k::lrn_kernel, a, k::lrn_grid(a), n, {{&a.x, x}, {&a.y, y}}, {x}, {y});
+}
+
+void planner::lower_batch_norm(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    require_f32(n, x);
+    const shape_t& xs = val(x).shape;
+    if (xs.size() < 2) unsupported(n, "input of rank < 2");
+    for (int i = 1; i <= 4; ++i)
+        if (val(n.input(size_t(i))).type != dtype::f32 || element_count(val(n.input(size_t(i))).shape) != xs[1])
+            unsupported(n, "per-channel parameters that are not f32 vectors of C");
+    k::batchnorm_args a{};
+    a.n = xs[0]; a.c = xs[1]; a.hw = product(xs, 2);
+    a.epsilon = n.f("epsilon", 1e-5f);
+    int out = y, c = -1;
+    if (const node* next = sole_consumer(y, &c); next && !_done[size_t(c)]) {
+        if (auto ep = activation_of(*next)) {
+            a.ep = *ep;
+            _done[size_t(c)] = true;
+            out = next->output(0);
+        }
+    }
+    a.planes_per_block = std::max<int64_t>(1, _o.elements_per_block / std::max<int64_t>(1, a.hw));
+    const int s_ = n.input(1), b_ = n.input(2), m_ = n.input(3), v_ = n.input(4);
+    if (blocked(x)) {
+        a.planes_per_block = std::max<int64_t>(1, a.planes_per_block / k::c16);
+        return emit(k::batchnorm_c16_kernel, a, k::batchnorm_c16_grid(a), n,
+                    {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
+                    {x, s_, b_, m_, v_}, {out});
+    }
+    return emit(k::batchnorm_kernel, a, k::batchnorm_grid(a), n,
+                {{&a.x, x}, {&a.scale, s_}, {&a.bias, b_}, {&a.mean, m_}, {&a.var, v_}, {&a.y, out}},
+                {x, s_, b_, m_, v_}, {out});
+}
+
+void planner::lower_where(const node& n) {
+    const int x = n.input(0), y = n.output(0);
+    const int cond = x, a_in = n.input(1), b_in = n.input(2);
+    const auto ct = elem_of(val(cond).type), vt = elem_of(val(a_in).type);
+    if (!ct || !vt || val(b_in).type != val(a_in).type) unsupported(n, "condition or value types");
+    k::where_args a{};
+    a.c_type = *ct;
+    a.type = *vt;
+    const shape_t& ys = val(y).shape;
+    a.shape = nd(n, ys);
+    broadcast_strides(ys, val(cond).shape, a.c_strides);
+    broadcast_strides(ys, val(a_in).shape, a.a_strides);
+    broadcast_strides(ys, val(b_in).shape, a.b_strides);
+    a.per_block = _o.elements_per_block;
+    return emit(k::where_kernel, a, k::where_grid(a), n, {{&a.cond, cond}, {&a.a, a_in}, {&a.b, b_in}, {&a.y, y}}, {cond, a_in, b_in}, {y});
 }
 
 plan planner::run() {
