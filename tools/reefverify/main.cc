@@ -347,128 +347,305 @@ std::string takes_text(const ml::request_input& in) {
     return "?";
 }
 
-}  // namespace
+// The command line, and the options whose presence matters (payload options for another
+// kind of model are refused).
+struct options {
+    std::string model, results, shape = "224x224x3", image, raw, mean_text, std_text, format, tokens_text, dims_text;
+    std::string backend = "cpu";
+    uint64_t seed = 1;
+    uint32_t vocab = gen::default_vocab;
+    double tolerance = 1e-4;
+    uint32_t max_errors = 10, batch = 1;
+    bool no_errors = false;
+    CLI::Option *shape_opt = nullptr, *image_opt = nullptr, *format_opt = nullptr, *tokens_opt = nullptr,
+                *vocab_opt = nullptr, *dims_opt = nullptr, *mean_opt = nullptr, *std_opt = nullptr;
+};
 
-int main(int argc, char** argv) {
-    CLI::App app{"reefverify: check a model IF's answers (reefgen send --results) against libml"};
+void add_options(CLI::App& app, options& o) {
     app.footer("What the requests carried follows from the model: images (--shape or --image, --mean, --std), "
                "token sequences (--tokens, --vocab) or f32 tensors (--dims); pass the payload options and --seed "
                "given to reefgen. Top-k and tensor answers are compared with libml run on the same inputs; "
                "error answers are counted apart (a refusal of a token outside the vocabulary is checked against "
                "the rebuilt request). Last line: verified=N mismatched=M errors=E. Exit status: 0 all verified, "
                "1 a mismatch (or nothing verified, or --no-errors and an error answer), 2 bad usage.");
-    std::string model, results, shape = "224x224x3", image, raw, mean_text, std_text, format, tokens_text, dims_text;
-    uint64_t seed = 1;
-    uint32_t vocab = gen::default_vocab;
-    double tolerance = 1e-4;
-    uint32_t max_errors = 10, batch = 1;
-    bool no_errors = false;
-    app.add_option("--model", model, "The ONNX model the IF serves; what requests carry follows from it")->required();
-    app.add_option("--results", results, "JSON lines written by reefgen send --results or check --results")->required();
-    auto* shape_opt = app.add_option("--shape", shape, "Image models: image shape HxWxC, as given to reefgen")
-                          ->capture_default_str();
-    auto* image_opt = app.add_option("--image", image, "Image models: PPM/PGM image, as given to reefgen --image");
-    auto* raw_opt = app.add_option("--raw", raw, "File, as given to reefgen --raw (image, tokens or tensor bytes)");
-    image_opt->excludes(shape_opt)->excludes(raw_opt);
-    auto* format_opt = app.add_option("--format", format,
-                                      "As given to reefgen (optional): must be what the model takes")
-                           ->check(CLI::IsMember({"image", "tokens", "tensor"}));
-    auto* tokens_opt = app.add_option("--tokens", tokens_text,
-                                      "Sequence models: L or MIN-MAX tokens per request, as given to reefgen");
-    auto* vocab_opt = app.add_option("--vocab", vocab, "Sequence models: token ids were drawn below this, as given "
-                                                       "to reefgen")
-                          ->capture_default_str()
-                          ->check(CLI::Range(1u, 2147483647u));
-    auto* dims_opt = app.add_option("--dims", dims_text, "Tensor models: extents D1[,D2[,D3[,D4]]], as given to reefgen");
-    app.add_option("--seed", seed, "Seed, as given to reefgen")->capture_default_str();
-    auto* mean_opt = app.add_option("--mean", mean_text, "Image models: per-channel mean R,G,B in u8 scale, as the IF "
-                                                         "is configured (default: ImageNet 123.675,116.28,103.53)");
-    auto* std_opt = app.add_option("--std", std_text, "Image models: per-channel std R,G,B in u8 scale, as the IF is "
-                                                      "configured (default: ImageNet 58.395,57.12,57.375)");
-    app.add_option("--tolerance", tolerance,
+    app.add_option("--model", o.model, "The ONNX model the IF serves; what requests carry follows from it")->required();
+    app.add_option("--results", o.results, "JSON lines written by reefgen send --results or check --results")->required();
+    o.shape_opt = app.add_option("--shape", o.shape, "Image models: image shape HxWxC, as given to reefgen")
+                      ->capture_default_str();
+    o.image_opt = app.add_option("--image", o.image, "Image models: PPM/PGM image, as given to reefgen --image");
+    auto* raw_opt = app.add_option("--raw", o.raw, "File, as given to reefgen --raw (image, tokens or tensor bytes)");
+    o.image_opt->excludes(o.shape_opt)->excludes(raw_opt);
+    o.format_opt = app.add_option("--format", o.format, "As given to reefgen (optional): must be what the model takes")
+                       ->check(CLI::IsMember({"image", "tokens", "tensor"}));
+    o.tokens_opt = app.add_option("--tokens", o.tokens_text,
+                                  "Sequence models: L or MIN-MAX tokens per request, as given to reefgen");
+    o.vocab_opt = app.add_option("--vocab", o.vocab, "Sequence models: token ids were drawn below this, as given "
+                                                     "to reefgen")
+                      ->capture_default_str()
+                      ->check(CLI::Range(1u, 2147483647u));
+    o.dims_opt = app.add_option("--dims", o.dims_text, "Tensor models: extents D1[,D2[,D3[,D4]]], as given to reefgen");
+    app.add_option("--seed", o.seed, "Seed, as given to reefgen")->capture_default_str();
+    o.mean_opt = app.add_option("--mean", o.mean_text, "Image models: per-channel mean R,G,B in u8 scale, as the IF "
+                                                       "is configured (default: ImageNet 123.675,116.28,103.53)");
+    o.std_opt = app.add_option("--std", o.std_text, "Image models: per-channel std R,G,B in u8 scale, as the IF is "
+                                                    "configured (default: ImageNet 58.395,57.12,57.375)");
+    app.add_option("--tolerance", o.tolerance,
                    "Scores and tensor values agree within tolerance * (1 + |reference|)")
         ->capture_default_str()
         ->check(CLI::NonNegativeNumber);
-    app.add_option("--max-errors", max_errors, "Detail lines for the first N mismatches")->capture_default_str();
-    app.add_option("--batch", batch, "Image and tensor models: reference runs batch this many distinct payloads "
-                                     "(sequences run one at a time, each at its own length bucket)")
+    app.add_option("--max-errors", o.max_errors, "Detail lines for the first N mismatches")->capture_default_str();
+    app.add_option("--batch", o.batch, "Image and tensor models: reference runs batch this many distinct payloads "
+                                       "(sequences run one at a time, each at its own length bucket)")
         ->capture_default_str()
         ->check(CLI::Range(1u, 256u));
-    app.add_flag("--no-errors", no_errors, "Fail on any error answer (default: count them apart)");
-    std::string backend = "cpu";
-    reefline::gpu::add_backend_option(app, backend);
+    app.add_flag("--no-errors", o.no_errors, "Fail on any error answer (default: count them apart)");
+    reefline::gpu::add_backend_option(app, o.backend);
+}
+
+// The payload options reefgen resolved for this model's format; options for another format
+// mean the traffic was not made for this model.
+gen::payload_options payload_options_for(const options& o, const ml::request_input& in) {
+    const auto refuse = [&](const std::string& what) { return usage_error(what + ": the model takes " + takes_text(in)); };
+    gen::payload_options po;
+    po.raw_file = o.raw;
+    po.seed = o.seed;
+    const char* kind_option = in.kind == ml::request_kind::image      ? "image"
+                              : in.kind == ml::request_kind::sequence ? "tokens"
+                                                                      : "tensor";
+    if (o.format_opt->count() && o.format != kind_option) throw refuse("--format " + o.format);
+    if (in.kind != ml::request_kind::image) {
+        for (const CLI::Option* opt : {o.shape_opt, o.image_opt, o.mean_opt, o.std_opt})
+            if (opt->count()) throw refuse(opt->get_name() + " is for image models");
+    }
+    if (in.kind != ml::request_kind::sequence)
+        for (const CLI::Option* opt : {o.tokens_opt, o.vocab_opt})
+            if (opt->count()) throw refuse(opt->get_name() + " is for sequence models");
+    if (in.kind != ml::request_kind::tensor && o.dims_opt->count()) throw refuse("--dims is for tensor models");
+    switch (in.kind) {
+    case ml::request_kind::image:
+        po.format = wire::format::image_u8_hwc;
+        po.shape = gen::parse_shape(o.shape);
+        po.image_file = o.image;
+        break;
+    case ml::request_kind::sequence: {
+        po.format = wire::format::tokens_i32;
+        po.vocab = o.vocab;
+        if (!o.tokens_opt->count() && o.raw.empty()) throw refuse("--tokens L or MIN-MAX is needed");
+        if (o.tokens_opt->count()) {
+            const gen::token_range r = gen::parse_token_range(o.tokens_text);
+            po.tokens = r.min;
+            po.tokens_max = r.max;
+            bool any = false;
+            for (uint32_t n = r.min; n <= r.max && !any; ++n) any = in.bucket_for(n) != 0;
+            if (!any) throw refuse("no request of --tokens " + o.tokens_text + " fits");
+        }
+        break;
+    }
+    case ml::request_kind::tensor: {
+        po.format = wire::format::tensor_f32;
+        if (!o.dims_opt->count()) throw refuse("--dims is needed");
+        po.dims = gen::parse_dims(o.dims_text);
+        if (!std::equal(po.dims.begin(), po.dims.end(), in.item.begin(), in.item.end()))
+            throw refuse("--dims " + o.dims_text + " is not what the model takes");
+        break;
+    }
+    }
+    return po;
+}
+
+// The requests' payloads rebuilt, and the references of those some answer needs.
+class payloads {
+public:
+    explicit payloads(const gen::payload_options& po) : _source(po) {}
+    const gen::payload_source& source() const { return _source; }
+    // A sequence request's tokens (error answers that blame one are checked too).
+    const std::vector<int32_t>& tokens_of(uint64_t p) {
+        auto it = _tokens.find(p);
+        if (it == _tokens.end()) {
+            const gen::request_payload r = _source.make(p);
+            std::vector<int32_t> t(r.bytes.size() / 4);
+            for (size_t i = 0; i < t.size(); ++i) t[i] = gen::load_token(r.bytes.data() + i * 4);
+            it = _tokens.emplace(p, std::move(t)).first;
+        }
+        return it->second;
+    }
+
+private:
+    gen::payload_source _source;
+    std::map<uint64_t, std::vector<int32_t>> _tokens;
+};
+
+// libml's answer for every distinct payload an ok answer needs: images and tensors in batches
+// of --batch, sequences one at a time at their length bucket (or why the IF must refuse them).
+std::map<uint64_t, reference> build_references(reference_model& ref, payloads& src, const std::vector<answer_line>& answers,
+                                               uint32_t batch, const std::array<float, 3>& mean,
+                                               const std::array<float, 3>& sd) {
+    const ml::request_input& in = ref.input();
+    std::vector<uint64_t> needed;
+    for (const answer_line& a : answers)
+        if (!a.error) needed.push_back(a.payload);
+    std::sort(needed.begin(), needed.end());
+    needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
+    std::map<uint64_t, reference> refs;
+    if (needed.empty()) return refs;
+    ref.plan(uint32_t(std::min<size_t>(batch, needed.size())));
+    if (ref.sequence()) {
+        for (uint64_t p : needed) {
+            const std::vector<int32_t>& t = src.tokens_of(p);
+            reference r;
+            const int64_t length = in.bucket_for(int64_t(t.size()));
+            if (length == 0)
+                r.refused = "the request has " + std::to_string(t.size()) + " tokens; the model takes " + takes_text(in);
+            else if (std::string bad = out_of_vocabulary(t, in.vocab); !bad.empty())
+                r.refused = "the request's " + bad;
+            else
+                r = ref.run_tokens(t, length);
+            refs[p] = std::move(r);
+        }
+        return refs;
+    }
+    for (size_t at = 0; at < needed.size(); at += ref.batch()) {
+        const size_t n = std::min<size_t>(ref.batch(), needed.size() - at);
+        std::vector<std::vector<uint8_t>> bytes;
+        for (size_t i = 0; i < n; ++i) bytes.push_back(src.source().make(needed[at + i]).bytes);
+        std::vector<const std::vector<uint8_t>*> items;
+        for (const auto& b : bytes) items.push_back(&b);
+        auto out = in.kind == ml::request_kind::image ? ref.run_images(items, mean, sd) : ref.run_tensors(items);
+        for (size_t i = 0; i < n; ++i) refs[needed[at + i]] = std::move(out[i]);
+    }
+    return refs;
+}
+
+// The verdict over every answer line.
+struct tally {
+    uint64_t verified = 0, mismatched = 0, errors = 0, shown = 0, vocabulary_refusals = 0;
+    std::map<int, uint64_t> errors_by_status;
+};
+
+// Why a sequence model's refusal "token T at position P is outside the vocabulary [0, V)" is
+// wrong for the rebuilt request; empty when it is right.
+std::string wrong_vocabulary_claim(const vocabulary_claim& claim, const std::vector<int32_t>& t, int64_t vocab) {
+    const vocabulary_claim* c = &claim;
+    if (c->position < 0 || size_t(c->position) >= t.size()) return "the request has " + std::to_string(t.size()) + " tokens";
+    if (t[size_t(c->position)] != c->token)
+        return "the request's token at position " + std::to_string(c->position) + " is " +
+               std::to_string(t[size_t(c->position)]);
+    if (c->vocab != vocab) return "the model's vocabulary is [0, " + std::to_string(vocab) + ")";
+    if (c->token >= 0 && c->token < vocab) return "token " + std::to_string(c->token) + " is inside the vocabulary";
+    return "";
+}
+
+// Why an ok answer differs from its reference (empty when it matches), and the lines that show it.
+std::string result_problem(const answer_line& a, const reference& r, bool sequence, double tolerance, std::string& details) {
+    if (a.status != 0) return "response with status " + std::to_string(a.status);
+    if (!r.refused.empty()) return "answered with a result, but " + r.refused + ": it must be refused (bad_request)";
+    if (a.format == int(wire::format::result_topk)) {
+        details = "  answered  " + topk_json(a.topk) + "\n  reference " +
+                  reference_json(r.values, std::max<size_t>(a.topk.size(), 1)) + '\n';
+        return rv::topk_problem(r.values, a.topk, tolerance);
+    }
+    if (a.format == int(wire::format::result_tensor_f32)) {
+        const std::vector<int64_t> dims = rv::tensor_answer_dims(r.item, sequence, r.length, r.tokens);
+        int64_t count = 1;
+        for (int64_t d : dims) count *= d;
+        const std::span<const float> want(r.values.data(), size_t(count));
+        details = "  answered  " + tensor_text(a.tensor_dims, a.tensor_data) + "\n  reference " + tensor_text(dims, want) + '\n';
+        if (!a.has_tensor) return "result_tensor_f32 without a \"tensor\" field";
+        return rv::tensor_problem(dims, want, a.tensor_dims, a.tensor_data, tolerance);
+    }
+    return "format " + std::to_string(a.format) + ", expected result_topk (" +
+           std::to_string(int(wire::format::result_topk)) + ") or result_tensor_f32 (" +
+           std::to_string(int(wire::format::result_tensor_f32)) + ")";
+}
+
+tally judge(const options& o, reference_model& ref, payloads& src, const std::vector<answer_line>& answers,
+            const std::map<uint64_t, reference>& refs) {
+    tally t;
+    const auto mismatch = [&](const answer_line& a, const std::string& who, const std::string& problem,
+                              const std::string& details) {
+        ++t.mismatched;
+        if (t.shown < o.max_errors) {
+            ++t.shown;
+            std::cout << "mismatch " << who << " (line " << a.line << "): " << problem << '\n' << details;
+        }
+    };
+    for (const answer_line& a : answers) {
+        const std::string who = "id=" + std::to_string(a.id) + " payload=" + std::to_string(a.payload);
+        if (a.error) {
+            // A refusal for a token outside the vocabulary is an error answer like any other,
+            // provided the request has that token: a refusal of a valid request is wrong.
+            if (ref.sequence() && a.status == int(wire::status::bad_request)) {
+                if (const auto claim = parse_vocabulary_claim(a.message)) {
+                    const std::string wrong = wrong_vocabulary_claim(*claim, src.tokens_of(a.payload), ref.input().vocab);
+                    if (!wrong.empty()) {
+                        mismatch(a, who, "refused with '" + a.message + "', but " + wrong, "");
+                        continue;
+                    }
+                    ++t.vocabulary_refusals;
+                }
+            }
+            ++t.errors;
+            ++t.errors_by_status[a.status];
+            if (o.no_errors && t.shown < o.max_errors) {
+                ++t.shown;
+                std::cout << "error answer " << who << ": status " << wire::to_string(static_cast<wire::status>(a.status))
+                          << ": " << a.message << '\n';
+            }
+            continue;
+        }
+        std::string details;
+        const std::string problem = result_problem(a, refs.at(a.payload), ref.sequence(), o.tolerance, details);
+        if (problem.empty())
+            ++t.verified;
+        else
+            mismatch(a, who, problem, details);
+    }
+    return t;
+}
+
+void print_tally(const options& o, const tally& t, size_t answers) {
+    if (t.shown == o.max_errors && t.mismatched + (o.no_errors ? t.errors : 0) > t.shown)
+        std::cout << "... and " << (t.mismatched + (o.no_errors ? t.errors : 0) - t.shown) << " more\n";
+    if (t.errors) {
+        std::cout << "error answers by status:";
+        for (const auto& [status, count] : t.errors_by_status)
+            std::cout << ' ' << wire::to_string(static_cast<wire::status>(status)) << '=' << count;
+        if (t.vocabulary_refusals)
+            std::cout << " (" << t.vocabulary_refusals
+                      << " refused a token outside the vocabulary, confirmed on the rebuilt request)";
+        std::cout << (o.no_errors ? " (--no-errors: they fail the check)\n" : " (not counted as mismatches)\n");
+    }
+    if (answers == 0) std::cout << "no answers in " << o.results << '\n';
+    std::cout << "verified=" << t.verified << " mismatched=" << t.mismatched << " errors=" << t.errors << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"reefverify: check a model IF's answers (reefgen send --results) against libml"};
+    options o;
+    add_options(app, o);
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {
         const int rc = app.exit(e);
         return rc == 0 ? 0 : 2;
     }
-
     try {
         std::array<float, 3> mean{123.675f, 116.28f, 103.53f}, sd{58.395f, 57.12f, 57.375f};
-        if (!mean_text.empty()) mean = parse_triple(mean_text, "--mean");
-        if (!std_text.empty()) sd = parse_triple(std_text, "--std");
+        if (!o.mean_text.empty()) mean = parse_triple(o.mean_text, "--mean");
+        if (!o.std_text.empty()) sd = parse_triple(o.std_text, "--std");
         for (float s : sd)
             if (s == 0) throw usage_error("--std: must be non-zero");
-        const std::vector<answer_line> answers = read_results(results);
+        const std::vector<answer_line> answers = read_results(o.results);
 
-        auto device = reefline::gpu::make_backend(backend);
+        auto device = reefline::gpu::make_backend(o.backend);
         ml::runtime rt(*device);
-        reference_model ref(rt, model);
+        reference_model ref(rt, o.model);
         const ml::request_input& in = ref.input();
-
-        // The payload options reefgen resolved for this model's format; options for another
-        // format mean the traffic was not made for this model.
-        const auto refuse = [&](const std::string& what) {
-            return usage_error(what + ": the model takes " + takes_text(in));
-        };
-        gen::payload_options po;
-        po.raw_file = raw;
-        po.seed = seed;
-        const char* kind_option = in.kind == ml::request_kind::image      ? "image"
-                                  : in.kind == ml::request_kind::sequence ? "tokens"
-                                                                          : "tensor";
-        if (format_opt->count() && format != kind_option) throw refuse("--format " + format);
-        if (in.kind != ml::request_kind::image) {
-            for (const CLI::Option* o : {shape_opt, image_opt, mean_opt, std_opt})
-                if (o->count()) throw refuse(o->get_name() + " is for image models");
-        }
-        if (in.kind != ml::request_kind::sequence)
-            for (const CLI::Option* o : {tokens_opt, vocab_opt})
-                if (o->count()) throw refuse(o->get_name() + " is for sequence models");
-        if (in.kind != ml::request_kind::tensor && dims_opt->count()) throw refuse("--dims is for tensor models");
-        switch (in.kind) {
-        case ml::request_kind::image:
-            po.format = wire::format::image_u8_hwc;
-            po.shape = gen::parse_shape(shape);
-            po.image_file = image;
-            break;
-        case ml::request_kind::sequence: {
-            po.format = wire::format::tokens_i32;
-            po.vocab = vocab;
-            if (!tokens_opt->count() && raw.empty()) throw refuse("--tokens L or MIN-MAX is needed");
-            if (tokens_opt->count()) {
-                const gen::token_range r = gen::parse_token_range(tokens_text);
-                po.tokens = r.min;
-                po.tokens_max = r.max;
-                bool any = false;
-                for (uint32_t n = r.min; n <= r.max && !any; ++n) any = in.bucket_for(n) != 0;
-                if (!any) throw refuse("no request of --tokens " + tokens_text + " fits");
-            }
-            break;
-        }
-        case ml::request_kind::tensor: {
-            po.format = wire::format::tensor_f32;
-            if (!dims_opt->count()) throw refuse("--dims is needed");
-            po.dims = gen::parse_dims(dims_text);
-            if (!std::equal(po.dims.begin(), po.dims.end(), in.item.begin(), in.item.end()))
-                throw refuse("--dims " + dims_text + " is not what the model takes");
-            break;
-        }
-        }
-        const gen::payload_source source(po);
+        payloads src(payload_options_for(o, in));
         if (in.kind == ml::request_kind::image) {
-            const gen::request_payload probe = source.make(0);
+            const gen::request_payload probe = src.source().make(0);
             if (probe.dims[0] != in.height || probe.dims[1] != in.width || probe.dims[2] != in.channels)
                 throw usage_error("the payloads are " + std::to_string(probe.dims[0]) + "x" +
                                   std::to_string(probe.dims[1]) + "x" + std::to_string(probe.dims[2]) +
@@ -476,147 +653,10 @@ int main(int argc, char** argv) {
                                   std::to_string(in.width) + "x" + std::to_string(in.channels) +
                                   " images: pass the --shape (or --image) given to reefgen send");
         }
-
-        // Distinct payloads that some response needs a reference for.
-        std::vector<uint64_t> needed;
-        for (const answer_line& a : answers)
-            if (!a.error) needed.push_back(a.payload);
-        std::sort(needed.begin(), needed.end());
-        needed.erase(std::unique(needed.begin(), needed.end()), needed.end());
-
-        // A sequence request's tokens, rebuilt (error answers that blame one are checked too).
-        std::map<uint64_t, std::vector<int32_t>> token_cache;
-        const auto tokens_of = [&](uint64_t p) -> const std::vector<int32_t>& {
-            auto it = token_cache.find(p);
-            if (it == token_cache.end()) {
-                const gen::request_payload r = source.make(p);
-                std::vector<int32_t> t(r.bytes.size() / 4);
-                for (size_t i = 0; i < t.size(); ++i) t[i] = gen::load_token(r.bytes.data() + i * 4);
-                it = token_cache.emplace(p, std::move(t)).first;
-            }
-            return it->second;
-        };
-
-        std::map<uint64_t, reference> refs;
-        if (!needed.empty()) {
-            ref.plan(uint32_t(std::min<size_t>(batch, needed.size())));
-            if (ref.sequence()) {
-                for (uint64_t p : needed) {
-                    const std::vector<int32_t>& t = tokens_of(p);
-                    reference r;
-                    const int64_t length = in.bucket_for(int64_t(t.size()));
-                    if (length == 0)
-                        r.refused = "the request has " + std::to_string(t.size()) + " tokens; the model takes " +
-                                    takes_text(in);
-                    else if (std::string bad = out_of_vocabulary(t, in.vocab); !bad.empty())
-                        r.refused = "the request's " + bad;
-                    else
-                        r = ref.run_tokens(t, length);
-                    refs[p] = std::move(r);
-                }
-            } else {
-                for (size_t at = 0; at < needed.size(); at += ref.batch()) {
-                    const size_t n = std::min<size_t>(ref.batch(), needed.size() - at);
-                    std::vector<std::vector<uint8_t>> bytes;
-                    for (size_t i = 0; i < n; ++i) bytes.push_back(source.make(needed[at + i]).bytes);
-                    std::vector<const std::vector<uint8_t>*> items;
-                    for (const auto& b : bytes) items.push_back(&b);
-                    auto out = in.kind == ml::request_kind::image ? ref.run_images(items, mean, sd) : ref.run_tensors(items);
-                    for (size_t i = 0; i < n; ++i) refs[needed[at + i]] = std::move(out[i]);
-                }
-            }
-        }
-
-        uint64_t verified = 0, mismatched = 0, errors = 0, shown = 0, vocabulary_refusals = 0;
-        std::map<int, uint64_t> errors_by_status;
-        const auto mismatch = [&](const answer_line& a, const std::string& who, const std::string& problem,
-                                  const std::string& details) {
-            ++mismatched;
-            if (shown < max_errors) {
-                ++shown;
-                std::cout << "mismatch " << who << " (line " << a.line << "): " << problem << '\n' << details;
-            }
-        };
-        for (const answer_line& a : answers) {
-            const std::string who = "id=" + std::to_string(a.id) + " payload=" + std::to_string(a.payload);
-            if (a.error) {
-                // A refusal for a token outside the vocabulary is an error answer like any other,
-                // provided the request has that token: a refusal of a valid request is wrong.
-                if (ref.sequence() && a.status == int(wire::status::bad_request)) {
-                    if (const auto c = parse_vocabulary_claim(a.message)) {
-                        const std::vector<int32_t>& t = tokens_of(a.payload);
-                        std::string wrong;
-                        if (c->position < 0 || size_t(c->position) >= t.size())
-                            wrong = "the request has " + std::to_string(t.size()) + " tokens";
-                        else if (t[size_t(c->position)] != c->token)
-                            wrong = "the request's token at position " + std::to_string(c->position) + " is " +
-                                    std::to_string(t[size_t(c->position)]);
-                        else if (c->vocab != in.vocab)
-                            wrong = "the model's vocabulary is [0, " + std::to_string(in.vocab) + ")";
-                        else if (c->token >= 0 && c->token < in.vocab)
-                            wrong = "token " + std::to_string(c->token) + " is inside the vocabulary";
-                        if (!wrong.empty()) {
-                            mismatch(a, who, "refused with '" + a.message + "', but " + wrong, "");
-                            continue;
-                        }
-                        ++vocabulary_refusals;
-                    }
-                }
-                ++errors;
-                ++errors_by_status[a.status];
-                if (no_errors && shown < max_errors) {
-                    ++shown;
-                    std::cout << "error answer " << who << ": status "
-                              << wire::to_string(static_cast<wire::status>(a.status)) << ": " << a.message << '\n';
-                }
-                continue;
-            }
-            const reference& r = refs.at(a.payload);
-            std::string problem, details;
-            if (a.status != 0) {
-                problem = "response with status " + std::to_string(a.status);
-            } else if (!r.refused.empty()) {
-                problem = "answered with a result, but " + r.refused + ": it must be refused (bad_request)";
-            } else if (a.format == int(wire::format::result_topk)) {
-                problem = rv::topk_problem(r.values, a.topk, tolerance);
-                details = "  answered  " + topk_json(a.topk) + "\n  reference " +
-                          reference_json(r.values, std::max<size_t>(a.topk.size(), 1)) + '\n';
-            } else if (a.format == int(wire::format::result_tensor_f32)) {
-                const std::vector<int64_t> dims = rv::tensor_answer_dims(r.item, ref.sequence(), r.length, r.tokens);
-                int64_t count = 1;
-                for (int64_t d : dims) count *= d;
-                const std::span<const float> want(r.values.data(), size_t(count));
-                if (!a.has_tensor)
-                    problem = "result_tensor_f32 without a \"tensor\" field";
-                else
-                    problem = rv::tensor_problem(dims, want, a.tensor_dims, a.tensor_data, tolerance);
-                details = "  answered  " + tensor_text(a.tensor_dims, a.tensor_data) + "\n  reference " +
-                          tensor_text(dims, want) + '\n';
-            } else {
-                problem = "format " + std::to_string(a.format) + ", expected result_topk (" +
-                          std::to_string(int(wire::format::result_topk)) + ") or result_tensor_f32 (" +
-                          std::to_string(int(wire::format::result_tensor_f32)) + ")";
-            }
-            if (problem.empty()) {
-                ++verified;
-                continue;
-            }
-            mismatch(a, who, problem, details);
-        }
-        if (shown == max_errors && mismatched + (no_errors ? errors : 0) > shown)
-            std::cout << "... and " << (mismatched + (no_errors ? errors : 0) - shown) << " more\n";
-        if (errors) {
-            std::cout << "error answers by status:";
-            for (const auto& [status, count] : errors_by_status)
-                std::cout << ' ' << wire::to_string(static_cast<wire::status>(status)) << '=' << count;
-            if (vocabulary_refusals)
-                std::cout << " (" << vocabulary_refusals
-                          << " refused a token outside the vocabulary, confirmed on the rebuilt request)";
-            std::cout << (no_errors ? " (--no-errors: they fail the check)\n" : " (not counted as mismatches)\n");
-        }
-        if (answers.empty()) std::cout << "no answers in " << results << '\n';
-        std::cout << "verified=" << verified << " mismatched=" << mismatched << " errors=" << errors << std::endl;
-        const bool pass = mismatched == 0 && verified > 0 && !(no_errors && errors > 0);
+        const std::map<uint64_t, reference> refs = build_references(ref, src, answers, o.batch, mean, sd);
+        const tally t = judge(o, ref, src, answers, refs);
+        print_tally(o, t, answers.size());
+        const bool pass = t.mismatched == 0 && t.verified > 0 && !(o.no_errors && t.errors > 0);
         return pass ? 0 : 1;
     } catch (const usage_error& e) {
         std::cerr << "reefverify: " << e.what() << '\n';
