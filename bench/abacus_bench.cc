@@ -3,7 +3,7 @@
 // other policies on the same arrivals.
 //
 // 1. The predictor: operator groups of the services' models sampled on this device
-//    (libml/abacus_sampling.h, as build/tools/abacus_train does), the MLP and the linear
+//    (tools/abacus_train/sampling.h, as build/tools/abacus_train does), the MLP and the linear
 //    baseline fitted on 80%, their error (mean and p95 of |predicted - measured| / measured)
 //    on the 20% held out, overall and by group size (pairs, triples, ...).
 // 2. Serving: one service per model (the zoo's tiny ResNet-50, MobileNet-v2 and DistilBERT by
@@ -39,9 +39,9 @@
 #include <unistd.h>
 
 #include "bench/bench_report.h"
-#include "libml/abacus_sampling.h"
+#include "tools/abacus_train/sampling.h"
 #include "libml/libml.h"
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "preempt/backend_option.h"
 #include "preempt/scheduler.h"
 

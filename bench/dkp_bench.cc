@@ -36,7 +36,7 @@
 #include "bench/bench_report.h"
 #include "dkp/selector.h"
 #include "libml/libml.h"
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "preempt/backend_option.h"
 #include "preempt/scheduler.h"
 

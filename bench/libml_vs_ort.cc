@@ -36,7 +36,7 @@
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
 #include "libml/kernels/kernels.h"
-#include "libml/c16_layout.h"
+#include "libml/planner/c16_layout.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;

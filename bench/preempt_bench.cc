@@ -63,7 +63,7 @@
 #endif
 #if defined(REEFLINE_BENCH_MODELS)
 #include "libml/libml.h"
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #endif
 
 namespace {

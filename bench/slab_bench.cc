@@ -1,4 +1,4 @@
-// slab_bench: SLAB vs Clipper's AIMD vs a fixed batch size (libml/batching.h) on the same
+// slab_bench: SLAB vs Clipper's AIMD vs a fixed batch size (ifmanager/batching.h) on the same
 // load, serving a real model on the cpu device backend.
 //
 // A generator thread replays one open-loop arrival schedule (Poisson at --rate, or uniform
@@ -62,12 +62,13 @@
 
 #include "preempt/backend_option.h"
 #include "bench/bench_report.h"
-#include "libml/batching.h"
+#include "ifmanager/batching.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;
 namespace gpu = reefline::gpu;
 namespace ml = reefline::ml;
+namespace ifm = reefline::ifm;
 namespace report = reefline::bench;
 using clk = std::chrono::steady_clock;
 
@@ -184,7 +185,7 @@ struct scenario_event {
 };
 
 struct policy_result {
-    ml::batching_policy policy;
+    ifm::batching_policy policy;
     uint32_t fixed_batch = 0;  // fixed: its size
     std::vector<std::pair<double, uint32_t>> trace;  // (ms since the start, target after each batch)
     // The same without the batches after which SLAB was draining a backlog (draining()): the
@@ -247,10 +248,10 @@ struct request {
 };
 
 // `series`: where each batch goes as a CSV row (null: nowhere).
-policy_result run_policy(served_model& sm, ml::batching_options opts, const std::vector<double>& schedule_ms,
+policy_result run_policy(served_model& sm, ifm::batching_options opts, const std::vector<double>& schedule_ms,
                          double seconds, bool shed, report::csv_writer* series, int round,
                          const std::vector<scenario_event>& events = {}) {
-    ml::batch_controller bc(opts);
+    ifm::batch_controller bc(opts);
     // The SLO a request arriving at `ms` is held to: the last SLO event before it.
     const double first_slo = opts.slo_ms;
     const auto slo_at = [&](double ms) {
@@ -387,12 +388,12 @@ policy_result run_policy(served_model& sm, ml::batching_options opts, const std:
         // which keeps a round's series small enough to keep beside its plot.
         using report::csv_cell;
         for (const batch_record& b : batch_log)
-            series->row({round, ml::batching_policy_name(opts.policy), csv_cell::fixed(b.time_ms, 2), b.batch,
+            series->row({round, ifm::batching_policy_name(opts.policy), csv_cell::fixed(b.time_ms, 2), b.batch,
                          csv_cell::fixed(b.service_ms, 3), csv_cell::fixed(b.worst_ms, 3), b.target,
                          csv_cell::fixed(b.predicted_ms, 3), csv_cell::fixed(b.margin_ms, 3)});
     }
     convergence(trace, r);
-    r.fixed_batch = opts.policy == ml::batching_policy::fixed ? (opts.fixed_batch ? opts.fixed_batch : opts.max_batch) : 0;
+    r.fixed_batch = opts.policy == ifm::batching_policy::fixed ? (opts.fixed_batch ? opts.fixed_batch : opts.max_batch) : 0;
     r.trace = std::move(trace);
     r.goodput = double(r.answered - r.late) / seconds;
     r.mean_batch = batches ? double(r.answered) / double(batches) : 0;
@@ -455,16 +456,16 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
         events.push_back(half);
     }
     // SLAB, AIMD and fixed at several sizes (each starts from a fresh controller).
-    std::vector<ml::batching_options> policies;
-    for (const auto p : {ml::batching_policy::slab, ml::batching_policy::aimd}) {
-        ml::batching_options o;
+    std::vector<ifm::batching_options> policies;
+    for (const auto p : {ifm::batching_policy::slab, ifm::batching_policy::aimd}) {
+        ifm::batching_options o;
         o.policy = p;
         policies.push_back(o);
     }
     for (const uint32_t b : {4u, 8u, 16u})
         if (b <= max_batch) {
-            ml::batching_options o;
-            o.policy = ml::batching_policy::fixed;
+            ifm::batching_options o;
+            o.policy = ifm::batching_policy::fixed;
             o.fixed_batch = b;
             policies.push_back(o);
         }
@@ -486,7 +487,7 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
     for (int k = 1; k < phases; ++k) std::printf(" %10s", step_names[k]);
     std::printf(" %8s %9s %8s %9s %7s %6s\n", "max", "max+drain", "strict", "within/s", "viol%", "meanb");
     const auto name_of = [](const policy_result& r) {
-        return r.fixed_batch ? "fixed " + std::to_string(r.fixed_batch) : std::string(ml::batching_policy_name(r.policy));
+        return r.fixed_batch ? "fixed " + std::to_string(r.fixed_batch) : std::string(ifm::batching_policy_name(r.policy));
     };
     std::vector<std::vector<double>> worst(policies.size()), good(policies.size());
     std::vector<double> slab_vs_fixed;
@@ -496,9 +497,9 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
             const size_t p = (size_t(round) + j) % policies.size();
             std::fflush(stdout);
             auto step = progress.begin("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", steps, " +
-                                       (policies[p].policy == ml::batching_policy::fixed
+                                       (policies[p].policy == ifm::batching_policy::fixed
                                             ? "fixed " + std::to_string(policies[p].fixed_batch)
-                                            : std::string(ml::batching_policy_name(policies[p].policy))));
+                                            : std::string(ifm::batching_policy_name(policies[p].policy))));
             const policy_result r = run_policy(sm, policies[p], schedule, seconds, shed, series, round + 1, events);
             double w = 0, w_all = 0, w_strict = 0;
             std::printf("%-6d %-9s", round + 1, name_of(r).c_str());
@@ -511,7 +512,7 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
                 w_strict = std::max(w_strict, strict);
                 std::printf(" %10.0f", ms);
                 if (csv)
-                    csv->row({round + 1, ml::batching_policy_name(r.policy), r.fixed_batch, step_names[k],
+                    csv->row({round + 1, ifm::batching_policy_name(r.policy), r.fixed_batch, step_names[k],
                               report::csv_cell::fixed(k * phase_ms, 0), report::csv_cell::fixed(ms, 1),
                               report::csv_cell::fixed(all, 1), report::csv_cell::fixed(strict, 1),
                               report::csv_cell::fixed(r.goodput, 1),
@@ -535,8 +536,8 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
     std::printf("\nover %d round(s), medians: worst re-convergence ms / within SLO req/s\n", rounds);
     for (size_t p = 0; p < policies.size(); ++p)
         std::printf("  %-9s %8.0f %9.1f\n",
-                    policies[p].policy == ml::batching_policy::fixed ? ("fixed " + std::to_string(policies[p].fixed_batch)).c_str()
-                                                                     : ml::batching_policy_name(policies[p].policy),
+                    policies[p].policy == ifm::batching_policy::fixed ? ("fixed " + std::to_string(policies[p].fixed_batch)).c_str()
+                                                                     : ifm::batching_policy_name(policies[p].policy),
                     median(worst[p]), median(good[p]));
     std::printf("slab_reconverge_ms=%.0f slab_goodput_vs_best_fixed=%.3f aimd_reconverge_ms=%.0f\n", median(worst[0]),
                 median(slab_vs_fixed), median(worst[1]));
@@ -707,7 +708,7 @@ int main(int argc, char** argv) {
         for (double t = uniform ? 0 : gap(rng); t < seconds * 1000.0; t += uniform ? 1000.0 / rate : gap(rng))
             schedule.push_back(t);
 
-        const ml::batching_policy order[3] = {ml::batching_policy::slab, ml::batching_policy::aimd, ml::batching_policy::fixed};
+        const ifm::batching_policy order[3] = {ifm::batching_policy::slab, ifm::batching_policy::aimd, ifm::batching_policy::fixed};
         std::vector<policy_result> results[3];
         std::vector<double> ratios;
         std::printf("\n%-6s %5s %9s %8s %6s %9s %7s %7s %7s %6s %6s %7s %7s %7s %7s\n", "round", "policy", "converge",
@@ -717,14 +718,14 @@ int main(int argc, char** argv) {
             double good[3] = {0, 0, 0};
             for (int k = 0; k < 3; ++k) {
                 const int p = (round + k) % 3;
-                ml::batching_options o;
+                ifm::batching_options o;
                 o.policy = order[p];
                 o.slo_ms = slo_ms;
                 o.max_batch = max_batch;
                 o.fixed_batch = fixed_batch;
                 std::fflush(stdout);
                 auto step = progress.begin("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", " +
-                                           ml::batching_policy_name(o.policy) + ", " + std::to_string(int(rate)) +
+                                           ifm::batching_policy_name(o.policy) + ", " + std::to_string(int(rate)) +
                                            " req/s for " + report::csv_cell(seconds).text() + " s");
                 const bool record = series && (series_round == 0 || series_round == round + 1);
                 const policy_result r =
@@ -735,7 +736,7 @@ int main(int argc, char** argv) {
                 step.end();
                 if (csv) {
                     using report::csv_cell;
-                    csv->row({round + 1, ml::batching_policy_name(r.policy), k + 1, csv_cell::fixed(rate, 1), slo_ms,
+                    csv->row({round + 1, ifm::batching_policy_name(r.policy), k + 1, csv_cell::fixed(rate, 1), slo_ms,
                               seconds, csv_cell::fixed(r.converge_ms, 1), csv_cell::fixed(r.reach_ms, 1),
                               csv_cell::fixed(r.in_band_pct, 1), csv_cell::fixed(r.goodput, 1), r.arrivals, r.answered,
                               r.late, r.shed, csv_cell::fixed(r.violation_pct(), 2), csv_cell::fixed(r.mean_batch, 2),
@@ -744,7 +745,7 @@ int main(int argc, char** argv) {
                 }
                 good[p] = r.goodput;
                 std::printf("%-6d %5s %7.0fms %6.0fms %6.1f %9.1f %7llu %7llu %7.2f %6.2f %6u %7.1f %7.1f %7.1f %7.1f\n",
-                            round + 1, ml::batching_policy_name(r.policy), r.converge_ms, r.reach_ms, r.in_band_pct,
+                            round + 1, ifm::batching_policy_name(r.policy), r.converge_ms, r.reach_ms, r.in_band_pct,
                             r.goodput, static_cast<unsigned long long>(r.late), static_cast<unsigned long long>(r.shed),
                             r.violation_pct(), r.mean_batch, r.final_target, r.drain_pct, r.p50, r.p99,
                             r.generator_lag_p99);
@@ -776,7 +777,7 @@ int main(int argc, char** argv) {
             };
             conv_med[p] = median(cv_);
             good_med[p] = median(gp);
-            std::printf("%-6s %22s %18s %26s %22s %20s\n", ml::batching_policy_name(order[p]),
+            std::printf("%-6s %22s %18s %26s %22s %20s\n", ifm::batching_policy_name(order[p]),
                         range(cv_, "%.0f [%.0f .. %.0f]").c_str(), range(rc, "%.0f [%.0f .. %.0f]").c_str(),
                         range(gp, "%.1f [%.1f .. %.1f]").c_str(), range(vp, "%.2f [%.2f .. %.2f]").c_str(),
                         range(mb, "%.2f [%.2f .. %.2f]").c_str());

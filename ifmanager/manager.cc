@@ -144,7 +144,7 @@ void apply_settings(const json& f, model_settings& s) {
     }
     if (field(f, "batching")) {
         const std::string p = get_string(f, "batching");
-        if (!ml::parse_batching_policy(p, s.batching.policy))
+        if (!parse_batching_policy(p, s.batching.policy))
             bad("field 'batching' must be \"slab\", \"aimd\" or \"fixed\", got \"" + excerpt(p) + "\"");
     }
     if (field(f, "max_batch")) s.batching.max_batch = uint32_t(get_int(f, "max_batch", 1, 256));
@@ -348,7 +348,7 @@ json if_manager::persisted_config(const model_if& mif) const {
             {"onnx", c.onnx},
             {"class", s.cls == gpu::task_class::rt ? "rt" : "be"},
             {"slo_ms", s.batching.slo_ms},
-            {"batching", ml::batching_policy_name(s.batching.policy)},
+            {"batching", batching_policy_name(s.batching.policy)},
             {"min_batch", s.batching.min_batch},
             {"max_batch", s.batching.max_batch},
             {"fixed_batch", s.batching.fixed_batch},

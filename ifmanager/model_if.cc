@@ -65,7 +65,7 @@ constexpr size_t max_buckets = std::size(ml::sequence_buckets);
 struct model_if::lane {
     gpu::task_class cls;
     // One batching controller per length bucket (images and tensors: [0] only).
-    std::vector<ml::batch_controller> controllers;
+    std::vector<batch_controller> controllers;
     // Requests waiting for a batch, oldest first (fixed ring).
     std::array<dp::request*, lane_capacity> pending{};
     uint32_t head = 0, count = 0;
@@ -92,7 +92,7 @@ struct model_if::lane {
     uint64_t last_arrival_tsc = 0;
     double gap_ewma_ms = 0;
 
-    lane(gpu::task_class c, const ml::batching_options& o, size_t buckets) : cls(c), controllers(buckets, ml::batch_controller(o)) {
+    lane(gpu::task_class c, const batching_options& o, size_t buckets) : cls(c), controllers(buckets, batch_controller(o)) {
         publish_targets();
     }
     void publish_targets() {
@@ -122,7 +122,7 @@ void check_settings(const model_settings& s) {
     if (b.max_batch < 1 || b.max_batch > max_batch_limit)
         throw std::invalid_argument("max_batch must be 1.." + std::to_string(max_batch_limit) + ", got " +
                                     std::to_string(b.max_batch));
-    ml::batch_controller::check(b);
+    batch_controller::check(b);
     if (s.priority < 0 || s.priority > 2) throw std::invalid_argument("priority must be 0, 1 or 2");
     if (!(s.share > 0 && s.share <= 1)) throw std::invalid_argument("share must be > 0 and at most 1");
 }
@@ -509,7 +509,7 @@ void model_if::commit(prepared_settings&& p) {
         for (auto& l : _lanes) {
             for (auto& [b, in] : l->instances) retired.push_back(std::move(in));
             l->instances.clear();
-            for (auto& c : l->controllers) c = ml::batch_controller(p.settings.batching);
+            for (auto& c : l->controllers) c = batch_controller(p.settings.batching);
         }
         {
             std::lock_guard<std::mutex> m(_model_mu);
@@ -726,7 +726,7 @@ void model_if::shed_late(lane& l, uint64_t now) {
     const double idle_ms = double(now - l.launch_tsc) * 1e3 / double(_tsc_hz);
     if (idle_ms > std::max(2 * slo, 500.0)) return;
     while (l.count) {
-        const ml::batch_controller& c = l.controllers[bucket_of(*l.front())];
+        const batch_controller& c = l.controllers[bucket_of(*l.front())];
         const double service = c.predict_ms(std::min(l.count, c.target()));
         if (!(service > 0)) return;
         const double waited = double(now - l.front()->last_tsc) * 1e3 / double(_tsc_hz);
@@ -988,7 +988,7 @@ nlohmann::json model_if::describe() const {
         {"udp_port", _config.udp_port},
         {"class", class_name(s.cls)},
         {"slo_ms", s.batching.slo_ms},
-        {"batching", ml::batching_policy_name(s.batching.policy)},
+        {"batching", batching_policy_name(s.batching.policy)},
         {"batch_size", _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target()},
         {"min_batch", s.batching.min_batch},
         {"max_batch", s.batching.max_batch},

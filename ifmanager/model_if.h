@@ -1,10 +1,10 @@
 // A model IF: serves one ONNX model on one UDP port, in the request format the model's inputs
-// call for (libml/request_input.h): u8 HWC images, token sequences or f32 tensors.
+// call for (libml/runtime/request_input.h): u8 HWC images, token sequences or f32 tensors.
 //
 // Complete requests come off the IF's ring as gather lists of packet payloads. Each request
 // goes to one of two lanes: RT (the IF's class is rt, or the request comes from a source the
 // operator named RT) or BE. A lane forms a batch when its batching controller (SLAB, AIMD or
-// fixed; libml/batching.h) says so and submits it to the GPU scheduler as one task of its
+// fixed; ifmanager/batching.h) says so and submits it to the GPU scheduler as one task of its
 // class: the gather kernel reads the payloads in place into the input tensors, then the model
 // runs. One batch per lane is in flight; the mbufs stay held until its task has ended (a
 // preempted task re-runs the gather from the same payloads). When the task completes, each
@@ -40,7 +40,7 @@
 #include "dataplane/if_service.h"
 #include "dataplane/response.h"
 #include "dkp/profile.h"
-#include "libml/batching.h"
+#include "ifmanager/batching.h"
 #include "libml/libml.h"
 #include "preempt/scheduler.h"
 
@@ -49,7 +49,7 @@ namespace reefline::ifm {
 // What an operator can change while the IF serves (`set`).
 struct model_settings {
     gpu::task_class cls = gpu::task_class::be;
-    ml::batching_options batching;         // policy, SLO, batch limits
+    batching_options batching;         // policy, SLO, batch limits
     int priority = 0;                      // prema: 0 low, 1 medium, 2 high
     std::vector<uint32_t> rt_sources_be;   // IPv4 sources whose requests are RT
     bool shed = true;                      // answer overloaded instead of serving late

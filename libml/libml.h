@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "dkp/profile.h"
-#include "libml/graph.h"
+#include "libml/frontend/graph.h"
 #include "libml/kernels/decomp.h"
-#include "libml/onnx_import.h"
-#include "libml/plan.h"
-#include "libml/request_input.h"
+#include "libml/frontend/onnx_import.h"
+#include "libml/planner/plan.h"
+#include "libml/runtime/request_input.h"
 #include "preempt/device.h"
 #include "preempt/scheduler.h"
 

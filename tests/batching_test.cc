@@ -1,7 +1,7 @@
-// Batching controllers (libml/batching.h) against a simulated service-time function: SLAB's
+// Batching controllers (ifmanager/batching.h) against a simulated service-time function: SLAB's
 // convergence and SLO safety, its reaction to a slower device and a tighter SLO, Clipper's
 // AIMD sawtooth, fixed batches, when a batch waits, the bounds, and the learned model.
-#include "libml/batching.h"
+#include "ifmanager/batching.h"
 
 #include <gtest/gtest.h>
 
@@ -12,7 +12,7 @@
 #include <tuple>
 #include <vector>
 
-namespace ml = reefline::ml;
+namespace ifm = reefline::ifm;
 
 namespace {
 
@@ -46,7 +46,7 @@ uint32_t slo_optimum(const simulated_service& s, double slo, uint32_t max_batch)
 // A device kept busy: every batch is full (target()), and its oldest request waited for the
 // whole batch ahead. Returns the worst latency of this batch.
 struct saturated_loop {
-    ml::batch_controller& bc;
+    ifm::batch_controller& bc;
     simulated_service& svc;
     double prev = 0;
     double step() {
@@ -59,8 +59,8 @@ struct saturated_loop {
     }
 };
 
-ml::batching_options opts(ml::batching_policy p, double slo = 100, uint32_t max_batch = 32) {
-    ml::batching_options o;
+ifm::batching_options opts(ifm::batching_policy p, double slo = 100, uint32_t max_batch = 32) {
+    ifm::batching_options o;
     o.policy = p;
     o.slo_ms = slo;
     o.max_batch = max_batch;
@@ -70,7 +70,7 @@ ml::batching_options opts(ml::batching_policy p, double slo = 100, uint32_t max_
 // Open-loop Poisson arrivals into a queue served by one device under the controller, in
 // simulated time (ms). Records each request's latency and the target after every batch.
 struct event_sim {
-    ml::batch_controller& bc;
+    ifm::batch_controller& bc;
     simulated_service& svc;
     double rate_per_ms;
     std::mt19937 rng;
@@ -117,51 +117,51 @@ struct event_sim {
 }  // namespace
 
 TEST(Batching, PolicyNames) {
-    for (auto p : {ml::batching_policy::slab, ml::batching_policy::aimd, ml::batching_policy::fixed}) {
-        ml::batching_policy q = ml::batching_policy::fixed;
-        ASSERT_TRUE(ml::parse_batching_policy(ml::batching_policy_name(p), q));
+    for (auto p : {ifm::batching_policy::slab, ifm::batching_policy::aimd, ifm::batching_policy::fixed}) {
+        ifm::batching_policy q = ifm::batching_policy::fixed;
+        ASSERT_TRUE(ifm::parse_batching_policy(ifm::batching_policy_name(p), q));
         EXPECT_EQ(q, p);
     }
-    EXPECT_STREQ(ml::batching_policy_name(ml::batching_policy::slab), "slab");
-    EXPECT_STREQ(ml::batching_policy_name(ml::batching_policy::aimd), "aimd");
-    EXPECT_STREQ(ml::batching_policy_name(ml::batching_policy::fixed), "fixed");
-    ml::batching_policy q = ml::batching_policy::aimd;
-    EXPECT_FALSE(ml::parse_batching_policy("", q));
-    EXPECT_FALSE(ml::parse_batching_policy("SLAB", q));
-    EXPECT_FALSE(ml::parse_batching_policy("slab ", q));
-    EXPECT_EQ(q, ml::batching_policy::aimd);
+    EXPECT_STREQ(ifm::batching_policy_name(ifm::batching_policy::slab), "slab");
+    EXPECT_STREQ(ifm::batching_policy_name(ifm::batching_policy::aimd), "aimd");
+    EXPECT_STREQ(ifm::batching_policy_name(ifm::batching_policy::fixed), "fixed");
+    ifm::batching_policy q = ifm::batching_policy::aimd;
+    EXPECT_FALSE(ifm::parse_batching_policy("", q));
+    EXPECT_FALSE(ifm::parse_batching_policy("SLAB", q));
+    EXPECT_FALSE(ifm::parse_batching_policy("slab ", q));
+    EXPECT_EQ(q, ifm::batching_policy::aimd);
 }
 
 TEST(Batching, BadOptionsAreRefusedAndKeepTheOldOnes) {
-    ml::batching_options o;
+    ifm::batching_options o;
     o.slo_ms = 0;
-    EXPECT_THROW(ml::batch_controller{o}, std::invalid_argument);
+    EXPECT_THROW(ifm::batch_controller{o}, std::invalid_argument);
     o = {};
     o.slo_ms = std::nan("");
-    EXPECT_THROW(ml::batch_controller{o}, std::invalid_argument);
+    EXPECT_THROW(ifm::batch_controller{o}, std::invalid_argument);
     o = {};
     o.max_batch = 0;
-    EXPECT_THROW(ml::batch_controller{o}, std::invalid_argument);
+    EXPECT_THROW(ifm::batch_controller{o}, std::invalid_argument);
     o = {};
     o.min_batch = 0;
-    EXPECT_THROW(ml::batch_controller{o}, std::invalid_argument);
+    EXPECT_THROW(ifm::batch_controller{o}, std::invalid_argument);
     o = {};
     o.min_batch = 9;
     o.max_batch = 8;
-    EXPECT_THROW(ml::batch_controller{o}, std::invalid_argument);
+    EXPECT_THROW(ifm::batch_controller{o}, std::invalid_argument);
     o = {};
     o.fixed_batch = 17;  // above max_batch 16
-    EXPECT_THROW(ml::batch_controller{o}, std::invalid_argument);
+    EXPECT_THROW(ifm::batch_controller{o}, std::invalid_argument);
 
-    ml::batch_controller bc(opts(ml::batching_policy::aimd, 50, 8));
-    ml::batching_options bad = opts(ml::batching_policy::slab, -1, 8);
+    ifm::batch_controller bc(opts(ifm::batching_policy::aimd, 50, 8));
+    ifm::batching_options bad = opts(ifm::batching_policy::slab, -1, 8);
     EXPECT_THROW(bc.configure(bad), std::invalid_argument);
-    EXPECT_EQ(bc.options().policy, ml::batching_policy::aimd);
+    EXPECT_EQ(bc.options().policy, ifm::batching_policy::aimd);
     EXPECT_EQ(bc.options().slo_ms, 50);
 }
 
 TEST(Batching, PredictLearnsALinearModel) {
-    ml::batch_controller bc(opts(ml::batching_policy::fixed));
+    ifm::batch_controller bc(opts(ifm::batching_policy::fixed));
     EXPECT_EQ(bc.predict_ms(1), 0);
     EXPECT_EQ(bc.predict_ms(8), 0);
     // One size only: all the time is taken to be per request.
@@ -191,7 +191,7 @@ TEST(Batching, PredictLearnsALinearModel) {
 
 TEST(Batching, SlabConvergesToTheSloOptimumAndHoldsTheSlo) {
     simulated_service svc;  // 10 + 5b ms
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     const uint32_t best = slo_optimum(svc, 100, 32);
     ASSERT_EQ(best, 7u);
     EXPECT_EQ(bc.target(), 1u);
@@ -223,7 +223,7 @@ TEST(Batching, SlabLearnsAKneeThatAimdRunsInto) {
         simulated_service svc;
         svc.knee = 8;
         svc.past_knee = 20;
-        ml::batch_controller bc(opts(i ? ml::batching_policy::aimd : ml::batching_policy::slab, 200, 32));
+        ifm::batch_controller bc(opts(i ? ifm::batching_policy::aimd : ifm::batching_policy::slab, 200, 32));
         event_sim sim{bc, svc, 0.12, std::mt19937{7}, {}, {}, {}};
         sim.run(120'000);
         miss_rate[i] = double(sim.misses_after(20'000, 200)) / double(std::max<size_t>(1, sim.served_after(20'000)));
@@ -234,7 +234,7 @@ TEST(Batching, SlabLearnsAKneeThatAimdRunsInto) {
 
 TEST(Batching, SlabWithNoisyServiceStaysNearTheOptimumAndRarelyMisses) {
     simulated_service svc{10, 5, 1, 0.05};
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 20; ++i) loop.step();
     int misses = 0;
@@ -261,7 +261,7 @@ TEST(Batching, SlabWithNoisyServiceStaysNearTheOptimumAndRarelyMisses) {
 // most bursts (35 batches of 1200).
 TEST(Batching, SlabHoldsItsBatchThroughBurstsOfNoise) {
     simulated_service svc;
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 50; ++i) loop.step();
     ASSERT_EQ(bc.target(), 7u);
@@ -280,7 +280,7 @@ TEST(Batching, SlabMarginFollowsTheDeviation) {
     // +-15% service noise: the margin (3 deviations) keeps misses rare; without it about one
     // batch in thirty would miss.
     simulated_service svc{10, 5, 1, 0.15};
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 20; ++i) loop.step();
     int misses = 0;
@@ -292,7 +292,7 @@ TEST(Batching, SlabMarginFollowsTheDeviation) {
     // One spike (a batch 3x slower, then back to normal): it raises the margin a little but
     // does not stay in the model, so the target holds or dips by one and is back at once.
     simulated_service quiet;
-    ml::batch_controller b2(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller b2(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop l2{b2, quiet};
     for (int i = 0; i < 50; ++i) l2.step();
     ASSERT_EQ(b2.target(), 7u);
@@ -314,7 +314,7 @@ TEST(Batching, SlabMarginFollowsTheDeviation) {
 // own service time: 10 + 5b <= 100, b = 18) until a batch is not full again.
 TEST(Batching, SlabDrainsABacklogWithLargerBatches) {
     simulated_service svc;
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 50; ++i) loop.step();
     ASSERT_EQ(bc.target(), 7u);
@@ -344,7 +344,7 @@ TEST(Batching, SlabDrainsABacklogWithLargerBatches) {
 TEST(Batching, SlabUnderPoissonLoadMeetsTheSlo) {
     for (double rate : {0.03, 0.06}) {
         simulated_service svc;
-        ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+        ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
         event_sim sim{bc, svc, rate, std::mt19937{7}, {}, {}, {}};
         sim.run(60'000);
         EXPECT_EQ(sim.misses_after(1000, 100), 0u) << "rate " << rate;
@@ -360,7 +360,7 @@ TEST(Batching, SlabUnderPoissonLoadMeetsTheSlo) {
 
 TEST(Batching, SlabShrinksWhenTheDeviceSlowsAndGrowsWhenItSpeedsUp) {
     simulated_service svc;
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 50; ++i) loop.step();
     ASSERT_EQ(bc.target(), 7u);
@@ -402,7 +402,7 @@ TEST(Batching, SlabLearnsAFixedCostPerBatchAsSuch) {
     simulated_service svc;
     svc.a = 1;
     svc.c = 0.5;
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 25, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 25, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 50; ++i) loop.step();
     ASSERT_EQ(bc.target(), slo_optimum(svc, 25, 32));
@@ -438,7 +438,7 @@ TEST(Batching, SlabLearnsAFixedCostPerBatchAsSuch) {
 // leave the table scaled up and the target stuck near min_batch.
 TEST(Batching, SlabComesBackAfterAStall) {
     simulated_service svc;
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 50; ++i) loop.step();
     ASSERT_EQ(bc.target(), 7u);
@@ -469,13 +469,13 @@ TEST(Batching, SlabComesBackAfterAStall) {
 
 TEST(Batching, TighterSloShrinksAtOnceAndKeepsTheModel) {
     simulated_service svc;
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 32));
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 50; ++i) loop.step();
     ASSERT_EQ(bc.target(), 7u);
     const double p4 = bc.predict_ms(4), p12 = bc.predict_ms(12);
 
-    bc.configure(opts(ml::batching_policy::slab, 60, 32));
+    bc.configure(opts(ifm::batching_policy::slab, 60, 32));
     EXPECT_EQ(bc.target(), slo_optimum(svc, 60, 32));  // before any new batch
     EXPECT_EQ(bc.target(), 3u);
     EXPECT_EQ(bc.predict_ms(4), p4);
@@ -485,18 +485,18 @@ TEST(Batching, TighterSloShrinksAtOnceAndKeepsTheModel) {
     EXPECT_EQ(bc.target(), 3u);
 
     // Loosened again: grows back within a few batches (at most doubling per batch).
-    bc.configure(opts(ml::batching_policy::slab, 100, 32));
+    bc.configure(opts(ifm::batching_policy::slab, 100, 32));
     for (int i = 0; i < 4; ++i) loop.step();
     EXPECT_EQ(bc.target(), 7u);
 
     // max_batch lowered below the target: clamped at once.
-    bc.configure(opts(ml::batching_policy::slab, 100, 5));
+    bc.configure(opts(ifm::batching_policy::slab, 100, 5));
     EXPECT_EQ(bc.target(), 5u);
 }
 
 TEST(Batching, AimdSawtooth) {
     simulated_service svc;  // 10 + 5b: over the SLO of 100 from b = 19
-    ml::batch_controller bc(opts(ml::batching_policy::aimd, 100, 32));
+    ifm::batch_controller bc(opts(ifm::batching_policy::aimd, 100, 32));
     saturated_loop loop{bc, svc};
     std::vector<uint32_t> trace{bc.target()};
     for (int i = 0; i < 60; ++i) {
@@ -523,7 +523,7 @@ TEST(Batching, AimdSawtooth) {
 
     // A batch smaller than the target (light load) says nothing about the target: no growth.
     const uint32_t t = bc.target() == 19 ? 17 : bc.target();
-    bc.configure(opts(ml::batching_policy::aimd, 100, 32));
+    bc.configure(opts(ifm::batching_policy::aimd, 100, 32));
     while (bc.target() != t) loop.step();
     bc.observe(3, svc(3), svc(3));
     EXPECT_EQ(bc.target(), t);
@@ -534,9 +534,9 @@ TEST(Batching, AimdSawtooth) {
 
 TEST(Batching, FixedHoldsAndWaitsOnlyWhileTheSloAllows) {
     simulated_service svc;
-    ml::batching_options o = opts(ml::batching_policy::fixed, 100, 16);
+    ifm::batching_options o = opts(ifm::batching_policy::fixed, 100, 16);
     o.fixed_batch = 8;
-    ml::batch_controller bc(o);
+    ifm::batch_controller bc(o);
     EXPECT_EQ(bc.target(), 8u);
     // Nothing learned: no basis for waiting.
     EXPECT_TRUE(bc.dispatch_now(1, 0));
@@ -565,7 +565,7 @@ TEST(Batching, FixedHoldsAndWaitsOnlyWhileTheSloAllows) {
 TEST(Batching, SlabWaitsOnlyWhileHeadroomAllows) {
     simulated_service svc;
     // max_batch 4 binds before the SLO does: t(4) = 30, two of them leave 40 ms of headroom.
-    ml::batch_controller bc(opts(ml::batching_policy::slab, 100, 4));
+    ifm::batch_controller bc(opts(ifm::batching_policy::slab, 100, 4));
     EXPECT_TRUE(bc.dispatch_now(1, 0));  // nothing learned yet
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 60; ++i) loop.step();
@@ -581,7 +581,7 @@ TEST(Batching, SlabWaitsOnlyWhileHeadroomAllows) {
 
     // When the SLO sizes the target there is next to no room to wait: t(7) = 45, 2 x 45 +
     // margin is within 10 ms of the SLO.
-    bc.configure(opts(ml::batching_policy::slab, 100, 32));
+    bc.configure(opts(ifm::batching_policy::slab, 100, 32));
     for (int i = 0; i < 60; ++i) loop.step();
     ASSERT_EQ(bc.target(), 7u);
     const double room = 100 - 2 * bc.predict_ms(7) - bc.margin_ms();
@@ -593,10 +593,10 @@ TEST(Batching, SlabWaitsOnlyWhileHeadroomAllows) {
 
 TEST(Batching, TargetAlwaysWithinBounds) {
     std::mt19937 rng(3);
-    for (auto p : {ml::batching_policy::slab, ml::batching_policy::aimd, ml::batching_policy::fixed}) {
-        ml::batching_options o = opts(p, 100, 5);
+    for (auto p : {ifm::batching_policy::slab, ifm::batching_policy::aimd, ifm::batching_policy::fixed}) {
+        ifm::batching_options o = opts(p, 100, 5);
         o.min_batch = 3;
-        ml::batch_controller bc(o);
+        ifm::batch_controller bc(o);
         EXPECT_GE(bc.target(), 3u);
         EXPECT_LE(bc.target(), 5u);
         for (int i = 0; i < 2000; ++i) {
@@ -616,9 +616,9 @@ TEST(Batching, TargetAlwaysWithinBounds) {
     }
     // The extremes: a huge SLO takes max_batch, an impossible one min_batch.
     simulated_service svc;
-    ml::batching_options o = opts(ml::batching_policy::slab, 1e6, 5);
+    ifm::batching_options o = opts(ifm::batching_policy::slab, 1e6, 5);
     o.min_batch = 3;
-    ml::batch_controller bc(o);
+    ifm::batch_controller bc(o);
     saturated_loop loop{bc, svc};
     for (int i = 0; i < 10; ++i) loop.step();
     EXPECT_EQ(bc.target(), 5u);

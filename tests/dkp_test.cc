@@ -24,7 +24,7 @@
 #include "dkp/profile.h"
 #include "dkp/selector.h"
 #include "libml/libml.h"
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "preempt/device.h"
 #include "preempt/scheduler.h"
 #include "tests/tiny_zoo.h"

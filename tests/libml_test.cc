@@ -13,7 +13,7 @@
 
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_rows.h"
-#include "libml/c16_layout.h"
+#include "libml/planner/c16_layout.h"
 #include "libml/kernels/cpu_c16.h"
 #include "libml/kernels/kernels.h"
 #include "libml/libml.h"

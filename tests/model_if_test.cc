@@ -29,6 +29,7 @@
 
 namespace dp = reefline::dp;
 namespace ml = reefline::ml;
+namespace ifm = reefline::ifm;
 namespace wire = reefline::wire;
 namespace gen = reefline::reefgen;
 namespace fs = std::filesystem;
@@ -214,7 +215,7 @@ TEST_F(model_if_test, answers_equal_libml_on_the_same_images) {
 // the padding changes no answer.
 TEST_F(model_if_test, padded_batches_give_the_same_answers) {
     start_if([](reefline::ifm::model_if_config& c) {
-        c.settings.batching.policy = ml::batching_policy::fixed;
+        c.settings.batching.policy = ifm::batching_policy::fixed;
         c.settings.batching.fixed_batch = 4;
         c.settings.batching.min_batch = 3;
     });
@@ -739,7 +740,7 @@ TEST_F(model_if_test, a_batch_of_the_largest_answers_is_delivered_whole_through_
         c.name = "big";
         c.onnx = onnx.string();
         c.settings.tensor_output = true;
-        c.settings.batching.policy = ml::batching_policy::fixed;
+        c.settings.batching.policy = ifm::batching_policy::fixed;
         c.settings.batching.max_batch = batch;
         c.settings.batching.fixed_batch = batch;
         c.settings.shed = false;

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "libml/onnx_import.h"
+#include "libml/frontend/onnx_import.h"
 
 namespace reefline::ml::test_models {
 

@@ -1,4 +1,4 @@
-// ONNX import front end (libml/onnx_import.h): the conformance zoo models, the onnx-node
+// ONNX import front end (libml/frontend/onnx_import.h): the conformance zoo models, the onnx-node
 // per-operator cases, opset normalisation, folding, and malformed models built here with the
 // protobuf API.
 #include <gtest/gtest.h>
@@ -15,8 +15,8 @@
 #include <random>
 #include <set>
 
-#include "libml/graph.h"
-#include "libml/onnx_import.h"
+#include "libml/frontend/graph.h"
+#include "libml/frontend/onnx_import.h"
 #include "tests/onnx_builder.h"
 
 namespace fs = std::filesystem;

@@ -4,8 +4,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "libml/graph.h"
-#include "libml/onnx_import.h"
+#include "libml/frontend/graph.h"
+#include "libml/frontend/onnx_import.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     reefline::ml::import_options opts;

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "ifmanager/model_if.h"
-#include "libml/batching.h"
+#include "ifmanager/batching.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace ifm = reefline::ifm;
@@ -39,7 +39,7 @@ uint32_t pick_batch(FuzzedDataProvider& in) {
 ifm::model_settings pick_settings(FuzzedDataProvider& in) {
     ifm::model_settings s;
     s.cls = in.ConsumeBool() ? reefline::gpu::task_class::rt : reefline::gpu::task_class::be;
-    s.batching.policy = static_cast<ml::batching_policy>(in.ConsumeIntegralInRange<int>(0, 3));
+    s.batching.policy = static_cast<ifm::batching_policy>(in.ConsumeIntegralInRange<int>(0, 3));
     s.batching.slo_ms = pick_double(in);
     s.batching.min_batch = pick_batch(in);
     s.batching.max_batch = pick_batch(in);
@@ -77,7 +77,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         return 0;
     }
     try {
-        ml::batch_controller c(first.batching);
+        ifm::batch_controller c(first.batching);
         FUZZ_CHECK(c.target() >= first.batching.min_batch && c.target() <= first.batching.max_batch,
                    "target %u outside [%u, %u]", c.target(), first.batching.min_batch, first.batching.max_batch);
         c.observe(c.target(), 3.0, 3.5);

@@ -21,7 +21,7 @@
 
 #include "libml/kernels/gpu/launcher.h"
 #include "libml/libml.h"
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "preempt/scheduler.h"
 #include "tests/gpu/gpu_util.h"
 #include "tests/gpu/mbuf_layout.h"

@@ -1,5 +1,5 @@
 // abacus_train: trains Abacus's group predictor (preempt/abacus.h) for a set of models on this
-// machine's device: samples operator groups of them (libml/abacus_sampling.h, Abacus §5.4),
+// machine's device: samples operator groups of them (tools/abacus_train/sampling.h, Abacus §5.4),
 // fits the MLP and the linear baseline on 80% of the groups, reports both fits' error on the
 // 20% held out, and writes the predictor file.
 //
@@ -22,7 +22,7 @@
 
 #include "preempt/backend_option.h"
 #include "ifmanager/repository.h"
-#include "libml/abacus_sampling.h"
+#include "tools/abacus_train/sampling.h"
 #include "libml/libml.h"
 
 namespace fs = std::filesystem;

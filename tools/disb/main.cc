@@ -51,7 +51,7 @@
 #include "libml/libml.h"
 #include "preempt/backend_option.h"
 #include "preempt/scheduler.h"
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "tools/disb/workload.h"
 
 namespace fs = std::filesystem;

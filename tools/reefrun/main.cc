@@ -11,7 +11,7 @@
 #include "preempt/backend_option.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_onednn.h"
-#include "libml/c16_layout.h"
+#include "libml/planner/c16_layout.h"
 #include "libml/libml.h"
 
 namespace ml = reefline::ml;

@@ -8,8 +8,8 @@
 #include <limits>
 #include <type_traits>
 
-#include "libml/graph.h"
-#include "libml/passes.h"
+#include "libml/frontend/graph.h"
+#include "libml/frontend/passes.h"
 
 namespace reefline::ml::detail {
 

@@ -1,4 +1,4 @@
-#include "libml/request_input.h"
+#include "libml/runtime/request_input.h"
 
 #include <algorithm>
 #include <cctype>

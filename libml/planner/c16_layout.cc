@@ -1,4 +1,4 @@
-#include "libml/c16_layout.h"
+#include "libml/planner/c16_layout.h"
 
 #include <algorithm>
 #include <atomic>

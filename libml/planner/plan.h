@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "libml/graph.h"
+#include "libml/frontend/graph.h"
 #include "preempt/device.h"
 
 namespace reefline::ml {

@@ -1,4 +1,4 @@
-#include "libml/onnx_import.h"
+#include "libml/frontend/onnx_import.h"
 
 #include <google/protobuf/io/coded_stream.h>
 #include <onnx/onnx_pb.h>
@@ -12,7 +12,7 @@
 #include <set>
 #include <unordered_map>
 
-#include "libml/passes.h"
+#include "libml/frontend/passes.h"
 #include "libml/regular_file.h"
 
 static_assert(std::endian::native == std::endian::little, "tensor data is stored little-endian");

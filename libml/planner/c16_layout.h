@@ -15,7 +15,7 @@
 #include <optional>
 #include <vector>
 
-#include "libml/graph.h"
+#include "libml/frontend/graph.h"
 #include "libml/kernels/decomp.h"
 
 namespace reefline::ml {

@@ -1,4 +1,4 @@
-#include "libml/graph.h"
+#include "libml/frontend/graph.h"
 
 #include <algorithm>
 #include <bit>
@@ -6,7 +6,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "libml/passes.h"
+#include "libml/frontend/passes.h"
 
 namespace reefline::ml {
 

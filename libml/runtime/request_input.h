@@ -21,7 +21,7 @@
 #include <string>
 #include <vector>
 
-#include "libml/graph.h"
+#include "libml/frontend/graph.h"
 
 namespace reefline::ml {
 

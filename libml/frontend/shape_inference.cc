@@ -7,8 +7,8 @@
 #include <numeric>
 #include <set>
 
-#include "libml/graph.h"
-#include "libml/passes.h"
+#include "libml/frontend/graph.h"
+#include "libml/frontend/passes.h"
 
 namespace reefline::ml::detail {
 

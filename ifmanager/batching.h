@@ -27,7 +27,7 @@
 #include <string_view>
 #include <vector>
 
-namespace reefline::ml {
+namespace reefline::ifm {
 
 enum class batching_policy : uint8_t { slab, aimd, fixed };
 
@@ -134,4 +134,4 @@ private:
     void learn_shift(uint32_t batch, double service_ms);
 };
 
-}  // namespace reefline::ml
+}  // namespace reefline::ifm

@@ -1,4 +1,4 @@
-#include "libml/abacus_sampling.h"
+#include "tools/abacus_train/sampling.h"
 
 #include <algorithm>
 #include <array>
@@ -8,7 +8,7 @@
 #include <random>
 #include <stdexcept>
 
-#include "libml/synthetic_inputs.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "preempt/scheduler.h"
 
 namespace reefline::ml {

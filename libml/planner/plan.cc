@@ -1,4 +1,4 @@
-#include "libml/plan.h"
+#include "libml/planner/plan.h"
 
 #include <algorithm>
 #include <cstddef>
@@ -7,7 +7,7 @@
 #include <numeric>
 #include <optional>
 
-#include "libml/c16_layout.h"
+#include "libml/planner/c16_layout.h"
 #include "libml/kernels/cpu_c16.h"
 #include "libml/kernels/cpu_direct_conv.h"
 #include "libml/kernels/cpu_pointwise_depthwise.h"

@@ -1,4 +1,4 @@
-#include "libml/batching.h"
+#include "ifmanager/batching.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-namespace reefline::ml {
+namespace reefline::ifm {
 
 namespace {
 
@@ -536,4 +536,4 @@ void batch_controller::observe_aimd(uint32_t batch, double service_ms) {
     }
 }
 
-}  // namespace reefline::ml
+}  // namespace reefline::ifm

@@ -1,5 +1,5 @@
 // ONNX front end: ONNX file -> validated, shape-inferred, constant-folded graph IR
-// (libml/graph.h). Supported: ai.onnx opsets 9..25, the operators of ml::op_type, data types
+// (libml/frontend/graph.h). Supported: ai.onnx opsets 9..25, the operators of ml::op_type, data types
 // f32 f16 f64 i8 u8 i32 i64 bool. Anything else is refused with a model_error that names it.
 #pragma once
 
@@ -8,7 +8,7 @@
 #include <map>
 #include <string>
 
-#include "libml/graph.h"
+#include "libml/frontend/graph.h"
 
 namespace reefline::ml {
 
