@@ -63,7 +63,7 @@
 #include "dataplane/engine.h"  // rx_burst_size
 #include "dataplane/if_table.h"
 #include "dataplane/packet.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 #include "dataplane/reassembly.h"
 #include "dataplane/request.h"
 #include "tools/reefgen/packet.h"

@@ -4,7 +4,7 @@
 
 #include <stdexcept>
 
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 #include "dataplane/response.h"
 
 namespace reefline::dp {

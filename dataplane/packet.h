@@ -5,7 +5,7 @@
 #include <cstdint>
 
 #include "dataplane/counters.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 
 namespace reefline::dp {
 

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <stdexcept>
 
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 
 namespace reefline::dp {
 

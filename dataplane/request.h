@@ -14,7 +14,7 @@
 #include <span>
 
 #include "dataplane/packet.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 
 namespace reefline::dp {
 

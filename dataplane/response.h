@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "dataplane/packet.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 
 namespace reefline::dp {
 

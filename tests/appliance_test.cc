@@ -11,7 +11,7 @@
 #include <random>
 #include <thread>
 
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 #include "ifmanager/appliance.h"
 #include "tests/ring_port.h"
 

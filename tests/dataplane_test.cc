@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "dataplane/crc32_if.h"
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 #include "dataplane/engine.h"
 #include "dataplane/packet.h"
 #include "tools/reefgen/packet.h"

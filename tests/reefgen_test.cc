@@ -21,8 +21,8 @@
 #include <sstream>
 #include <thread>
 
-#include "dataplane/crc32c.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/crc32c.h"
+#include "clients/c/wire/protocol.h"
 #include "tools/reefgen/check.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/pcap_file.h"

@@ -1,6 +1,6 @@
 // libreefline-client: the codec. Header encoding and fragment planning for requests, the
 // per-fragment checks for what comes back, and validated decoding of results. The header
-// layout, limits and request checks are dataplane/protocol.h's, the same code the appliance
+// layout, limits and request checks are clients/c/wire/protocol.h's, the same code the appliance
 // runs, so a client and the data plane cannot drift apart.
 #include <algorithm>
 #include <cstdio>
@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "clients/c/internal.h"
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 
 namespace reefline::client {
 namespace {

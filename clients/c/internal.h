@@ -7,7 +7,7 @@
 
 #include "clients/c/reefline_client.h"
 #include "clients/c/wire_header.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 
 namespace reefline::client {
 

@@ -1,10 +1,10 @@
-// The wire header as the data plane declares it (dataplane/protocol.h: wire::fields) and as the
-// client library's C API does (reefline_header): the same fields, host order. Not installed;
+// The wire header as the protocol declares it (wire/protocol.h: wire::fields) and as the client
+// library's C API does (reefline_header): the same fields, host order. Not installed;
 // shared by the library's sources and the in-tree tools built on it (reefgen).
 #pragma once
 
 #include "clients/c/reefline_client.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 
 namespace reefline::client {
 

@@ -1,5 +1,5 @@
 -- reefline_request: builds reefline wire protocol v1 requests (docs/protocol.md,
--- dataplane/protocol.h) as UDP payloads, exactly as reefgen cuts them, and reefgen's synthetic
+-- clients/c/wire/protocol.h) as UDP payloads, exactly as reefgen cuts them, and reefgen's synthetic
 -- payloads bit for bit (tools/reefgen/payload.cc, tools/reefgen/common.h).
 --
 -- Plain Lua, no MoonGen API: the load generator (reefline-load.lua) fills packet buffers from

@@ -9,7 +9,7 @@
 #include <string_view>
 #include <unordered_map>
 
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/payload.h"
 #include "tools/reefgen/pcap_file.h"

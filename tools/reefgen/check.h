@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 #include "tools/reefgen/common.h"
 #include "tools/reefgen/reassembly.h"
 

@@ -16,7 +16,7 @@
 
 #include "clients/c/reefline_client.h"
 #include "clients/c/wire_header.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 #include "tools/reefgen/common.h"
 #include "tools/reefgen/payload.h"
 

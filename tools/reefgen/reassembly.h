@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "clients/c/reefline_client.h"
-#include "dataplane/protocol.h"
+#include "clients/c/wire/protocol.h"
 #include "tools/reefgen/common.h"
 
 namespace reefline::reefgen {

@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 #include "tools/reefgen/check.h"
 #include "tools/reefgen/packet.h"
 #include "tools/reefgen/reassembly.h"

@@ -1,5 +1,5 @@
 -- Wireshark / tshark dissector for the reefline wire protocol v1 (docs/protocol.md; the C++
--- definition is dataplane/protocol.h).
+-- definition is clients/c/wire/protocol.h).
 --
 --   tshark -X lua_script:tools/wireshark/reefline.lua -r capture.pcap -Y reefline
 --   wireshark: copy this file to ~/.local/lib/wireshark/plugins/ (tools/wireshark/README.md)

@@ -318,7 +318,7 @@ class RequestVerdict(enum.IntEnum):
 
 
 def parse_request(datagram) -> Tuple[RequestVerdict, Optional[Header], Optional[bytes]]:
-    """Checks a request datagram as the data plane does (dataplane/protocol.h)."""
+    """Checks a request datagram as the data plane does (clients/c/wire/protocol.h)."""
     data = bytes(datagram)
     if len(data) < HEADER_SIZE:
         return RequestVerdict.SHORT, None, None

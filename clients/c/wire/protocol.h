@@ -1,7 +1,8 @@
 // reefline wire protocol v1 (docs/protocol.md is the normative text).
 //
-// One header, shared by the data plane and the tools, with no DPDK dependency so that
-// reefgen, tests and later a Wireshark dissector can use it as is.
+// One header, the protocol's only definition in code: the client library (clients/c) encodes and
+// checks with it, the appliance's data plane parses with it, the tools (reefgen) and tests use it.
+// It includes nothing of reefline and needs no DPDK.
 //
 // Every UDP datagram that reefline sends or accepts starts with a fixed 40-byte header in
 // network byte order, followed by one fragment of the payload. A request's payload is cut

@@ -1,4 +1,4 @@
-#include "dataplane/crc32c.h"
+#include "clients/c/wire/crc32c.h"
 
 #include <array>
 #include <cstring>
