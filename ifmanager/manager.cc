@@ -21,6 +21,7 @@
 
 #include "ifmanager/bounded_json.h"
 #include "ifmanager/byte_size.h"
+#include "ifmanager/if_stats.h"
 #include "ifmanager/share_tuner.h"
 #include "libml/regular_file.h"
 #include "preempt/abacus.h"
@@ -872,14 +873,17 @@ json if_manager::stats(const std::string& only) const {
             ifs.push_back(it->second->stats());
         } else {
             const dp::if_counters& c = s->counters();
-            ifs.push_back({{"name", s->name()},
-                           {"udp_port", s->binding().udp_port},
-                           {"class", "builtin"},
-                           {"requests_total", c.requests_served.get()},
-                           {"responses_total", c.responses_sent.get()},
-                           {"errors_total", c.error_responses.get()},
-                           {"send_failures_total", c.responses_failed.get()},
-                           {"queue_depth", s->queued()}});
+            if_stats v;
+            v.requests_total = c.requests_served.get();
+            v.responses_total = c.responses_sent.get();
+            v.errors_total = c.error_responses.get();
+            v.send_failures_total = c.responses_failed.get();
+            v.queue_depth = s->queued();
+            json all;
+            v.add_to(all);
+            json f = {{"name", s->name()}, {"udp_port", s->binding().udp_port}, {"class", "builtin"}};
+            for (std::string_view key : builtin_if_stat_keys) f[std::string(key)] = all[std::string(key)];
+            ifs.push_back(std::move(f));
         }
     }
     const rte_eth_stats ps = _plane.eth().stats();

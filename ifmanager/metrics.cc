@@ -1,6 +1,7 @@
 #include "ifmanager/metrics.h"
 
 #include "dataplane/counters.h"
+#include "ifmanager/if_stats.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -152,42 +153,6 @@ struct field_spec {
     const char* help;
 };
 
-constexpr field_spec if_fields[] = {
-    {"requests_total", "reefline_if_requests_total", "counter", "Requests taken from the IF's queue."},
-    {"responses_total", "reefline_if_responses_total", "counter", "Requests answered with a result."},
-    {"errors_total", "reefline_if_errors_total", "counter",
-     "Requests answered with an error datagram (bad format, size)."},
-    {"shed_total", "reefline_if_shed_total", "counter",
-     "Requests answered with status overloaded because they could no longer meet the SLO."},
-    {"deadline_exceeded_total", "reefline_if_deadline_exceeded_total", "counter",
-     "Requests answered with status deadline_exceeded: the abacus scheduler dropped their batch, which could no "
-     "longer meet the SLO."},
-    {"slo_violations_total", "reefline_if_slo_violations_total", "counter",
-     "Requests answered with a result later than the SLO."},
-    {"send_failures_total", "reefline_if_send_failures_total", "counter",
-     "Responses that could not be queued for transmission."},
-    {"queue_depth", "reefline_if_queue_depth", "gauge", "Requests waiting in the IF's queue."},
-    {"in_flight", "reefline_if_in_flight", "gauge", "Requests being executed."},
-    {"batch_size", "reefline_if_batch_size", "gauge", "The batching controller's current target batch size."},
-    {"batches_total", "reefline_if_batches_total", "counter", "Batches executed."},
-    {"batched_requests_total", "reefline_if_batched_requests_total", "counter",
-     "Requests executed as part of a batch."},
-    {"preemptions_total", "reefline_if_preemptions_total", "counter",
-     "Times the IF's kernels were preempted by the scheduler."},
-    {"reexecuted_kernels_total", "reefline_if_reexecuted_kernels_total", "counter",
-     "Kernels executed again after a preemption."},
-    {"settings_switches_total", "reefline_if_settings_switches_total", "counter",
-     "Operator `set`s applied to the IF (each switches it to a new instance or new settings)."},
-};
-
-// Microsecond fields of an IF's stats exported in seconds.
-constexpr field_spec if_us_fields[] = {
-    {"switch_us_last", "reefline_if_switch_last_seconds", "gauge",
-     "How long the last `set` held the IF's requests while it switched."},
-    {"switch_us_max", "reefline_if_switch_max_seconds", "gauge",
-     "The longest time a `set` held the IF's requests while it switched."},
-};
-
 constexpr field_spec port_fields[] = {
     {"rx_packets", "reefline_port_rx_packets_total", "counter", "Packets received by the port."},
     {"rx_bytes", "reefline_port_rx_bytes_total", "counter", "Bytes received by the port."},
@@ -290,11 +255,16 @@ void render(exposition& out, const json& stats) {
             labels ls{{"if", name.get<std::string>()}};
             if (const json& cls = member(i, "class"); cls.is_string())
                 ls.emplace_back("class", cls.get<std::string>());
-            for (const auto& f : if_fields) out.field(i, f.key, f.family, f.type, f.help, ls);
-            for (const auto& f : if_us_fields) {
-                out.consumed(f.key);
-                if (auto us = as_double(member(i, f.key)))
-                    out.sample(f.family, f.type, f.help, "", ls, format_double(*us / 1e6));
+            // The IF's statistics as ifmanager/if_stats.h declares them (literals: data() ends in NUL).
+            for (const ifm::if_stat_info& f : ifm::if_stat_infos) {
+                const std::string key(f.key);
+                if (f.per_unit == 1) {
+                    out.field(i, key.c_str(), std::string(f.family), f.type.data(), f.help.data(), ls);
+                    continue;
+                }
+                out.consumed(key);
+                if (auto v = as_double(member(i, key.c_str())))
+                    out.sample(std::string(f.family), f.type.data(), f.help.data(), "", ls, format_double(*v / f.per_unit));
             }
             out.consumed("slo_ms");
             if (auto slo = as_double(member(i, "slo_ms")))

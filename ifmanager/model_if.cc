@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "dataplane/response.h"
+#include "ifmanager/if_stats.h"
 #include "ifmanager/share_tuner.h"
 
 namespace reefline::ifm {
@@ -1118,29 +1119,29 @@ nlohmann::json model_if::stats() const {
         if (total == 0) return 0.0;
         return std::min(max_ms, interpolated(q));
     };
-    uint32_t batch = _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target();
-    return {
+    if_stats v;
+    v.requests_total = _counters.requests_served.get();
+    v.responses_total = _responses.get();
+    v.errors_total = _errors.get();
+    v.shed_total = _shed.get();
+    v.deadline_exceeded_total = _deadline_exceeded.get();
+    v.slo_violations_total = _slo_violations.get();
+    v.send_failures_total = _counters.responses_failed.get();
+    v.queue_depth = queued();
+    v.in_flight = _in_flight.load(std::memory_order_relaxed);
+    v.batch_size = _lanes[s.cls == gpu::task_class::rt ? 0 : 1]->target();
+    v.batches_total = _batches.get();
+    v.batched_requests_total = _batched_requests.get();
+    v.preemptions_total = _preemptions.get();
+    v.reexecuted_kernels_total = _reexecuted.get();
+    v.settings_switches_total = _switches.load(std::memory_order_relaxed);
+    v.switch_us_last = double(_switch_ns_last.load(std::memory_order_relaxed)) / 1e3;
+    v.switch_us_max = double(_switch_ns_max.load(std::memory_order_relaxed)) / 1e3;
+    nlohmann::json out = {
         {"name", _config.name},
         {"udp_port", _config.udp_port},
         {"class", class_name(s.cls)},
         {"slo_ms", s.batching.slo_ms},
-        {"requests_total", _counters.requests_served.get()},
-        {"responses_total", _responses.get()},
-        {"errors_total", _errors.get()},
-        {"shed_total", _shed.get()},
-        {"deadline_exceeded_total", _deadline_exceeded.get()},
-        {"slo_violations_total", _slo_violations.get()},
-        {"send_failures_total", _counters.responses_failed.get()},
-        {"queue_depth", queued()},
-        {"in_flight", _in_flight.load(std::memory_order_relaxed)},
-        {"batch_size", batch},
-        {"batches_total", _batches.get()},
-        {"batched_requests_total", _batched_requests.get()},
-        {"preemptions_total", _preemptions.get()},
-        {"reexecuted_kernels_total", _reexecuted.get()},
-        {"settings_switches_total", _switches.load(std::memory_order_relaxed)},
-        {"switch_us_last", double(_switch_ns_last.load(std::memory_order_relaxed)) / 1e3},
-        {"switch_us_max", double(_switch_ns_max.load(std::memory_order_relaxed)) / 1e3},
         {"latency_seconds",
          {{"le", le}, {"counts", counts}, {"sum", double(_latency_sum_ns.load(std::memory_order_relaxed)) / 1e9},
           {"count", total}}},
@@ -1150,6 +1151,8 @@ nlohmann::json model_if::stats() const {
           {"p99", quantile(0.99)},
           {"max", max_ms}}},
     };
+    v.add_to(out);
+    return out;
 }
 
 }  // namespace reefline::ifm

@@ -49,7 +49,7 @@ if command -v kubectl >/dev/null && kubectl kustomize "$k8s/base" >/dev/null 2>&
 else
   echo "note: no kubectl (or it cannot render kustomizations): overlays are rendered by check.js alone"
 fi
-if node "$check_dir/check.js" --metrics-source "$root/ifmanager/metrics.cc" "${kubectl_arg[@]}" "$k8s" >"$work/check.log" 2>&1; then
+if node "$check_dir/check.js" --metrics-source "$root/ifmanager/metrics.cc" --metrics-source "$root/ifmanager/if_stats.h" "${kubectl_arg[@]}" "$k8s" >"$work/check.log" 2>&1; then
   ok "deploy/k8s: $(tail -1 "$work/check.log")"
 else
   grep -E '^FAIL|Error' "$work/check.log" || tail -5 "$work/check.log"
@@ -69,7 +69,7 @@ broken() {
     fail "$name: the edit changed nothing in $file (the test is stale)"
     return
   fi
-  if node "$check_dir/check.js" --metrics-source "$root/ifmanager/metrics.cc" "$copy" >"$copy.log" 2>&1; then
+  if node "$check_dir/check.js" --metrics-source "$root/ifmanager/metrics.cc" --metrics-source "$root/ifmanager/if_stats.h" "$copy" >"$copy.log" 2>&1; then
     fail "$name: accepted"
   elif grep -q "^FAIL: .*$want" "$copy.log"; then
     ok "$name: refused ($(grep -m1 "^FAIL: .*$want" "$copy.log" | cut -c7- | cut -c1-150))"

@@ -1,7 +1,7 @@
 #!/usr/bin/env node
 // Offline validation of the Kubernetes manifests in deploy/k8s (tests/k8s_test.sh runs it).
 //
-//   node check.js [--metrics-source ifmanager/metrics.cc] [--kubectl] DIR_OR_FILE...
+//   node check.js [--metrics-source FILE]... [--kubectl] DIR_OR_FILE...
 //
 // For every YAML document found (kustomization.yaml files are rendered instead: their
 // resources, then their strategic-merge patches):
@@ -16,7 +16,8 @@
 //      selectors select, ports named by a Service or ServiceMonitor exist, the SR-IOV network
 //      and its device plugin resource are requested, hugepages are requested as limited and
 //      mounted, embedded shell scripts parse (sh -n), PromQL expressions parse and name
-//      metrics the daemon exports (--metrics-source).
+//      metrics the daemon exports (the reefline_* names in the --metrics-source files:
+//      ifmanager/metrics.cc and ifmanager/if_stats.h).
 // With --kubectl, overlays are also rendered by `kubectl kustomize` and must equal this
 // script's rendering. Prints "ok: ..."/"FAIL: ..." lines and a final "N passed, N failed".
 "use strict";
@@ -35,16 +36,16 @@ const fail = (m) => { console.log(`FAIL: ${m}`); failed++; };
 
 // ---- arguments ----
 const args = process.argv.slice(2);
-let metricsSource = null;
+const metricsSources = [];
 let useKubectl = false;
 const inputs = [];
 for (let i = 0; i < args.length; i++) {
-  if (args[i] === "--metrics-source") metricsSource = args[++i];
+  if (args[i] === "--metrics-source") metricsSources.push(args[++i]);
   else if (args[i] === "--kubectl") useKubectl = true;
   else inputs.push(args[i]);
 }
 if (!inputs.length) {
-  console.error("usage: check.js [--metrics-source FILE] [--kubectl] DIR_OR_FILE...");
+  console.error("usage: check.js [--metrics-source FILE]... [--kubectl] DIR_OR_FILE...");
   process.exit(2);
 }
 
@@ -442,8 +443,8 @@ for (const [label, docs] of deployments) crossCheck(label, docs);
 function checkRules(o, desc) {
   const { parser } = require("@prometheus-io/lezer-promql");
   let exported = null;
-  if (metricsSource) {
-    const src = fs.readFileSync(metricsSource, "utf8");
+  if (metricsSources.length) {
+    const src = metricsSources.map((f) => fs.readFileSync(f, "utf8")).join("\n");
     exported = new Set(src.match(/reefline_[a-z0-9_]+/g));
   }
   for (const g of o.spec.groups) for (const r of g.rules) {
