@@ -2,8 +2,8 @@
 // preempt/policies/*.cc; nothing outside preempt/ includes it).
 //
 // The scheduler owns the mechanics: the vHQs (a stream, its task words and the launches not yet
-// submitted), intake, starting, pumping, preempting and restoring tasks, padding, reclamation
-// and statistics. A policy decides: where an arriving task goes (take) and, on each pass of the
+// submitted), intake, starting, pumping, preempting and restoring tasks, reclamation and
+// statistics (DKP's padding is reef's: preempt/policies/reef.cc). A policy decides: where an arriving task goes (take) and, on each pass of the
 // scheduler thread, which vHQs start, run, stop or resume (step). It runs on the scheduler
 // thread only, through the operations below.
 //
@@ -101,9 +101,9 @@ protected:
     double kernel_est_us() const { return _s._kernel_est_us; }  // running average of a kernel's time
 
     // The scheduler's operations (scheduler.cc).
-    void start_task(vhq& q, record* r) { _s.start_task(q, r); }
+    void start_task(vhq& q, record* r, bool pump_now = true) { _s.start_task(q, r, pump_now); }
     void pump(vhq& q) { _s.pump(q); }
-    void pump_padded(vhq& q) { _s.pump_padded(q); }
+    void fail_launches(vhq& q) { _s.fail_launches(q); }
     bool check_done(vhq& q) { return _s.check_done(q); }
     void preempt(vhq& q) { _s.preempt(q); }
     bool try_restore(vhq& q) { return _s.try_restore(q); }

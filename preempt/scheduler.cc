@@ -231,7 +231,7 @@ void scheduler::bind_units(vhq& q) {
     q.units = want;
 }
 
-void scheduler::start_task(vhq& q, record* r) {
+void scheduler::start_task(vhq& q, record* r, bool pump_now) {
     q.cur = r;
     if (r->res.start_ns == 0) r->res.start_ns = now_ns();
     bind_units(q);
@@ -242,8 +242,7 @@ void scheduler::start_task(vhq& q, record* r) {
     q.submitted = 0;
     q.st = vhq::state::running;
     q.pad_pending = false;
-    if (&q == _rt.get() && _opt.padding) pump_padded(q);
-    else pump(q);
+    if (pump_now) pump(q);
 }
 
 void scheduler::pump(vhq& q) {
@@ -286,101 +285,6 @@ void scheduler::fail_launches(vhq& q) {
     q.cur = nullptr;
     q.st = vhq::state::idle;
     finish(r, task_status::failed);
-}
-
-void scheduler::pump_padded(vhq& rt) {
-    if (rt.st != vhq::state::running || !rt.pending) return;
-    std::vector<launch>& p = *rt.pending;
-    const uint32_t units = _dev.caps().compute_units;
-    constexpr uint32_t max_pads = 4;
-    try {
-        while (rt.head < p.size()) {
-            const uint32_t done = rt.w->completed.load(std::memory_order_acquire);
-            if (rt.submitted - done >= rt.cap) break;
-            const launch& l = p[rt.head];
-            const task_launch& rk = rt.cur->t.launches[l.kernel_index];
-            // Offers: each preempted BE task whose stream has drained and whose pads have all
-            // ended offers its next kernel: beside the pad it last got, if that pad's RT launch
-            // has not ended yet, else where its counter stands.
-            pad_candidate cand[16];
-            vhq* owner[16];
-            uint32_t next_kernel[16];
-            uint32_t n = 0;
-            const int64_t t0 = now_ns();
-            for (auto& qp : _be) {
-                vhq& q = *qp;
-                // A BE task waiting at the head of its queue offers its first kernel: it starts
-                // as if preempted before its first launch (REEF pads from the queues' heads).
-                if (q.st == vhq::state::idle && !q.waiting.empty() && q.waiting.front()->t.units == 0) {
-                    record* r = q.waiting.front();
-                    q.waiting.pop_front();
-                    q.cur = r;
-                    if (r->res.start_ns == 0) r->res.start_ns = now_ns();
-                    lower_flag(q);
-                    q.w->completed.store(0, std::memory_order_seq_cst);
-                    q.pending.reset();
-                    q.head = 0;
-                    q.submitted = 0;
-                    q.pad_pending = false;
-                    _dev.event_record(q.drain, q.s);
-                    q.st = vhq::state::preempted;
-                }
-                if (n == std::size(cand) || q.st != vhq::state::preempted || !q.cur || q.cur->t.units) continue;
-                uint32_t k;
-                const bool rode_ahead = q.pad_pending && q.pad_rt_task == rt.cur && done <= q.pad_rt_kernel;
-                if (rode_ahead) {
-                    // Its last pad rides a launch that has not ended: the next kernel if that
-                    // pad has started (it will likely complete), else the same one again (an
-                    // RT kernel may end before a unit takes its pad; a copy of a pad that did
-                    // complete is skipped by the device).
-                    const bool started = q.w->completed.load(std::memory_order_acquire) > q.pad_kernel ||
-                                         q.w->pads_running.load(std::memory_order_acquire) != 0;
-                    k = started ? q.pad_kernel + 1 : q.pad_kernel;
-                } else {
-                    if (q.w->pads.load(std::memory_order_acquire) != 0) continue;
-                    if (!_dev.event_query(q.drain)) continue;
-                    k = q.w->completed.load(std::memory_order_acquire);
-                }
-                if (k >= q.cur->t.launches.size()) continue;
-                cand[n] = {&q.cur->t.launches[k], uint32_t(&qp - _be.data())};
-                owner[n] = &q;
-                next_kernel[n] = k;
-                ++n;
-            }
-            uint32_t chosen[max_pads];
-            const uint32_t m = n ? _opt.padding->select(rk, units, cand, n, chosen, max_pads) : 0;
-            const int64_t sel_ns = now_ns() - t0;
-            launch pads[max_pads];
-            for (uint32_t i = 0; i < m; ++i) {
-                vhq& q = *owner[chosen[i]];
-                const task_launch& k = *cand[chosen[i]].kernel;
-                pads[i] = launch{k.kernel, k.args.empty() ? nullptr : k.args.data(), static_cast<uint32_t>(k.args.size()),
-                                 k.grid, 0, k.grid, q.w, next_kernel[chosen[i]]};
-                q.pad_pending = true;
-                q.pad_kernel = next_kernel[chosen[i]];
-                q.pad_rt_task = rt.cur;
-                q.pad_rt_kernel = l.kernel_index;
-            }
-            if (m) _dev.launch_padded(rt.s, l, pads, m);
-            else _dev.launch(rt.s, l);
-            ++rt.head;
-            ++rt.submitted;
-            if (n) {
-                std::lock_guard lk(_st_mu);
-                ++_stats.select_count;
-                _stats.select_ns_sum += uint64_t(sel_ns);
-                size_t b = 0;
-                while (b < std::size(select_ns_buckets) && sel_ns > int64_t(select_ns_buckets[b])) ++b;
-                ++_stats.select_ns_hist[b];
-                if (m) {
-                    ++_stats.padded_launches;
-                    _stats.pads_issued += m;
-                }
-            }
-        }
-    } catch (const std::exception&) {
-        fail_launches(rt);
-    }
 }
 
 bool scheduler::check_done(vhq& q) {

@@ -280,7 +280,8 @@ private:
     void reclaim_loop();
     void intake();
     void finish(record* r, task_status st);
-    void start_task(vhq& q, record* r);
+    // Starts r on q; pumps its first launches unless the caller pumps itself (reef pads them).
+    void start_task(vhq& q, record* r, bool pump_now = true);
     // Binds q's stream to its task's units (BE queues; on a drained stream, before launches).
     void bind_units(vhq& q);
     // The vHQ's task flag, through the device (a GPU keeps the copy kernels read in device
@@ -288,8 +289,6 @@ private:
     void raise_flag(vhq& q);
     void lower_flag(vhq& q);
     void pump(vhq& q);
-    // The RT vHQ's pump with padding: each RT launch gets the pads the selector picks.
-    void pump_padded(vhq& q);
     // The device refused a launch of q's task: the task fails.
     void fail_launches(vhq& q);
     bool check_done(vhq& q);
