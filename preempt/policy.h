@@ -7,10 +7,8 @@
 // scheduler thread, which vHQs start, run, stop or resume (step). It runs on the scheduler
 // thread only, through the operations below.
 //
-// Adding a policy touches three files: preempt/policies/<name>.cc (a scheduling_policy and its
-// make_<name>_policy), its enumerator and entry in preempt/scheduler.{h,cc} (policies(): name,
-// help, factory), and its line in preempt/meson.build. Every program's --policy, their help,
-// the docs check and the scheduler's randomized test then have it.
+// Adding a policy touches three files (preempt/policy_registry.h says which). Every program's
+// --policy, their help, the docs check and the scheduler's randomized test then have it.
 #pragma once
 
 #include <chrono>
@@ -121,12 +119,5 @@ private:
     scheduler& _s;
 };
 
-// The policies (preempt/policies/*.cc), named in policies() (scheduler.cc).
-std::unique_ptr<scheduling_policy> make_reef_policy(scheduler& s);
-std::unique_ptr<scheduling_policy> make_rt_only_policy(scheduler& s);
-std::unique_ptr<scheduling_policy> make_seq_policy(scheduler& s);
-std::unique_ptr<scheduling_policy> make_streams_policy(scheduler& s);
-std::unique_ptr<scheduling_policy> make_prema_policy(scheduler& s);
-std::unique_ptr<scheduling_policy> make_abacus_policy(scheduler& s);
 
 }  // namespace reefline::gpu

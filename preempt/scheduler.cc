@@ -29,24 +29,6 @@ inline void relax() {
 
 }  // namespace
 
-const std::vector<policy_entry>& policies() {
-    static const std::vector<policy_entry> table = {
-        {.id = policy::reef, .name = "reef", .help = "RT runs at once: BE work is reset (preempted) and restored later; DKP pads",
-         .preempts = true, .pads = true, .make = make_reef_policy},
-        {.id = policy::rt_only, .name = "rt_only", .help = "BE tasks rejected: the RT latency reference",
-         .preempts = false, .pads = false, .make = make_rt_only_policy},
-        {.id = policy::seq, .name = "seq", .help = "one task at a time, RT first, never preempts",
-         .preempts = false, .pads = false, .make = make_seq_policy},
-        {.id = policy::streams, .name = "streams", .help = "everything concurrent on streams (RT highest priority), never preempts",
-         .preempts = false, .pads = false, .make = make_streams_policy},
-        {.id = policy::prema, .name = "prema", .help = "PREMA's token scheduling, one task at a time; drains or kills",
-         .preempts = true, .pads = false, .make = make_prema_policy},
-        {.id = policy::abacus, .name = "abacus", .help = "Abacus's deadline-aware operator groups (predictor: abacus_train)",
-         .preempts = true, .pads = false, .make = make_abacus_policy},
-    };
-    return table;
-}
-
 const policy_entry* find_policy(const std::string& name) {
     for (const auto& p : policies())
         if (name == p.name) return &p;

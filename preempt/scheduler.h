@@ -36,6 +36,7 @@
 
 #include "preempt/abacus.h"
 #include "preempt/device.h"
+#include "preempt/policy_registry.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -78,7 +79,7 @@ enum class task_class : uint8_t { rt, be };
 //   predictor (abacus.h) for groups of models it covers, else the profiles' sums (task_launch
 //   est_us: the segments back to back). An RT arrival preempts the round's BE segments
 //   (reset, as reef), which resume exactly in a later round. DKP is off.
-enum class policy : uint8_t { reef, rt_only, seq, streams, prema, abacus };
+// (The policy enumeration and registry: preempt/policy_registry.h.)
 
 enum class restore_mode : uint8_t { exact, approximate };
 
@@ -91,25 +92,6 @@ enum class preempt_mode : uint8_t { reset, wait };
 // dropped: abacus dropped it early, its deadline out of reach.
 enum class task_status : uint8_t { completed, rejected, cancelled, failed, dropped };
 
-// The policies, one entry each: the list the daemon's --policy, disb's --policies, their help
-// and errors, the docs check (tests/registry_docs_test.sh) and the scheduler tests read.
-// Adding a policy: preempt/policy.h says which three files.
-class scheduler;
-class scheduling_policy;  // preempt/policy.h: what a policy implements
-struct policy_entry {
-    policy id;
-    const char* name;
-    const char* help;  // one line
-    bool preempts;     // an RT arrival stops running BE work
-    bool pads;         // may fill idle units with BE work (DKP: reef only)
-    std::unique_ptr<scheduling_policy> (*make)(scheduler& s);
-};
-const std::vector<policy_entry>& policies();
-const policy_entry* find_policy(const std::string& name);
-std::string policy_names();  // "reef, rt_only, ...", for help and errors
-
-const char* policy_name(policy p);
-bool parse_policy(const char* s, policy& out);
 
 // One kernel launch of a task (the whole grid). `args` is the kernel's argument struct.
 // est_us and occupancy come from the kernel's profile on this device (kprof; 0: unknown).

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The policy and backend registries (preempt/scheduler.cc policies(), preempt/backend_registry.h
+# The policy and backend registries (preempt/policy_registry.h policies(), preempt/backend_registry.h
 # backends()) against the docs: every policy the daemon's --help lists is described in the
 # README, docs/architecture.md, preempt/README.md and the shipped configuration's comment, and
 # every backend in the README, so that a policy or backend added to a registry and not to the
