@@ -454,40 +454,47 @@ load_result load_run(policy pol, restore_mode rm, uint32_t be_n, double seconds,
     return res;
 }
 
-}  // namespace
+// ---- the command line, outputs and tables -------------------------------------------------------
 
-int main(int argc, char** argv) {
-    namespace report = reefline::bench;
+namespace report = reefline::bench;
+
+const char* const usage =
+    "usage: preempt_bench [--quick] [--units N] [--backend cpu|cuda|hip] [--check-us N] [--flags] [--model FILE]\n"
+    "                     [--samples N] [--csv FILE] [--csv-policies FILE]\n"
+    "  --quick              only what the last line needs\n"
+    "  --units N            compute units of the cpu device (default 1)\n"
+    "  --backend B          a backend of this build (cpu, or its GPU backend); --device is the same\n"
+    "  --check-us N         BE blocks' check interval, us (default 10)\n"
+    "  --flags              stop BE work by per-queue task flags, not by the BE preemption level\n"
+    "  --pin                the scheduler thread spinning on the last CPU, the cpu device's units on the others\n"
+    "  --model FILE         also the model as BE load (batch 8) and as RT task (first kernel, whole at batch 1)\n"
+    "  --samples N          preemptions per measurement (default 200, quick 150)\n"
+    "  --csv FILE           preemption latencies and stages as CSV, one row per mode, load and configuration\n"
+    "  --csv-policies FILE  the policy table as CSV, one row per policy and number of BE clients\n"
+    "progress (one line per measurement) goes to stderr; stdout has the tables and the last line\n";
+
+// The options that are not globals (those the device and task makers read are g_*).
+struct bench_options {
     bool quick = false;
     int samples = 0;
-    std::string& device_name = g_backend;
     std::string csv_path, csv_policies_path;
-    const char* usage =
-        "usage: preempt_bench [--quick] [--units N] [--backend cpu|cuda|hip] [--check-us N] [--flags] [--model FILE]\n"
-        "                     [--samples N] [--csv FILE] [--csv-policies FILE]\n"
-        "  --quick              only what the last line needs\n"
-        "  --units N            compute units of the cpu device (default 1)\n"
-        "  --backend B          a backend of this build (cpu, or its GPU backend); --device is the same\n"
-        "  --check-us N         BE blocks' check interval, us (default 10)\n"
-        "  --flags              stop BE work by per-queue task flags, not by the BE preemption level\n"
-        "  --pin                the scheduler thread spinning on the last CPU, the cpu device's units on the others\n"
-        "  --model FILE         also the model as BE load (batch 8) and as RT task (first kernel, whole at batch 1)\n"
-        "  --samples N          preemptions per measurement (default 200, quick 150)\n"
-        "  --csv FILE           preemption latencies and stages as CSV, one row per mode, load and configuration\n"
-        "  --csv-policies FILE  the policy table as CSV, one row per policy and number of BE clients\n"
-        "progress (one line per measurement) goes to stderr; stdout has the tables and the last line\n";
+};
+
+// Parses the command line into `o` and the g_* globals. Returns an exit code when main should
+// return now (0 after --help, 2 after a bad option), nothing when the run goes on.
+std::optional<int> parse_args(int argc, char** argv, bench_options& o) {
     for (int i = 1; i < argc; ++i) {
-        if (!std::strcmp(argv[i], "--quick")) quick = true;
+        if (!std::strcmp(argv[i], "--quick")) o.quick = true;
         else if (!std::strcmp(argv[i], "--units") && i + 1 < argc) g_units = uint32_t(std::atoi(argv[++i]));
         else if ((!std::strcmp(argv[i], "--backend") || !std::strcmp(argv[i], "--device")) && i + 1 < argc)
-            device_name = argv[++i];
+            g_backend = argv[++i];
         else if (!std::strcmp(argv[i], "--check-us") && i + 1 < argc) g_check_us = uint32_t(std::atoi(argv[++i]));
         else if (!std::strcmp(argv[i], "--flags")) g_use_levels = false;
         else if (!std::strcmp(argv[i], "--pin")) g_dispatcher_cpu = int(std::thread::hardware_concurrency()) - 1;
         else if (!std::strcmp(argv[i], "--model") && i + 1 < argc) g_model_path = argv[++i];
-        else if (!std::strcmp(argv[i], "--samples") && i + 1 < argc) samples = std::atoi(argv[++i]);
-        else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) csv_path = argv[++i];
-        else if (!std::strcmp(argv[i], "--csv-policies") && i + 1 < argc) csv_policies_path = argv[++i];
+        else if (!std::strcmp(argv[i], "--samples") && i + 1 < argc) o.samples = std::atoi(argv[++i]);
+        else if (!std::strcmp(argv[i], "--csv") && i + 1 < argc) o.csv_path = argv[++i];
+        else if (!std::strcmp(argv[i], "--csv-policies") && i + 1 < argc) o.csv_policies_path = argv[++i];
         else if (!std::strcmp(argv[i], "--help") || !std::strcmp(argv[i], "-h")) {
             std::fputs(usage, stdout);
             return 0;
@@ -498,35 +505,47 @@ int main(int argc, char** argv) {
     }
     if (g_units == 0) g_units = 1;
     if (g_check_us == 0) g_check_us = 1;
-    if (samples <= 0) samples = quick ? 150 : 200;
+    if (o.samples <= 0) o.samples = o.quick ? 150 : 200;
 #if !defined(REEFLINE_BENCH_MODELS)
     if (!g_model_path.empty()) {
         std::fprintf(stderr, "preempt_bench: --model needs the full build (libml); this is the GPU core build\n");
         return 2;
     }
 #endif
-    // Opened before any measurement: an unwritable path fails now, naming the file.
-    std::unique_ptr<report::csv_writer> csv, csv_policies;
-    try {
-        if (!csv_path.empty())
-            csv = std::make_unique<report::csv_writer>(
-                csv_path, std::vector<std::string>{"device", "sweep", "mode", "preempt_by", "be_load", "rt", "queued_kernels",
-                                                   "kernel_us", "check_us", "samples", "measured", "p50_us", "p99_us",
-                                                   "p999_us", "drain_p50_us", "drain_p99_us", "submit_p50_us",
-                                                   "notice_p50_us", "launch_p50_us", "done_p50_us", "clock_error_us"});
-        if (!csv_policies_path.empty())
-            csv_policies = std::make_unique<report::csv_writer>(
-                csv_policies_path,
-                std::vector<std::string>{"device", "policy", "restore", "be_clients", "seconds", "rt_mean_us",
-                                         "rt_p99_us", "tasks_per_s", "rt_done", "be_done", "preemptions", "restores",
-                                         "reexecuted_kernels"});
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "preempt_bench: %s\n", e.what());
-        return 1;
-    }
+    return std::nullopt;
+}
+
+// --csv (preemption latencies) and --csv-policies (the policy table); null where not asked for.
+struct csv_outputs {
+    std::unique_ptr<report::csv_writer> latency, policies;
+};
+
+csv_outputs open_csv_outputs(const bench_options& o) {
+    csv_outputs out;
+    if (!o.csv_path.empty())
+        out.latency = std::make_unique<report::csv_writer>(
+            o.csv_path, std::vector<std::string>{"device", "sweep", "mode", "preempt_by", "be_load", "rt",
+                                                 "queued_kernels", "kernel_us", "check_us", "samples", "measured",
+                                                 "p50_us", "p99_us", "p999_us", "drain_p50_us", "drain_p99_us",
+                                                 "submit_p50_us", "notice_p50_us", "launch_p50_us", "done_p50_us",
+                                                 "clock_error_us"});
+    if (!o.csv_policies_path.empty())
+        out.policies = std::make_unique<report::csv_writer>(
+            o.csv_policies_path,
+            std::vector<std::string>{"device", "policy", "restore", "be_clients", "seconds", "rt_mean_us",
+                                     "rt_p99_us", "tasks_per_s", "rt_done", "be_done", "preemptions", "restores",
+                                     "reexecuted_kernels"});
+    return out;
+}
+
+// Finds the --backend, sets g_gpu and g_gpu_units for a GPU, and prints the device's lines. Returns
+// an exit code when main should return now (2: no such backend; 77: no GPU), nothing when the run goes on.
+std::optional<int> select_device(const std::string& device_name, bool quick) {
     const backend_entry* backend = find_backend(device_name);
     if (!backend) {
-        std::fprintf(stderr, "preempt_bench: --backend %s: this build has %s (GPU backends: -Dcuda=enabled or -Dhip=enabled)\n",
+        std::fprintf(stderr,
+                     "preempt_bench: --backend %s: this build has %s (GPU backends: -Dcuda=enabled or "
+                     "-Dhip=enabled)\n",
                      device_name.c_str(), backend_names().c_str());
         return 2;
     }
@@ -539,7 +558,8 @@ int main(int argc, char** argv) {
             gpu_device_stats_of(*d, gs);
             g_gpu = true;
             g_gpu_units = std::max<uint32_t>(1, c.compute_units);
-            std::printf("preempt_bench: %s device %s, %u compute units, %u B shared memory per full block, levels by %s%s\n",
+            std::printf("preempt_bench: %s device %s, %u compute units, %u B shared memory per full block, "
+                        "levels by %s%s\n",
                         device_name.c_str(), c.name.c_str(), c.compute_units,
                         reefline::ml::kernels::gpu_spin_full_shared_bytes(), gs.level_path, quick ? ", quick" : "");
         } catch (const no_device_error& e) {
@@ -553,140 +573,205 @@ int main(int argc, char** argv) {
     std::printf("BE blocks check every %u us; BE work stopped by %s\n", g_check_us,
                 g_use_levels ? "its preemption level (one write)" : "each BE queue's task flag");
     std::fflush(stdout);
+    return std::nullopt;
+}
 
-    const uint32_t queued_sweep[] = {10, 50, 200, 1000};   // kernels of 200 us
-    const uint32_t length_sweep[] = {10, 100, 200, 1000};  // us, 200 queued
-    const bool models = !g_model_path.empty();
+const uint32_t queued_sweep[] = {10, 50, 200, 1000};   // kernels of 200 us
+const uint32_t length_sweep[] = {10, 100, 200, 1000};  // us, 200 queued
+
+// The number of progress lines: every measurement the options ask for.
+unsigned measurement_count(bool quick, bool models) {
     constexpr unsigned policy_runs_full = 12, policy_runs_quick = 2;
     const unsigned latency_runs = quick ? 2 : unsigned(2 * (std::size(queued_sweep) + std::size(length_sweep))) + 4 +
                                                   (models ? 6 : 0);
-    report::progress progress("preempt_bench", latency_runs + (quick ? policy_runs_quick : policy_runs_full));
-    // One preemption-latency measurement: a progress line and a CSV row.
-    const auto latency = [&](const char* sweep, preempt_mode mode, be_load load, rt_kind rk, uint32_t queued, uint32_t us,
-                             uint32_t seed) {
+    return latency_runs + (quick ? policy_runs_quick : policy_runs_full);
+}
+
+// Runs one measurement at a time, each with its progress line and CSV row; the tables are the callers'.
+struct measurements {
+    report::progress& progress;
+    const std::string& device_name;
+    int samples;
+    report::csv_writer* latency_csv;
+    report::csv_writer* policies_csv;
+    double policy_seconds;  // of each policy run
+
+    lat_result latency(const char* sweep, preempt_mode mode, be_load load, rt_kind rk, uint32_t queued, uint32_t us,
+                       uint32_t seed) {
         const char* mode_name = mode == preempt_mode::reset ? "reset" : "wait";
-        auto step = progress.begin(std::string("preemption latency, ") + mode_name + ", " + load_name(load) + " BE load, " +
-                                   rt_name(rk) + " RT, " + std::to_string(queued) + " queued BE kernels of " +
-                                   std::to_string(us) + " us");
+        auto step = progress.begin(std::string("preemption latency, ") + mode_name + ", " + load_name(load) +
+                                   " BE load, " + rt_name(rk) + " RT, " + std::to_string(queued) +
+                                   " queued BE kernels of " + std::to_string(us) + " us");
         const lat_result r = preemption_latency(mode, load, rk, queued, us, samples, seed);
         char result[96];
         std::snprintf(result, sizeof result, "p99 %.1f us, drain p99 %.1f us", r.p99, r.drain_p99);
         step.result(result);
-        if (csv)
-            csv->row({device_name, sweep, mode_name, g_use_levels ? "level" : "flags", load_name(load), rt_name(rk), queued,
-                      us, g_check_us, samples, r.measured, report::csv_cell::fixed(r.p50, 1),
-                      report::csv_cell::fixed(r.p99, 1), report::csv_cell::fixed(r.p999, 1),
-                      report::csv_cell::fixed(r.drain_p50, 1), report::csv_cell::fixed(r.drain_p99, 1),
-                      report::csv_cell::fixed(r.submit_p50, 1), report::csv_cell::fixed(r.notice_p50, 1),
-                      report::csv_cell::fixed(r.launch_p50, 1), report::csv_cell::fixed(r.done_p50, 1),
-                      report::csv_cell::fixed(r.clock_error_us, 2)});
+        if (latency_csv)
+            latency_csv->row({device_name, sweep, mode_name, g_use_levels ? "level" : "flags", load_name(load),
+                              rt_name(rk), queued, us, g_check_us, samples, r.measured,
+                              report::csv_cell::fixed(r.p50, 1), report::csv_cell::fixed(r.p99, 1),
+                              report::csv_cell::fixed(r.p999, 1), report::csv_cell::fixed(r.drain_p50, 1),
+                              report::csv_cell::fixed(r.drain_p99, 1), report::csv_cell::fixed(r.submit_p50, 1),
+                              report::csv_cell::fixed(r.notice_p50, 1), report::csv_cell::fixed(r.launch_p50, 1),
+                              report::csv_cell::fixed(r.done_p50, 1), report::csv_cell::fixed(r.clock_error_us, 2)});
         return r;
-    };
-    const auto stage_row = [](const char* what, const lat_result& r) {
-        std::printf("%-30s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f\n", what, r.submit_p50,
-                    r.notice_p50, r.launch_p50, r.p50, r.p99, r.p999, r.drain_p50, r.drain_p99, r.done_p50);
-        std::fflush(stdout);
-    };
-    const auto stage_header = [] {
-        std::printf("%-30s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "stages (us from RT arrival)", "submit", "notice",
-                    "launch", "first50", "first99", "first999", "drain50", "drain99", "done50");
-    };
-    try {
-        if (!quick) {
-            std::printf("\npreemption latency (us, arrival -> first RT block) vs queued BE kernels (full load, kernels of 200 us)\n");
-            std::printf("%8s %12s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "reset_p999", "drain_p99",
-                        "wait_p99");
-            std::fflush(stdout);
-            for (uint32_t q : queued_sweep) {
-                const lat_result r = latency("queued", preempt_mode::reset, be_load::full, rt_kind::spin, q, 200, q);
-                const lat_result w = latency("queued", preempt_mode::wait, be_load::full, rt_kind::spin, q, 200, q);
-                std::printf("%8u %12.1f %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, r.p999, r.drain_p99, w.p99);
-                std::fflush(stdout);
-            }
-            std::printf("\npreemption latency (us) vs BE kernel length (full load, 200 queued)\n");
-            std::printf("%8s %12s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "reset_p999", "drain_p99",
-                        "wait_p99");
-            std::fflush(stdout);
-            for (uint32_t us : length_sweep) {
-                const lat_result r = latency("length", preempt_mode::reset, be_load::full, rt_kind::spin, 200, us, us);
-                const lat_result w = latency("length", preempt_mode::wait, be_load::full, rt_kind::spin, 200, us, us);
-                std::printf("%8u %12.1f %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, r.p999, r.drain_p99, w.p99);
-                std::fflush(stdout);
-            }
-        }
-        std::printf("\n");
-        stage_header();
-        const lat_result reset = latency("contract", preempt_mode::reset, be_load::full, rt_kind::spin, 200, 200, 1);
-        stage_row("reset, full BE load", reset);
-        const lat_result wait = latency("contract", preempt_mode::wait, be_load::full, rt_kind::spin, 200, 200, 1);
-        stage_row("wait, full BE load", wait);
-        if (!quick) {
-            stage_row("reset, spin BE load", latency("loads", preempt_mode::reset, be_load::spin, rt_kind::spin, 200, 200, 2));
-            stage_row("wait, spin BE load", latency("loads", preempt_mode::wait, be_load::spin, rt_kind::spin, 200, 200, 2));
-            if (models) {
-                stage_row("reset, model BE load", latency("models", preempt_mode::reset, be_load::model, rt_kind::spin, 0, 0, 3));
-                stage_row("wait, model BE load", latency("models", preempt_mode::wait, be_load::model, rt_kind::spin, 0, 0, 3));
-                stage_row("reset, model BE, RT kernel 0",
-                          latency("models", preempt_mode::reset, be_load::model, rt_kind::first_kernel, 0, 0, 4));
-                stage_row("wait, model BE, RT kernel 0",
-                          latency("models", preempt_mode::wait, be_load::model, rt_kind::first_kernel, 0, 0, 4));
-                stage_row("reset, model BE, RT model",
-                          latency("models", preempt_mode::reset, be_load::model, rt_kind::model, 0, 0, 5));
-                stage_row("wait, model BE, RT model",
-                          latency("models", preempt_mode::wait, be_load::model, rt_kind::model, 0, 0, 5));
-            }
-        }
-        std::printf("(notice: -1 where no BE block was caught running; first/drain for model RT tasks: their end)\n");
+    }
 
-        const double secs = quick ? 4.0 : 6.0;
-        // One policy run: a progress line and a CSV row; the table row is printed by the caller.
-        const auto load = [&](const char* name, policy pol, restore_mode rm, uint32_t be_n) {
-            auto step = progress.begin(std::string("RT latency under BE load, ") + name + " (" + std::to_string(be_n) +
-                                       " BE client" + (be_n == 1 ? "" : "s") + ")");
-            const load_result r = load_run(pol, rm, be_n, secs, 7);
-            char result[64];
-            std::snprintf(result, sizeof result, "RT mean %.1f us", r.rt_mean_us);
-            step.result(result);
-            if (csv_policies)
-                csv_policies->row({device_name, policy_name(pol),
-                                   rm == restore_mode::exact ? "exact" : "approximate", be_n, secs,
-                                   report::csv_cell::fixed(r.rt_mean_us, 1), report::csv_cell::fixed(r.rt_p99_us, 1),
-                                   report::csv_cell::fixed(r.tasks_per_s, 1), r.rt_done, r.be_done, r.preemptions,
-                                   r.restores, r.reexecuted});
-            return r;
-        };
-        const load_result ref = load("rt_only", policy::rt_only, restore_mode::exact, 1);
-        const load_result reef1 = load("reef", policy::reef, restore_mode::exact, 1);
-        std::printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s %8s\n", "policy (BE clients)", "rt_mean", "rt_p99",
-                    "tasks/s", "rt", "be", "preempt", "restore", "reexec");
-        auto row = [](const char* name, const load_result& r) {
-            std::printf("%-22s %10.1f %10.1f %10.1f %8llu %8llu %8llu %8llu %8llu\n", name, r.rt_mean_us, r.rt_p99_us,
-                        r.tasks_per_s, (unsigned long long)r.rt_done, (unsigned long long)r.be_done,
-                        (unsigned long long)r.preemptions, (unsigned long long)r.restores,
-                        (unsigned long long)r.reexecuted);
-            std::fflush(stdout);
-        };
-        row("rt_only (1)", ref);
-        row("reef (1)", reef1);
-        if (!quick) {
-            row("reef approx (1)", load("reef approx", policy::reef, restore_mode::approximate, 1));
-            row("seq (1)", load("seq", policy::seq, restore_mode::exact, 1));
-            row("streams (1)", load("streams", policy::streams, restore_mode::exact, 1));
-            row("prema (1)", load("prema", policy::prema, restore_mode::exact, 1));
-            row("rt_only (4)", load("rt_only", policy::rt_only, restore_mode::exact, 4));
-            row("reef (4)", load("reef", policy::reef, restore_mode::exact, 4));
-            row("reef approx (4)", load("reef approx", policy::reef, restore_mode::approximate, 4));
-            row("seq (4)", load("seq", policy::seq, restore_mode::exact, 4));
-            row("streams (4)", load("streams", policy::streams, restore_mode::exact, 4));
-            row("prema (4)", load("prema", policy::prema, restore_mode::exact, 4));
+    load_result load(const char* name, policy pol, restore_mode rm, uint32_t be_n) {
+        auto step = progress.begin(std::string("RT latency under BE load, ") + name + " (" + std::to_string(be_n) +
+                                   " BE client" + (be_n == 1 ? "" : "s") + ")");
+        const load_result r = load_run(pol, rm, be_n, policy_seconds, 7);
+        char result[64];
+        std::snprintf(result, sizeof result, "RT mean %.1f us", r.rt_mean_us);
+        step.result(result);
+        if (policies_csv)
+            policies_csv->row({device_name, policy_name(pol), rm == restore_mode::exact ? "exact" : "approximate", be_n,
+                               policy_seconds, report::csv_cell::fixed(r.rt_mean_us, 1),
+                               report::csv_cell::fixed(r.rt_p99_us, 1), report::csv_cell::fixed(r.tasks_per_s, 1),
+                               r.rt_done, r.be_done, r.preemptions, r.restores, r.reexecuted});
+        return r;
+    }
+};
+
+// The sweeps over queued BE kernels and over their length (not in --quick).
+void print_sweeps(measurements& m) {
+    std::printf("\npreemption latency (us, arrival -> first RT block) vs queued BE kernels "
+                "(full load, kernels of 200 us)\n");
+    std::printf("%8s %12s %12s %12s %12s %12s\n", "queued", "reset_p50", "reset_p99", "reset_p999", "drain_p99",
+                "wait_p99");
+    std::fflush(stdout);
+    for (uint32_t q : queued_sweep) {
+        const lat_result r = m.latency("queued", preempt_mode::reset, be_load::full, rt_kind::spin, q, 200, q);
+        const lat_result w = m.latency("queued", preempt_mode::wait, be_load::full, rt_kind::spin, q, 200, q);
+        std::printf("%8u %12.1f %12.1f %12.1f %12.1f %12.1f\n", q, r.p50, r.p99, r.p999, r.drain_p99, w.p99);
+        std::fflush(stdout);
+    }
+    std::printf("\npreemption latency (us) vs BE kernel length (full load, 200 queued)\n");
+    std::printf("%8s %12s %12s %12s %12s %12s\n", "len_us", "reset_p50", "reset_p99", "reset_p999", "drain_p99",
+                "wait_p99");
+    std::fflush(stdout);
+    for (uint32_t us : length_sweep) {
+        const lat_result r = m.latency("length", preempt_mode::reset, be_load::full, rt_kind::spin, 200, us, us);
+        const lat_result w = m.latency("length", preempt_mode::wait, be_load::full, rt_kind::spin, 200, us, us);
+        std::printf("%8u %12.1f %12.1f %12.1f %12.1f %12.1f\n", us, r.p50, r.p99, r.p999, r.drain_p99, w.p99);
+        std::fflush(stdout);
+    }
+}
+
+void print_stage_header() {
+    std::printf("%-30s %8s %8s %8s %8s %8s %8s %8s %8s %8s\n", "stages (us from RT arrival)", "submit", "notice",
+                "launch", "first50", "first99", "first999", "drain50", "drain99", "done50");
+}
+
+void print_stage_row(const char* what, const lat_result& r) {
+    std::printf("%-30s %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f %8.1f\n", what, r.submit_p50,
+                r.notice_p50, r.launch_p50, r.p50, r.p99, r.p999, r.drain_p50, r.drain_p99, r.done_p50);
+    std::fflush(stdout);
+}
+
+// The last line's preemption latencies: full BE load, 200 queued kernels of 200 us.
+struct contract_latencies {
+    lat_result reset, wait;
+};
+
+// The stages table: the contract's configuration, then (not in --quick) the other loads.
+contract_latencies print_stages(measurements& m, bool quick, bool models) {
+    std::printf("\n");
+    print_stage_header();
+    const lat_result reset = m.latency("contract", preempt_mode::reset, be_load::full, rt_kind::spin, 200, 200, 1);
+    print_stage_row("reset, full BE load", reset);
+    const lat_result wait = m.latency("contract", preempt_mode::wait, be_load::full, rt_kind::spin, 200, 200, 1);
+    print_stage_row("wait, full BE load", wait);
+    if (!quick) {
+        print_stage_row("reset, spin BE load",
+                        m.latency("loads", preempt_mode::reset, be_load::spin, rt_kind::spin, 200, 200, 2));
+        print_stage_row("wait, spin BE load",
+                        m.latency("loads", preempt_mode::wait, be_load::spin, rt_kind::spin, 200, 200, 2));
+        if (models) {
+            print_stage_row("reset, model BE load",
+                            m.latency("models", preempt_mode::reset, be_load::model, rt_kind::spin, 0, 0, 3));
+            print_stage_row("wait, model BE load",
+                            m.latency("models", preempt_mode::wait, be_load::model, rt_kind::spin, 0, 0, 3));
+            print_stage_row("reset, model BE, RT kernel 0",
+                            m.latency("models", preempt_mode::reset, be_load::model, rt_kind::first_kernel, 0, 0, 4));
+            print_stage_row("wait, model BE, RT kernel 0",
+                            m.latency("models", preempt_mode::wait, be_load::model, rt_kind::first_kernel, 0, 0, 4));
+            print_stage_row("reset, model BE, RT model",
+                            m.latency("models", preempt_mode::reset, be_load::model, rt_kind::model, 0, 0, 5));
+            print_stage_row("wait, model BE, RT model",
+                            m.latency("models", preempt_mode::wait, be_load::model, rt_kind::model, 0, 0, 5));
         }
-        if (csv) csv->commit();
-        if (csv_policies) csv_policies->commit();
-        const double overhead = ref.rt_mean_us > 0 ? (reef1.rt_mean_us / ref.rt_mean_us - 1.0) * 100.0 : 0;
-        const double tput = ref.tasks_per_s > 0 ? reef1.tasks_per_s / ref.tasks_per_s : 0;
+    }
+    std::printf("(notice: -1 where no BE block was caught running; first/drain for model RT tasks: their end)\n");
+    return {reset, wait};
+}
+
+void print_policy_row(const char* name, const load_result& r) {
+    std::printf("%-22s %10.1f %10.1f %10.1f %8llu %8llu %8llu %8llu %8llu\n", name, r.rt_mean_us, r.rt_p99_us,
+                r.tasks_per_s, (unsigned long long)r.rt_done, (unsigned long long)r.be_done,
+                (unsigned long long)r.preemptions, (unsigned long long)r.restores, (unsigned long long)r.reexecuted);
+    std::fflush(stdout);
+}
+
+// The last line's policy runs: rt_only and reef, one BE client each.
+struct reference_loads {
+    load_result rt_only, reef;
+};
+
+// The policy table: rt_only and reef with one BE client (both measured before the table's
+// header), then (not in --quick) the other policies and four BE clients.
+reference_loads print_policies(measurements& m, bool quick) {
+    const load_result ref = m.load("rt_only", policy::rt_only, restore_mode::exact, 1);
+    const load_result reef1 = m.load("reef", policy::reef, restore_mode::exact, 1);
+    std::printf("\n%-22s %10s %10s %10s %8s %8s %8s %8s %8s\n", "policy (BE clients)", "rt_mean", "rt_p99",
+                "tasks/s", "rt", "be", "preempt", "restore", "reexec");
+    print_policy_row("rt_only (1)", ref);
+    print_policy_row("reef (1)", reef1);
+    if (!quick) {
+        print_policy_row("reef approx (1)", m.load("reef approx", policy::reef, restore_mode::approximate, 1));
+        print_policy_row("seq (1)", m.load("seq", policy::seq, restore_mode::exact, 1));
+        print_policy_row("streams (1)", m.load("streams", policy::streams, restore_mode::exact, 1));
+        print_policy_row("prema (1)", m.load("prema", policy::prema, restore_mode::exact, 1));
+        print_policy_row("rt_only (4)", m.load("rt_only", policy::rt_only, restore_mode::exact, 4));
+        print_policy_row("reef (4)", m.load("reef", policy::reef, restore_mode::exact, 4));
+        print_policy_row("reef approx (4)", m.load("reef approx", policy::reef, restore_mode::approximate, 4));
+        print_policy_row("seq (4)", m.load("seq", policy::seq, restore_mode::exact, 4));
+        print_policy_row("streams (4)", m.load("streams", policy::streams, restore_mode::exact, 4));
+        print_policy_row("prema (4)", m.load("prema", policy::prema, restore_mode::exact, 4));
+    }
+    return {ref, reef1};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    bench_options o;
+    if (const std::optional<int> rc = parse_args(argc, argv, o)) return *rc;
+    const std::string& device_name = g_backend;
+    // Opened before any measurement: an unwritable path fails now, naming the file.
+    csv_outputs csv;
+    try {
+        csv = open_csv_outputs(o);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "preempt_bench: %s\n", e.what());
+        return 1;
+    }
+    if (const std::optional<int> rc = select_device(device_name, o.quick)) return *rc;
+
+    report::progress progress("preempt_bench", measurement_count(o.quick, !g_model_path.empty()));
+    measurements m{progress, device_name, o.samples, csv.latency.get(), csv.policies.get(), o.quick ? 4.0 : 6.0};
+    try {
+        if (!o.quick) print_sweeps(m);
+        const contract_latencies lat = print_stages(m, o.quick, !g_model_path.empty());
+        const reference_loads ref = print_policies(m, o.quick);
+        if (csv.latency) csv.latency->commit();
+        if (csv.policies) csv.policies->commit();
+        const double overhead =
+            ref.rt_only.rt_mean_us > 0 ? (ref.reef.rt_mean_us / ref.rt_only.rt_mean_us - 1.0) * 100.0 : 0;
+        const double tput = ref.rt_only.tasks_per_s > 0 ? ref.reef.tasks_per_s / ref.rt_only.tasks_per_s : 0;
         std::printf("reset_p50_us=%.1f reset_p99_us=%.1f reset_p999_us=%.1f drain_p99_us=%.1f wait_p99_us=%.1f "
                     "rt_overhead_pct=%.1f throughput_vs_rt_only=%.2f\n",
-                    reset.p50, reset.p99, reset.p999, reset.drain_p99, wait.p99, overhead, tput);
+                    lat.reset.p50, lat.reset.p99, lat.reset.p999, lat.reset.drain_p99, lat.wait.p99, overhead, tput);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "preempt_bench: %s\n", e.what());
         return 1;

@@ -46,6 +46,7 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -247,6 +248,27 @@ struct request {
     clk::time_point arrival;  // scheduled
 };
 
+// One per batch for --csv-series: ms since the start, size, service time, worst latency,
+// and the controller's state after it (target, its predicted service time, SLAB's margin).
+struct batch_record {
+    double time_ms;
+    uint32_t batch;
+    double service_ms, worst_ms;
+    uint32_t target;
+    double predicted_ms, margin_ms;
+};
+
+void write_batch_log(report::csv_writer& series, int round, ifm::batching_policy policy,
+                     const std::vector<batch_record>& batch_log) {
+    // Rounded to what the host's timing noise leaves meaningful (tens of microseconds),
+    // which keeps a round's series small enough to keep beside its plot.
+    using report::csv_cell;
+    for (const batch_record& b : batch_log)
+        series.row({round, ifm::batching_policy_name(policy), csv_cell::fixed(b.time_ms, 2), b.batch,
+                    csv_cell::fixed(b.service_ms, 3), csv_cell::fixed(b.worst_ms, 3), b.target,
+                    csv_cell::fixed(b.predicted_ms, 3), csv_cell::fixed(b.margin_ms, 3)});
+}
+
 // `series`: where each batch goes as a CSV row (null: nowhere).
 policy_result run_policy(served_model& sm, ifm::batching_options opts, const std::vector<double>& schedule_ms,
                          double seconds, bool shed, report::csv_writer* series, int round,
@@ -294,15 +316,6 @@ policy_result run_policy(served_model& sm, ifm::batching_options opts, const std
     });
 
     std::vector<std::pair<double, uint32_t>> trace{{0.0, bc.target()}};
-    // One per batch for --csv-series: ms since the start, size, service time, worst latency,
-    // and the controller's state after it (target, its predicted service time, SLAB's margin).
-    struct batch_record {
-        double time_ms;
-        uint32_t batch;
-        double service_ms, worst_ms;
-        uint32_t target;
-        double predicted_ms, margin_ms;
-    };
     std::vector<batch_record> batch_log;
     if (series) batch_log.reserve(schedule_ms.size());
     std::vector<double> latency;
@@ -383,15 +396,7 @@ policy_result run_policy(served_model& sm, ifm::batching_options opts, const std
         sm.set_units(~uint64_t{0});  // the next run starts with the whole device
     quit_competitor = true;
     if (competitor.joinable()) competitor.join();
-    if (series) {
-        // Rounded to what the host's timing noise leaves meaningful (tens of microseconds),
-        // which keeps a round's series small enough to keep beside its plot.
-        using report::csv_cell;
-        for (const batch_record& b : batch_log)
-            series->row({round, ifm::batching_policy_name(opts.policy), csv_cell::fixed(b.time_ms, 2), b.batch,
-                         csv_cell::fixed(b.service_ms, 3), csv_cell::fixed(b.worst_ms, 3), b.target,
-                         csv_cell::fixed(b.predicted_ms, 3), csv_cell::fixed(b.margin_ms, 3)});
-    }
+    if (series) write_batch_log(*series, round, opts.policy, batch_log);
     convergence(trace, r);
     r.fixed_batch = opts.policy == ifm::batching_policy::fixed ? (opts.fixed_batch ? opts.fixed_batch : opts.max_batch) : 0;
     r.trace = std::move(trace);
@@ -543,10 +548,8 @@ void run_steps(served_model& sm, uint32_t units, double rate, double slo_ms, uin
                 median(slab_vs_fixed), median(worst[1]));
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-    CLI::App app{"slab_bench: SLAB vs AIMD vs fixed batching on the same load, real model, cpu backend"};
+// The command line (see add_options for what each means).
+struct bench_options {
     std::string model, trace_path, csv_path;
     int series_round = 0;
     double seconds = 4, slo_ms = 25, rate = 0;
@@ -556,138 +559,313 @@ int main(int argc, char** argv) {
     std::string scenario = "constant";
     double blip_ms = 50;
     double phase_ms = 2000;
-    app.add_option("--model", model, "ONNX model with one image input (default: the zoo's resnet50_tiny, written to a temp dir)");
-    app.add_option("--seconds", seconds, "seconds of load per policy and round")->capture_default_str();
-    app.add_option("--slo-ms", slo_ms, "per-request latency objective")->capture_default_str();
-    app.add_option("--rate", rate, "arrivals per second (default: from calibration, 60% of what the best batch within the SLO can serve)");
-    app.add_option("--max-batch", max_batch, "largest batch (instances are configured for 1..max)")->capture_default_str();
-    app.add_option("--fixed-batch", fixed_batch, "the fixed policy's batch size (default: max-batch)");
-    app.add_option("--rounds", rounds, "rounds; each runs every policy once, in rotated order")->capture_default_str();
-    app.add_option("--compute-units", units, "cpu device compute units (default: cores - 1, at least 1)");
-    app.add_flag("--uniform", uniform, "evenly spaced arrivals instead of Poisson");
-    app.add_flag("--shed", shed, "answer requests that can no longer make the SLO with a status instead of serving them late");
-    app.add_flag("--quick", quick, "one short round (1.5 s per policy)");
-    app.add_flag("--calibrate", calibrate_only, "print the service times per batch size and exit");
-    app.add_option("--scenario", scenario,
+    std::string backend = "cpu";
+
+    bool steps() const { return scenario == "steps"; }
+};
+
+void add_options(CLI::App& app, bench_options& o) {
+    app.add_option("--model", o.model,
+                   "ONNX model with one image input (default: the zoo's resnet50_tiny, written to a temp dir)");
+    app.add_option("--seconds", o.seconds, "seconds of load per policy and round")->capture_default_str();
+    app.add_option("--slo-ms", o.slo_ms, "per-request latency objective")->capture_default_str();
+    app.add_option("--rate", o.rate,
+                   "arrivals per second (default: from calibration, 60% of what the best batch within the SLO can "
+                   "serve)");
+    app.add_option("--max-batch", o.max_batch, "largest batch (instances are configured for 1..max)")
+        ->capture_default_str();
+    app.add_option("--fixed-batch", o.fixed_batch, "the fixed policy's batch size (default: max-batch)");
+    app.add_option("--rounds", o.rounds, "rounds; each runs every policy once, in rotated order")
+        ->capture_default_str();
+    app.add_option("--compute-units", o.units, "cpu device compute units (default: cores - 1, at least 1)");
+    app.add_flag("--uniform", o.uniform, "evenly spaced arrivals instead of Poisson");
+    app.add_flag("--shed", o.shed,
+                 "answer requests that can no longer make the SLO with a status instead of serving them late");
+    app.add_flag("--quick", o.quick, "one short round (1.5 s per policy)");
+    app.add_flag("--calibrate", o.calibrate_only, "print the service times per batch size and exit");
+    app.add_option("--scenario", o.scenario,
                    "constant: one Poisson load; steps: the rate doubles and halves, the SLO is tightened and "
                    "restored, a second IF starts and stops (one phase each)")
         ->check(CLI::IsMember({"constant", "steps"}))
         ->capture_default_str();
-    app.add_option("--phase-ms", phase_ms, "steps: the length of each phase")->capture_default_str();
-    app.add_option("--blip-ms", blip_ms,
+    app.add_option("--phase-ms", o.phase_ms, "steps: the length of each phase")->capture_default_str();
+    app.add_option("--blip-ms", o.blip_ms,
                    "steps: an excursion of the target out of its band that returns within this long does not "
                    "count against re-convergence (0: every excursion counts)")
         ->check(CLI::NonNegativeNumber)
         ->capture_default_str();
-    app.add_option("--csv", csv_path, "write the per-round table as CSV: one row per round and policy");
-    app.add_option("--csv-series,--trace", trace_path,
+    app.add_option("--csv", o.csv_path, "write the per-round table as CSV: one row per round and policy");
+    app.add_option("--csv-series,--trace", o.trace_path,
                    "write every batch as CSV: round, policy, time_ms, batch_size, service_ms, worst_latency_ms, "
                    "target_batch, predicted_ms, margin_ms");
-    app.add_option("--series-round", series_round, "--csv-series: only this round (default: every round)")
+    app.add_option("--series-round", o.series_round, "--csv-series: only this round (default: every round)")
         ->check(CLI::NonNegativeNumber);
     app.footer("Progress (one line per step) goes to stderr; stdout has the tables and the last line.");
-    std::string backend = "cpu";
-    reefline::gpu::add_backend_option(app, backend);
-    CLI11_PARSE(app, argc, argv);
-    if (quick) {
-        rounds = 1;
-        seconds = std::min(seconds, 1.5);
-        phase_ms = std::min(phase_ms, 1000.0);
-    }
-    const bool steps = scenario == "steps";
-    if (steps && !(phase_ms >= 200)) {
+    reefline::gpu::add_backend_option(app, o.backend);
+}
+
+// False (after saying why on stderr) when the options do not make a run.
+bool options_valid(const bench_options& o) {
+    if (o.steps() && !(o.phase_ms >= 200)) {
         std::fprintf(stderr, "slab_bench: --phase-ms must be at least 200\n");
-        return 2;
+        return false;
     }
-    if (max_batch < 2 || max_batch > 256 || rounds < 1 || seconds <= 0 || fixed_batch > max_batch || !(slo_ms > 0)) {
-        std::fprintf(stderr, "slab_bench: need 2 <= --max-batch <= 256, --rounds >= 1, --seconds > 0, --slo-ms > 0, --fixed-batch <= --max-batch\n");
-        return 2;
+    if (o.max_batch < 2 || o.max_batch > 256 || o.rounds < 1 || o.seconds <= 0 || o.fixed_batch > o.max_batch ||
+        !(o.slo_ms > 0)) {
+        std::fprintf(stderr, "slab_bench: need 2 <= --max-batch <= 256, --rounds >= 1, --seconds > 0, --slo-ms > 0, "
+                             "--fixed-batch <= --max-batch\n");
+        return false;
     }
-    if (series_round > rounds) {
-        std::fprintf(stderr, "slab_bench: --series-round %d, but only %d round(s) run\n", series_round, rounds);
-        return 2;
+    if (o.series_round > o.rounds) {
+        std::fprintf(stderr, "slab_bench: --series-round %d, but only %d round(s) run\n", o.series_round, o.rounds);
+        return false;
     }
+    return true;
+}
+
+// --csv (the per-round table; its columns depend on the scenario) and --csv-series; null where not asked for.
+struct csv_outputs {
+    std::unique_ptr<report::csv_writer> table, series;
+
+    void commit() {
+        if (series) series->commit();
+        if (table) table->commit();
+    }
+};
+
+csv_outputs open_csv_outputs(const bench_options& o) {
+    csv_outputs out;
+    if (!o.csv_path.empty() && !o.calibrate_only && o.steps())
+        out.table = std::make_unique<report::csv_writer>(
+            o.csv_path, std::vector<std::string>{"round", "policy", "fixed_batch", "step", "step_at_ms",
+                                                 "reconverge_ms", "reconverge_with_drain_ms", "reconverge_strict_ms",
+                                                 "within_slo_req_s", "violation_pct", "mean_batch"});
+    else if (!o.csv_path.empty() && !o.calibrate_only)
+        out.table = std::make_unique<report::csv_writer>(
+            o.csv_path, std::vector<std::string>{"round", "policy", "order_in_round", "rate_req_s", "slo_ms",
+                                                 "seconds", "converge_ms", "reach_ms", "in_band_pct",
+                                                 "within_slo_req_s", "arrivals", "answered", "late", "shed",
+                                                 "violation_pct", "mean_batch", "final_target", "drain_pct", "p50_ms",
+                                                 "p99_ms", "generator_lag_p99_ms"});
+    if (!o.trace_path.empty() && !o.calibrate_only)
+        out.series = std::make_unique<report::csv_writer>(
+            o.trace_path, std::vector<std::string>{"round", "policy", "time_ms", "batch_size", "service_ms",
+                                                   "worst_latency_ms", "target_batch", "predicted_ms", "margin_ms"});
+    return out;
+}
+
+// The zoo's resnet50_tiny, written to a fresh temp dir (`work`, set before it is created so that the
+// caller removes it whatever happens); returns the model's path.
+std::string write_zoo_model(report::progress& progress, fs::path& work) {
+    // The zoo binary of the same build: <build>/bench/slab_bench -> <build>/tools/zoo.
+    const char* env = std::getenv("REEFLINE_ZOO");
+    const fs::path zoo =
+        env ? fs::path(env) : fs::canonical("/proc/self/exe").parent_path().parent_path() / "tools" / "zoo";
+    if (!fs::exists(zoo))
+        throw std::runtime_error("no zoo binary at " + zoo.string() + " (build tools/zoo, or pass --model)");
+    auto step = progress.begin("resnet50_tiny written by the zoo");
+    work = fs::temp_directory_path() / ("slab_bench." + std::to_string(getpid()));
+    fs::create_directories(work);
+    run_cmd(zoo.string() + " --out " + work.string() + " --tiny --only resnet50_tiny -q");
+    return (work / "resnet50_tiny.onnx").string();
+}
+
+// What calibration found: requests per second at batch 1 and at the best batch within the SLO.
+struct capacity {
+    double batch1 = 0, best = 0;
+};
+
+// Calibration: the median service time at every size. On the cpu backend batching
+// pays only up to a point (per-request time falls, then rises once a batch's working
+// set leaves the caches), so the defaults come from the measured curve, not a line.
+// Passes go over all sizes in turn, so that a burst of host load hits them alike.
+capacity calibrate(served_model& sm, uint32_t max_batch, double slo_ms, report::progress& progress) {
+    auto calibration = progress.begin("calibration, 9 passes over batch 1.." + std::to_string(max_batch));
+    std::vector<std::vector<double>> runs(max_batch + 1);
+    for (uint32_t b = 1; b <= max_batch; ++b) sm.median_service(b, 1);  // warm-up
+    for (int pass = 0; pass < 9; ++pass)
+        for (uint32_t b = 1; b <= max_batch; ++b) runs[b].push_back(sm.median_service(b, 1));
+    calibration.end();
+    std::vector<double> t(max_batch + 1, 0.0);
+    std::printf("calibration, median of 9 passes (ms):");
+    for (uint32_t b = 1; b <= max_batch; ++b) {
+        t[b] = median(runs[b]);
+        std::printf("%s t(%u)=%.2f", (b - 1) % 8 ? "" : "\n ", b, t[b]);
+    }
+    // The best throughput among the sizes whose two service times fit the SLO with 20% to
+    // spare (how SLAB sizes batches).
+    uint32_t b_best = 1;
+    for (uint32_t b = 2; b <= max_batch; ++b)
+        if (2 * t[b] <= 0.8 * slo_ms && b / t[b] > b_best / t[b_best]) b_best = b;
+    const double cap1 = 1000.0 / t[1], cap_best = 1000.0 * b_best / t[b_best];
+    std::printf("\n  batch 1 serves %.0f req/s; batch %u, the best within the SLO, %.0f req/s (%.2fx); "
+                "batch %u %.0f req/s\n",
+                cap1, b_best, cap_best, cap_best / cap1, max_batch, 1000.0 * max_batch / t[max_batch]);
+    return {cap1, cap_best};
+}
+
+// The constant scenario's arrivals: one schedule for every policy and round.
+std::vector<double> constant_schedule(double rate, double seconds, bool uniform) {
+    std::vector<double> schedule;
+    std::mt19937_64 rng(2024);
+    std::exponential_distribution<double> gap(rate / 1000.0);
+    for (double t = uniform ? 0 : gap(rng); t < seconds * 1000.0; t += uniform ? 1000.0 / rate : gap(rng))
+        schedule.push_back(t);
+    return schedule;
+}
+
+// The constant scenario's policies, in the order of the summary table and of round 1.
+constexpr ifm::batching_policy constant_policies[3] = {ifm::batching_policy::slab, ifm::batching_policy::aimd,
+                                                        ifm::batching_policy::fixed};
+
+// One policy's run in the constant scenario: a progress line, a CSV row and a row of the per-round table.
+policy_result run_constant_policy(served_model& sm, const bench_options& o, ifm::batching_policy policy,
+                                  const std::vector<double>& schedule, int round, int order_in_round,
+                                  csv_outputs& out, report::progress& progress) {
+    ifm::batching_options opts;
+    opts.policy = policy;
+    opts.slo_ms = o.slo_ms;
+    opts.max_batch = o.max_batch;
+    opts.fixed_batch = o.fixed_batch;
+    std::fflush(stdout);
+    auto step = progress.begin("round " + std::to_string(round + 1) + "/" + std::to_string(o.rounds) + ", " +
+                               ifm::batching_policy_name(opts.policy) + ", " + std::to_string(int(o.rate)) +
+                               " req/s for " + report::csv_cell(o.seconds).text() + " s");
+    const bool record = out.series && (o.series_round == 0 || o.series_round == round + 1);
+    const policy_result r =
+        run_policy(sm, opts, schedule, o.seconds, o.shed, record ? out.series.get() : nullptr, round + 1);
+    char result[96];
+    std::snprintf(result, sizeof result, "mean batch %.2f, %.1f within SLO req/s", r.mean_batch, r.goodput);
+    step.result(result);
+    step.end();
+    if (out.table) {
+        using report::csv_cell;
+        out.table->row({round + 1, ifm::batching_policy_name(r.policy), order_in_round, csv_cell::fixed(o.rate, 1),
+                        o.slo_ms, o.seconds, csv_cell::fixed(r.converge_ms, 1), csv_cell::fixed(r.reach_ms, 1),
+                        csv_cell::fixed(r.in_band_pct, 1), csv_cell::fixed(r.goodput, 1), r.arrivals, r.answered,
+                        r.late, r.shed, csv_cell::fixed(r.violation_pct(), 2), csv_cell::fixed(r.mean_batch, 2),
+                        r.final_target, csv_cell::fixed(r.drain_pct, 1), csv_cell::fixed(r.p50, 2),
+                        csv_cell::fixed(r.p99, 2), csv_cell::fixed(r.generator_lag_p99, 2)});
+    }
+    std::printf("%-6d %5s %7.0fms %6.0fms %6.1f %9.1f %7llu %7llu %7.2f %6.2f %6u %7.1f %7.1f %7.1f %7.1f\n",
+                round + 1, ifm::batching_policy_name(r.policy), r.converge_ms, r.reach_ms, r.in_band_pct,
+                r.goodput, static_cast<unsigned long long>(r.late), static_cast<unsigned long long>(r.shed),
+                r.violation_pct(), r.mean_batch, r.final_target, r.drain_pct, r.p50, r.p99,
+                r.generator_lag_p99);
+    std::fflush(stdout);
+    return r;
+}
+
+// "median [min .. max]" of `v`, each number printed by `format`'s conversions.
+std::string median_range(const std::vector<double>& v, const char* format) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, format, median(v), *std::min_element(v.begin(), v.end()),
+                  *std::max_element(v.begin(), v.end()));
+    return std::string(buf);
+}
+
+using constant_results = std::array<std::vector<policy_result>, 3>;  // by constant_policies' index
+
+// The table over the rounds; returns each policy's median convergence time.
+std::array<double, 3> print_constant_summary(const constant_results& results, int rounds) {
+    std::printf("\nover %d round(s): median [min .. max]\n", rounds);
+    std::printf("%-6s %22s %18s %26s %22s %20s\n", "policy", "converge ms", "reach ms", "within SLO req/s",
+                "violations %", "mean batch");
+    std::array<double, 3> conv_med{};
+    for (int p = 0; p < 3; ++p) {
+        std::vector<double> cv_, rc, gp, vp, mb;
+        for (const auto& r : results[p]) {
+            cv_.push_back(r.converge_ms);
+            rc.push_back(r.reach_ms);
+            gp.push_back(r.goodput);
+            vp.push_back(r.violation_pct());
+            mb.push_back(r.mean_batch);
+        }
+        conv_med[p] = median(cv_);
+        std::printf("%-6s %22s %18s %26s %22s %20s\n", ifm::batching_policy_name(constant_policies[p]),
+                    median_range(cv_, "%.0f [%.0f .. %.0f]").c_str(), median_range(rc, "%.0f [%.0f .. %.0f]").c_str(),
+                    median_range(gp, "%.1f [%.1f .. %.1f]").c_str(), median_range(vp, "%.2f [%.2f .. %.2f]").c_str(),
+                    median_range(mb, "%.2f [%.2f .. %.2f]").c_str());
+    }
+    return conv_med;
+}
+
+// The constant scenario's last line: median convergence times and the median per-round throughput ratio.
+struct constant_summary {
+    double slab_converge_ms, aimd_converge_ms, slab_vs_aimd;
+};
+
+// The constant scenario: every policy on the same arrivals, `o.rounds` times in rotated order
+// (host noise falls on all of them alike); prints the per-round table and the summary table.
+constant_summary run_constant(served_model& sm, const bench_options& o, csv_outputs& out, report::progress& progress) {
+    const std::vector<double> schedule = constant_schedule(o.rate, o.seconds, o.uniform);
+    constant_results results;
+    std::vector<double> ratios;
+    std::printf("\n%-6s %5s %9s %8s %6s %9s %7s %7s %7s %6s %6s %7s %7s %7s %7s\n", "round", "policy", "converge",
+                "reach", "band%", "within/s", "late", "shed", "viol%", "meanb", "final", "drain%", "p50ms", "p99ms",
+                "lag99");
+    for (int round = 0; round < o.rounds; ++round) {
+        double good[3] = {0, 0, 0};
+        for (int k = 0; k < 3; ++k) {
+            const int p = (round + k) % 3;
+            const policy_result r =
+                run_constant_policy(sm, o, constant_policies[p], schedule, round, k + 1, out, progress);
+            good[p] = r.goodput;
+            results[p].push_back(r);
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        }
+        ratios.push_back(good[1] > 0 ? good[0] / good[1] : 0);
+    }
+    const std::array<double, 3> conv_med = print_constant_summary(results, o.rounds);
+    return {conv_med[0], conv_med[1], median(ratios)};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    CLI::App app{"slab_bench: SLAB vs AIMD vs fixed batching on the same load, real model, cpu backend"};
+    bench_options o;
+    add_options(app, o);
+    CLI11_PARSE(app, argc, argv);
+    if (o.quick) {
+        o.rounds = 1;
+        o.seconds = std::min(o.seconds, 1.5);
+        o.phase_ms = std::min(o.phase_ms, 1000.0);
+    }
+    if (!options_valid(o)) return 2;
+    const bool steps = o.steps();
     fs::path work;
     // Steps: the model (unless given), the instances, calibration, then every policy of every round.
-    report::progress progress("slab_bench", (model.empty() ? 1u : 0u) + 2u +
-                                                (calibrate_only ? 0u : unsigned((steps ? 5 : 3) * rounds)));
+    report::progress progress("slab_bench", (o.model.empty() ? 1u : 0u) + 2u +
+                                                (o.calibrate_only ? 0u : unsigned((steps ? 5 : 3) * o.rounds)));
     try {
         // Opened before minutes of measuring: an unwritable path fails now, naming the file.
-        std::unique_ptr<report::csv_writer> csv, series;
-        if (!csv_path.empty() && !calibrate_only && steps)
-            csv = std::make_unique<report::csv_writer>(
-                csv_path, std::vector<std::string>{"round", "policy", "fixed_batch", "step", "step_at_ms", "reconverge_ms", "reconverge_with_drain_ms",
-                                                   "reconverge_strict_ms", "within_slo_req_s", "violation_pct", "mean_batch"});
-        else if (!csv_path.empty() && !calibrate_only)
-            csv = std::make_unique<report::csv_writer>(
-                csv_path, std::vector<std::string>{"round", "policy", "order_in_round", "rate_req_s", "slo_ms",
-                                                   "seconds", "converge_ms", "reach_ms", "in_band_pct",
-                                                   "within_slo_req_s", "arrivals", "answered", "late", "shed",
-                                                   "violation_pct", "mean_batch", "final_target", "drain_pct", "p50_ms",
-                                                   "p99_ms", "generator_lag_p99_ms"});
-        if (!trace_path.empty() && !calibrate_only)
-            series = std::make_unique<report::csv_writer>(
-                trace_path, std::vector<std::string>{"round", "policy", "time_ms", "batch_size", "service_ms",
-                                                     "worst_latency_ms", "target_batch", "predicted_ms", "margin_ms"});
-        if (model.empty()) {
-            // The zoo binary of the same build: <build>/bench/slab_bench -> <build>/tools/zoo.
-            const char* env = std::getenv("REEFLINE_ZOO");
-            const fs::path zoo = env ? fs::path(env) : fs::canonical("/proc/self/exe").parent_path().parent_path() / "tools" / "zoo";
-            if (!fs::exists(zoo)) throw std::runtime_error("no zoo binary at " + zoo.string() + " (build tools/zoo, or pass --model)");
-            auto step = progress.begin("resnet50_tiny written by the zoo");
-            work = fs::temp_directory_path() / ("slab_bench." + std::to_string(getpid()));
-            fs::create_directories(work);
-            run_cmd(zoo.string() + " --out " + work.string() + " --tiny --only resnet50_tiny -q");
-            model = (work / "resnet50_tiny.onnx").string();
-        }
+        csv_outputs out = open_csv_outputs(o);
+        if (o.model.empty()) o.model = write_zoo_model(progress, work);
         reefline::gpu::backend_options dopt;
-        dopt.compute_units = units;
-        auto device = reefline::gpu::make_backend(backend, dopt);
+        dopt.compute_units = o.units;
+        auto device = reefline::gpu::make_backend(o.backend, dopt);
         ml::runtime rt(*device);
         std::printf("model %s, batch sizes 1..%u, cpu device with %u compute unit(s), %u hardware threads\n",
-                    fs::path(model).filename().c_str(), max_batch, device->caps().compute_units,
+                    fs::path(o.model).filename().c_str(), o.max_batch, device->caps().compute_units,
                     std::thread::hardware_concurrency());
         std::fflush(stdout);
-        auto instances = progress.begin("instances for batch 1.." + std::to_string(max_batch));
-        served_model sm(rt, model, max_batch);
+        auto instances = progress.begin("instances for batch 1.." + std::to_string(o.max_batch));
+        served_model sm(rt, o.model, o.max_batch);
         instances.end();
 
-        // Calibration: the median service time at every size. On the cpu backend batching
-        // pays only up to a point (per-request time falls, then rises once a batch's working
-        // set leaves the caches), so the defaults come from the measured curve, not a line.
-        // Passes go over all sizes in turn, so that a burst of host load hits them alike.
-        auto calibration = progress.begin("calibration, 9 passes over batch 1.." + std::to_string(max_batch));
-        std::vector<std::vector<double>> runs(max_batch + 1);
-        for (uint32_t b = 1; b <= max_batch; ++b) sm.median_service(b, 1);  // warm-up
-        for (int pass = 0; pass < 9; ++pass)
-            for (uint32_t b = 1; b <= max_batch; ++b) runs[b].push_back(sm.median_service(b, 1));
-        calibration.end();
-        std::vector<double> t(max_batch + 1, 0.0);
-        std::printf("calibration, median of 9 passes (ms):");
-        for (uint32_t b = 1; b <= max_batch; ++b) {
-            t[b] = median(runs[b]);
-            std::printf("%s t(%u)=%.2f", (b - 1) % 8 ? "" : "\n ", b, t[b]);
-        }
-        // The best throughput among the sizes whose two service times fit the SLO with 20% to
-        // spare (how SLAB sizes batches).
-        uint32_t b_best = 1;
-        for (uint32_t b = 2; b <= max_batch; ++b)
-            if (2 * t[b] <= 0.8 * slo_ms && b / t[b] > b_best / t[b_best]) b_best = b;
-        const double cap1 = 1000.0 / t[1], cap_best = 1000.0 * b_best / t[b_best];
-        std::printf("\n  batch 1 serves %.0f req/s; batch %u, the best within the SLO, %.0f req/s (%.2fx); batch %u %.0f req/s\n",
-                    cap1, b_best, cap_best, cap_best / cap1, max_batch, 1000.0 * max_batch / t[max_batch]);
-        if (calibrate_only) {
+        const capacity cap = calibrate(sm, o.max_batch, o.slo_ms, progress);
+        if (o.calibrate_only) {
             if (!work.empty()) fs::remove_all(work);
             return 0;
         }
         if (steps) {
             // Half of what the constant scenario offers, so that the doubled rate is the
             // constant scenario's load and a tightened SLO or a second IF still leaves room.
-            if (rate <= 0) rate = std::round(0.35 * cap_best);
-            run_steps(sm, device->caps().compute_units, rate, slo_ms, max_batch, phase_ms, blip_ms, rounds, shed,
-                      csv.get(), series.get(), progress);
-            if (series) series->commit();
-            if (csv) csv->commit();
+            if (o.rate <= 0) o.rate = std::round(0.35 * cap.best);
+            run_steps(sm, device->caps().compute_units, o.rate, o.slo_ms, o.max_batch, o.phase_ms, o.blip_ms, o.rounds,
+                      o.shed, out.table.get(), out.series.get(), progress);
+            out.commit();
             if (!work.empty()) fs::remove_all(work);
             return 0;
         }
@@ -695,99 +873,17 @@ int main(int argc, char** argv) {
         // moderate batch can (cap1 .. cap_best) is 1.2-1.6x wide on the cpu backend, narrower
         // than what other tenants of a shared host take away during a run; a rate inside it
         // overloads every policy alike and measures only the host. --rate sets it.
-        if (rate <= 0) rate = std::round(0.6 * cap_best);
-        std::printf("SLO %.1f ms, rate %.0f req/s %s, %.1f s per policy, %d round(s)%s\n", slo_ms, rate,
-                    uniform ? "uniform" : "Poisson", seconds, rounds, shed ? ", shedding late requests" : "");
-        if (rate <= cap1) std::printf("note: batch 1 keeps up with this rate; batching matters little here\n");
-        if (rate >= cap_best) std::printf("note: no batch size keeps up with this rate: an overload run\n");
+        if (o.rate <= 0) o.rate = std::round(0.6 * cap.best);
+        std::printf("SLO %.1f ms, rate %.0f req/s %s, %.1f s per policy, %d round(s)%s\n", o.slo_ms, o.rate,
+                    o.uniform ? "uniform" : "Poisson", o.seconds, o.rounds, o.shed ? ", shedding late requests" : "");
+        if (o.rate <= cap.batch1) std::printf("note: batch 1 keeps up with this rate; batching matters little here\n");
+        if (o.rate >= cap.best) std::printf("note: no batch size keeps up with this rate: an overload run\n");
 
-        // One schedule for every policy and round.
-        std::vector<double> schedule;
-        std::mt19937_64 rng(2024);
-        std::exponential_distribution<double> gap(rate / 1000.0);
-        for (double t = uniform ? 0 : gap(rng); t < seconds * 1000.0; t += uniform ? 1000.0 / rate : gap(rng))
-            schedule.push_back(t);
-
-        const ifm::batching_policy order[3] = {ifm::batching_policy::slab, ifm::batching_policy::aimd, ifm::batching_policy::fixed};
-        std::vector<policy_result> results[3];
-        std::vector<double> ratios;
-        std::printf("\n%-6s %5s %9s %8s %6s %9s %7s %7s %7s %6s %6s %7s %7s %7s %7s\n", "round", "policy", "converge",
-                    "reach", "band%", "within/s", "late", "shed", "viol%", "meanb", "final", "drain%", "p50ms", "p99ms",
-                    "lag99");
-        for (int round = 0; round < rounds; ++round) {
-            double good[3] = {0, 0, 0};
-            for (int k = 0; k < 3; ++k) {
-                const int p = (round + k) % 3;
-                ifm::batching_options o;
-                o.policy = order[p];
-                o.slo_ms = slo_ms;
-                o.max_batch = max_batch;
-                o.fixed_batch = fixed_batch;
-                std::fflush(stdout);
-                auto step = progress.begin("round " + std::to_string(round + 1) + "/" + std::to_string(rounds) + ", " +
-                                           ifm::batching_policy_name(o.policy) + ", " + std::to_string(int(rate)) +
-                                           " req/s for " + report::csv_cell(seconds).text() + " s");
-                const bool record = series && (series_round == 0 || series_round == round + 1);
-                const policy_result r =
-                    run_policy(sm, o, schedule, seconds, shed, record ? series.get() : nullptr, round + 1);
-                char result[96];
-                std::snprintf(result, sizeof result, "mean batch %.2f, %.1f within SLO req/s", r.mean_batch, r.goodput);
-                step.result(result);
-                step.end();
-                if (csv) {
-                    using report::csv_cell;
-                    csv->row({round + 1, ifm::batching_policy_name(r.policy), k + 1, csv_cell::fixed(rate, 1), slo_ms,
-                              seconds, csv_cell::fixed(r.converge_ms, 1), csv_cell::fixed(r.reach_ms, 1),
-                              csv_cell::fixed(r.in_band_pct, 1), csv_cell::fixed(r.goodput, 1), r.arrivals, r.answered,
-                              r.late, r.shed, csv_cell::fixed(r.violation_pct(), 2), csv_cell::fixed(r.mean_batch, 2),
-                              r.final_target, csv_cell::fixed(r.drain_pct, 1), csv_cell::fixed(r.p50, 2),
-                              csv_cell::fixed(r.p99, 2), csv_cell::fixed(r.generator_lag_p99, 2)});
-                }
-                good[p] = r.goodput;
-                std::printf("%-6d %5s %7.0fms %6.0fms %6.1f %9.1f %7llu %7llu %7.2f %6.2f %6u %7.1f %7.1f %7.1f %7.1f\n",
-                            round + 1, ifm::batching_policy_name(r.policy), r.converge_ms, r.reach_ms, r.in_band_pct,
-                            r.goodput, static_cast<unsigned long long>(r.late), static_cast<unsigned long long>(r.shed),
-                            r.violation_pct(), r.mean_batch, r.final_target, r.drain_pct, r.p50, r.p99,
-                            r.generator_lag_p99);
-                std::fflush(stdout);
-                results[p].push_back(r);
-                std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            }
-            ratios.push_back(good[1] > 0 ? good[0] / good[1] : 0);
-        }
-
-        std::printf("\nover %d round(s): median [min .. max]\n", rounds);
-        std::printf("%-6s %22s %18s %26s %22s %20s\n", "policy", "converge ms", "reach ms", "within SLO req/s",
-                    "violations %", "mean batch");
-        double conv_med[3], good_med[3];
-        for (int p = 0; p < 3; ++p) {
-            std::vector<double> cv_, rc, gp, vp, mb;
-            for (const auto& r : results[p]) {
-                cv_.push_back(r.converge_ms);
-                rc.push_back(r.reach_ms);
-                gp.push_back(r.goodput);
-                vp.push_back(r.violation_pct());
-                mb.push_back(r.mean_batch);
-            }
-            const auto range = [](const std::vector<double>& v, const char* f) {
-                char buf[96];
-                std::snprintf(buf, sizeof buf, f, median(v), *std::min_element(v.begin(), v.end()),
-                              *std::max_element(v.begin(), v.end()));
-                return std::string(buf);
-            };
-            conv_med[p] = median(cv_);
-            good_med[p] = median(gp);
-            std::printf("%-6s %22s %18s %26s %22s %20s\n", ifm::batching_policy_name(order[p]),
-                        range(cv_, "%.0f [%.0f .. %.0f]").c_str(), range(rc, "%.0f [%.0f .. %.0f]").c_str(),
-                        range(gp, "%.1f [%.1f .. %.1f]").c_str(), range(vp, "%.2f [%.2f .. %.2f]").c_str(),
-                        range(mb, "%.2f [%.2f .. %.2f]").c_str());
-        }
-        (void)good_med;
-        if (series) series->commit();
-        if (csv) csv->commit();
+        const constant_summary summary = run_constant(sm, o, out, progress);
+        out.commit();
         if (!work.empty()) fs::remove_all(work);
-        std::printf("slab_converge_ms=%.0f aimd_converge_ms=%.0f slab_throughput_vs_aimd=%.3f\n", conv_med[0], conv_med[1],
-                    median(ratios));
+        std::printf("slab_converge_ms=%.0f aimd_converge_ms=%.0f slab_throughput_vs_aimd=%.3f\n",
+                    summary.slab_converge_ms, summary.aimd_converge_ms, summary.slab_vs_aimd);
     } catch (const std::exception& e) {
         if (!work.empty()) fs::remove_all(work);
         std::fprintf(stderr, "slab_bench: %s\n", e.what());
