@@ -125,7 +125,8 @@ std::string g_backend = "cpu";  // --backend
 std::unique_ptr<device> make_dev() {
     backend_options o;
     o.compute_units = g_units;
-    o.scratch_per_unit = 1u << 16;
+    // The spin kernels need no scratch; a model's convolutions need the default.
+    if (g_model_path.empty()) o.scratch_per_unit = 1u << 16;
     if (g_gpu || g_dispatcher_cpu < 0) return make_backend(g_backend, o);
     // The device pins its units where they are as many as the CPUs its creator may run on:
     // created from a thread allowed every CPU but the dispatcher's.

@@ -751,6 +751,7 @@ device_caps op_caps(const device* dev) {
     c.max_queue_depth = d->options.queue_depth;
     c.lowest_priority = cpu_lowest_priority;
     c.highest_priority = cpu_highest_priority;
+    c.scratch_per_unit = d->options.scratch_per_unit;
     return c;
 }
 

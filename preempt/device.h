@@ -130,6 +130,9 @@ struct device_caps {
     // the cpu device, whose memory is the host's.
     uint64_t memory_free_bytes = 0;
     uint64_t memory_total_bytes = 0;
+    // cpu: the scratch each compute unit lends a block (launch scratch_bytes must fit in it);
+    // 0 on GPUs, whose kernels use shared memory instead.
+    size_t scratch_per_unit = 0;
 };
 
 // Unit sets (stream_set_units) are 64-bit masks. On a device with more than 64 compute units

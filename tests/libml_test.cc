@@ -326,6 +326,26 @@ TEST_F(libml_api, wrong_inputs_are_refused) {
     EXPECT_THROW(_rt->infer_batch(*a, std::vector<ml::tensor>{bad}, y), std::invalid_argument);
 }
 
+// A cpu block uses its unit's scratch without bounds checks: a plan that needs more scratch than
+// the device lends is refused when the model is linked, naming the node, not overrun at run time.
+TEST_F(libml_api, a_plan_needing_more_scratch_than_the_device_lends_is_refused) {
+    reefline::gpu::cpu_device_options small;
+    small.compute_units = 1;
+    small.scratch_per_unit = 1u << 12;
+    auto device = reefline::gpu::make_cpu_device(small);
+    ml::runtime rt(*device);
+    auto m = rt.load_model(_path / "model.onnx");
+    try {
+        auto a = rt.link_model(m);
+        ADD_FAILURE() << "linked with 4 KiB of scratch per compute unit";
+    } catch (const std::exception& e) {
+        EXPECT_NE(std::string(e.what()).find("bytes of scratch per compute unit"), std::string::npos) << e.what();
+    }
+    // The same model links and runs on the default scratch (the fixture's device).
+    auto a = _rt->link_model(_rt->load_model(_path / "model.onnx"));
+    EXPECT_NE(a, nullptr);
+}
+
 TEST(libml_errors, bad_files_name_the_problem) {
     auto device = reefline::gpu::make_cpu_device();
     ml::runtime rt(*device);

@@ -186,6 +186,14 @@ std::pair<plan, graph> runtime::plan_for(const graph& imported, const plan::weig
     // Constants a specialization created that the model's weights lack are placed in the
     // instance's inputs region by the plan; the rest come from the shared weights.
     plan p = plan::build(g, layout, _options);
+    // A cpu block uses its compute unit's scratch (im2col columns, packed tiles) without bounds
+    // checks of its own: a plan that needs more than the device lends is refused here.
+    if (const gpu::device_caps caps = _device.caps(); !caps.gpu)
+        for (const planned_launch& l : p.launches())
+            if (l.scratch_bytes > caps.scratch_per_unit)
+                throw std::runtime_error("plan: node '" + l.node + "' needs " + std::to_string(l.scratch_bytes) +
+                                         " bytes of scratch per compute unit; the " + caps.name + " device has " +
+                                         std::to_string(caps.scratch_per_unit) + " (cpu_device_options::scratch_per_unit)");
     return {std::move(p), std::move(g)};
 }
 
