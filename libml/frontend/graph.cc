@@ -297,7 +297,10 @@ int64_t node::i(std::string_view key, int64_t def) const {
     auto it = attrs.find(key);
     if (it == attrs.end()) return def;
     if (auto p = std::get_if<int64_t>(&it->second)) return *p;
-    if (auto p = std::get_if<float>(&it->second)) return int64_t(*p);
+    // A float where an integer is meant is taken when it is one that int64 holds (converting
+    // anything else is undefined behaviour, and the file is wrong anyway).
+    if (auto p = std::get_if<float>(&it->second); p && std::isfinite(*p) && *p >= -9.2e18f && *p <= 9.2e18f)
+        return int64_t(*p);
     detail::fail_node(model_error::kind::invalid_graph, *this,
                       "attribute '" + std::string(key) + "' is not an integer");
 }
