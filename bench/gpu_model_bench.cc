@@ -1,7 +1,8 @@
-// gpu_model_bench (GPU builds): ResNet-50 and VGG-19 (the zoo's full-size models) through
-// libml's runtime on the GPU device, at batch 1 and 8. PyTorch eager on the same GPU is timed by
-// bench/gpu_vs_torch.py (torchvision's resnet50 and vgg19: the same layers and shapes);
-// scripts/gpu-check divides the two.
+// gpu_model_bench (GPU builds): ResNet-50, VGG-19 and BERT-base (the zoo's full-size models;
+// BERT at sequence length --seq, 128 by default) through libml's runtime on the GPU device, at
+// batch 1 and 8. PyTorch eager on the same GPU is timed by bench/gpu_vs_torch.py (torchvision's
+// resnet50 and vgg19, a BERT-base encoder of the same dimensions); scripts/gpu-check divides the
+// two.
 //
 // Per model and batch: `kernels_ms`, the plan's launches on one stream until the stream is idle
 // (inputs already in place: what PyTorch's timing of model(x) on a GPU tensor covers), and
@@ -16,10 +17,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <random>
 #include <unistd.h>
 
 #include "libml/libml.h"
+#include "libml/runtime/synthetic_inputs.h"
 #include "preempt/gpu_device.h"
 
 namespace fs = std::filesystem;
@@ -36,25 +37,13 @@ double median(std::vector<double> v) {
     return v.empty() ? 0 : v[v.size() / 2];
 }
 
-std::vector<ml::tensor> random_inputs(const std::vector<ml::tensor_desc>& descs) {
-    std::mt19937 rng(1);
-    std::normal_distribution<float> n;
-    std::vector<ml::tensor> out;
-    for (const auto& d : descs) {
-        ml::bytes_t b(size_t(ml::element_count(d.shape)) * ml::dtype_size(d.type));
-        auto* f = reinterpret_cast<float*>(b.data());
-        for (size_t i = 0; i < b.size() / 4; ++i) f[i] = n(rng);
-        out.push_back(ml::tensor::make(d.type, d.shape, std::move(b)));
-    }
-    return out;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
     CLI::App app{"gpu_model_bench: zoo models on the GPU device through libml's runtime"};
     std::string zoo, dir, math = "fp32";
-    std::vector<std::string> models = {"resnet50", "vgg19"};
+    std::vector<std::string> models = {"resnet50", "vgg19", "bert"};
+    int64_t seq = 128;
     std::vector<int64_t> batches = {1, 8};
     int iterations = 20;
     app.add_option("--zoo", zoo, "the zoo tool (build/tools/zoo)")->required();
@@ -63,6 +52,7 @@ int main(int argc, char** argv) {
     app.add_option("--batches", batches, "batch sizes")->delimiter(',');
     app.add_option("--iterations", iterations, "timed runs per model and batch")->capture_default_str();
     app.add_option("--math", math, "fp32, tensor_f16 or tensor_bf16")->capture_default_str();
+    app.add_option("--seq", seq, "sequence length of the sequence models (BERT)")->capture_default_str();
     bool no_task = false;
     app.add_flag("--no-task", no_task,
                  "time the plan's launches without task words too (no preemption checks): the checks' cost");
@@ -97,11 +87,13 @@ int main(int argc, char** argv) {
     }
     ml::runtime rt(*d);
     for (const auto& name : models) {
-        auto m = rt.load_model((fs::path(dir) / (name + ".onnx")).string());
+        ml::import_options io;
+        io.unbound_dim = seq;  // BERT's L; the CNNs have no unbound dims
+        auto m = rt.load_model((fs::path(dir) / (name + ".onnx")).string(), io);
         for (int64_t batch : batches) {
             auto in = rt.link_model(m);
             rt.configure_batch(*in, batch);
-            const auto x = random_inputs(in->inputs());
+            const auto x = ml::synthetic_inputs(in->inputs(), 1);  // ids within the vocabulary
             std::vector<ml::tensor> y;
             for (int i = 0; i < 3; ++i) rt.infer_batch(*in, x, y);  // warm-up (pool, caches, clocks)
             std::vector<double> e2e, kernels;

@@ -94,7 +94,7 @@ const gpu_kernel_entry* find_gpu_kernel(const char* name);
 // task, taken with an atomic add); a pad whose every block ran advances its task's counter like
 // a launch of its own, a cut or skipped one leaves it (the task restores from there).
 constexpr uint32_t kMaxGpuPads = 4;
-constexpr uint32_t kGpuPadArgsBytes = 256;  // the largest argument struct a part may carry (checked)
+constexpr uint32_t kGpuPadArgsBytes = 320;  // the largest argument struct a part may carry (checked)
 
 struct gpu_pad_part {
     int32_t kind = -1;           // gpu_kernel_entry::pad_kind

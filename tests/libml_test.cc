@@ -691,6 +691,92 @@ TEST(libml_plan, wide_layers_on_small_planes_take_several_images_a_block) {
 }
 
 
+// GPU plans (plan_options::tiles_for::gpu) cut layers the cpu plans never do: 128 x 128 tiles,
+// pixel tiles spanning the batch's images, and split-K where a layer has fewer output tiles
+// than the device has units (two launches through a temporary). The cpu device runs any plan:
+// a GPU plan's numbers there are the cpu plan's, for one unit (wide tiles, no split) and for
+// 132 (an H100's SMs: split-K, the late layer's residual and ReLU applied after the sum of
+// the chunks).
+TEST(libml_plan, gpu_tiles_spanning_images_and_split_k_give_the_cpu_plans_results) {
+    namespace tm = reefline::ml::test_models;
+    tm::builder b;
+    b.input("x", {-1, 32, 16, 16}).output("y").output("z");
+    const auto weights = [](size_t n, int seed) {
+        std::vector<float> v(n);
+        for (size_t i = 0; i < n; ++i) v[i] = float(int((i * 7 + size_t(seed) * 13) % 17) - 8) / 96.0f;
+        return v;
+    };
+    b.init_f32("w0", {160, 32, 3, 3}, weights(160 * 32 * 9, 1)).init_f32("b0", {160}, weights(160, 2));
+    b.init_f32("w1", {160, 160, 3, 3}, weights(160 * 160 * 9, 3)).init_f32("b1", {160}, weights(160, 4));
+    b.init_f32("wl", {160, 130}, weights(160 * 130, 5));
+    tm::attr_ints(b.node("Conv", {"x", "w0", "b0"}, {"c0"}), "pads", {1, 1, 1, 1});  // 160 x 256 pixels
+    b.node("Relu", {"c0"}, {"r0"});
+    auto* pool = b.node("MaxPool", {"r0"}, {"p0"});
+    tm::attr_ints(pool, "kernel_shape", {4, 4});
+    tm::attr_ints(pool, "strides", {4, 4});
+    tm::attr_ints(b.node("Conv", {"p0", "w1", "b1"}, {"c1"}), "pads", {1, 1, 1, 1});  // 4x4 planes, K = 1440
+    b.node("Add", {"c1", "p0"}, {"a1"});
+    b.node("Relu", {"a1"}, {"y"});
+    tm::attr_ints(b.node("Transpose", {"r0"}, {"t0"}), "perm", {0, 2, 3, 1});        // [n, 16, 16, 160]
+    b.init_i64("rows", {3}, {0, 256, 160});
+    b.node("Reshape", {"t0", "rows"}, {"m0"});                                         // [n, 256, 160]
+    b.node("MatMul", {"m0", "wl"}, {"z"});                                             // 256 x 130 per image
+    const std::string bytes = b.bytes();
+
+    auto device = reefline::gpu::make_cpu_device();
+    const int64_t batch = 3;
+    std::vector<float> xv(size_t(batch * 32 * 16 * 16));
+    for (size_t i = 0; i < xv.size(); ++i) xv[i] = float(int(i * 37 % 23) - 11) / 7.0f;
+    ml::bytes_t xb(xv.size() * 4);
+    std::memcpy(xb.data(), xv.data(), xb.size());
+    const auto run = [&](ml::plan_options::tiles_for tiles, uint32_t units, std::map<std::string, int>* seen) {
+        ml::plan_options o;
+        o.tiles = tiles;
+        o.compute_units = units;
+        ml::runtime rt(*device, o);
+        auto in = rt.link_model(rt.load_model_buffer(bytes.data(), bytes.size(), "gpu-tiles"));
+        rt.configure_batch(*in, batch);
+        EXPECT_EQ(in->current_plan().check_idempotence(), "");
+        for (const auto& l : in->current_plan().launches()) {
+            if (!seen) break;
+            if (l.kernel == &reefline::ml::kernels::conv2d_kernel) {
+                reefline::ml::kernels::conv2d_args a;
+                std::memcpy(&a, l.args.data(), sizeof a);
+                if (a.span_images) ++(*seen)["span"];
+                if (a.tile_co == 128 && a.tile_pix == 128) ++(*seen)["wide"];
+                if (a.k_splits > 1) ++(*seen)[a.split_phase == 1 ? "split_partial" : "split_sum"];
+            } else if (l.kernel == &reefline::ml::kernels::gemm_kernel) {
+                reefline::ml::kernels::gemm_args g;
+                std::memcpy(&g, l.args.data(), sizeof g);
+                if (g.tile_m == 128 && g.tile_n == 128) ++(*seen)["wide_gemm"];
+            }
+        }
+        std::vector<ml::tensor> out;
+        rt.infer_batch(*in, std::vector<ml::tensor>{ml::tensor::make(ml::dtype::f32, {batch, 32, 16, 16}, xb)}, out);
+        return out;
+    };
+    const auto want = run(ml::plan_options::tiles_for::cpu, 1, nullptr);
+    std::map<std::string, int> one, many;
+    for (auto [units, seen] : {std::pair{1u, &one}, std::pair{132u, &many}}) {
+        const auto got = run(ml::plan_options::tiles_for::gpu, units, seen);
+        ASSERT_EQ(got.size(), want.size());
+        for (size_t o = 0; o < want.size(); ++o) {
+            ASSERT_EQ(got[o].shape, want[o].shape);
+            for (int64_t i = 0; i < want[o].elements(); ++i)
+                ASSERT_NEAR(got[o].as_f64(i), want[o].as_f64(i), 1e-4 * (1 + std::fabs(want[o].as_f64(i))))
+                    << units << " units, output " << o << " at " << i;
+        }
+    }
+    EXPECT_EQ(one["span"], 2);
+    EXPECT_GE(one["wide"], 1);   // the first layer: 160 channels x 768 pixels
+    EXPECT_GE(one["wide_gemm"], 1);
+    EXPECT_EQ(one["split_partial"], 0);
+    // For 132 units both layers split K: 36 tiles (K = 288) and 3 tiles (K = 1440).
+    EXPECT_EQ(many["span"], 4);
+    EXPECT_EQ(many["split_partial"], 2);
+    EXPECT_EQ(many["split_sum"], 2);
+}
+
 // A pointwise layer whose output only a 3x3 depthwise layer reads runs inside that layer's
 // launch on CPUs with AVX-512 (kernels::pointwise_depthwise): one launch fewer, the pointwise
 // output never in the arena, and the numbers of the two layers run apart (sums in another

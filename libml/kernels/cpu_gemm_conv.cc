@@ -255,6 +255,7 @@ bool conv2d_images_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group
 void conv2d_epilogue(const conv2d_args& c, float* y, const float* res, int64_t co_abs, int64_t nco, int64_t np,
                      int64_t hw_out);
 bool conv2d_tile_cpu(const conv2d_args& c, const conv2d_tile& t, const gpu::block_context& ctx);
+bool conv2d_parts_cpu(const conv2d_args& c, const conv2d_tile& t, const gpu::block_context& ctx);
 
 // Whether a tile of several images runs as one GEMM (conv2d_images_cpu): whole planes, outside
 // depthwise layers, with the scratch for it.
@@ -269,6 +270,7 @@ bool conv2d_block_cpu(const void* p, const gpu::block_context& ctx) {
     const auto& c = *static_cast<const conv2d_args*>(p);
     const conv2d_tile t = conv2d_block(c, ctx.block);
     if (ctx.preempted()) return false;
+    if (c.span_images || conv2d_split(c)) return conv2d_parts_cpu(c, t, ctx);
     if (t.image1 - t.image == 1) return conv2d_tile_cpu(c, t, ctx);
     if (conv2d_images_batched(c, t, ctx.scratch_size)) {
         for (int64_t group = t.group; group < t.group1; ++group)
@@ -401,6 +403,77 @@ bool conv2d_images_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group
     return true;
 }
 
+// The tiles of GPU plans (span_images, split-K; decomp.h) on the cpu device, image by image:
+// a tile spanning images is its part in each, and a split layer's phases are a partial GEMM
+// over the block's K chunk into `partial`, then the chunks' sum in split order and the
+// epilogue. The cpu plans never make these tiles; the cpu device runs them for the GPU plans
+// the backend contract and DKP hand it.
+bool conv2d_partial_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx);
+void conv2d_reduce_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group);
+
+bool conv2d_parts_cpu(const conv2d_args& c, const conv2d_tile& t, const gpu::block_context& ctx) {
+    for (int64_t image = t.image; image < t.image1; ++image) {
+        conv2d_tile part = c.span_images ? conv2d_image_part(c, t, image) : t;
+        part.image = image;
+        part.image1 = image + 1;
+        if (part.p1 == part.p0) continue;
+        if (!conv2d_split(c)) {
+            if (!conv2d_tile_cpu(c, part, ctx)) return false;
+            continue;
+        }
+        for (int64_t group = t.group; group < t.group1; ++group) {
+            if (ctx.preempted()) return false;
+            if (c.split_phase == 1) {
+                if (!conv2d_partial_cpu(c, part, group, ctx)) return false;
+            } else {
+                conv2d_reduce_cpu(c, part, group);
+            }
+        }
+    }
+    return true;
+}
+
+// Offset of output (image, absolute channel co, pixel p) in y, residual and each split's
+// partial sums.
+inline int64_t conv2d_out_offset(const conv2d_args& c, int64_t image, int64_t co, int64_t p) {
+    return (image * c.c_out + co) * c.h_out * c.w_out + p;
+}
+inline int64_t conv2d_split_stride(const conv2d_args& c) { return c.n * c.c_out * c.h_out * c.w_out; }
+
+bool conv2d_partial_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx) {
+    const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
+    const int64_t np = t.p1 - t.p0, nco = t.co1 - t.co0, co_abs = group * co_g + t.co0;
+    const float* x = c.x + (t.image * c.c_in + group * ci) * c.h * c.w_in;
+    const float* cols = x + t.p0;
+    int64_t ldb = c.h * c.w_in;
+    if (!conv2d_is_pointwise(c)) {
+        if (ctx.scratch_size < size_t(K * np) * sizeof(float)) return false;
+        auto* scratch = static_cast<float*>(ctx.scratch);
+        im2col(c, x, t.p0, t.p1, scratch, np);
+        cols = scratch;
+        ldb = np;
+    }
+    const int64_t split = c.k_chunk > 0 ? t.k0 / c.k_chunk : 0;
+    float* out = c.partial + split * conv2d_split_stride(c) + conv2d_out_offset(c, t.image, co_abs, t.p0);
+    sgemm(false, false, nco, np, t.k1 - t.k0, 1.0f, c.w + co_abs * K + t.k0, K, cols + t.k0 * ldb, ldb, 0.0f, out,
+          c.h_out * c.w_out);
+    return true;
+}
+
+void conv2d_reduce_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group) {
+    const int64_t hw_out = c.h_out * c.w_out, np = t.p1 - t.p0, nco = t.co1 - t.co0;
+    const int64_t co_abs = group * conv2d_co_per_group(c) + t.co0, stride = conv2d_split_stride(c);
+    const int64_t at = conv2d_out_offset(c, t.image, co_abs, t.p0);
+    for (int64_t i = 0; i < nco; ++i)
+        for (int64_t p = 0; p < np; ++p) {
+            const float* part = c.partial + at + i * hw_out + p;
+            float s = 0.0f;
+            for (int32_t k = 0; k < c.k_splits; ++k) s += part[k * stride];
+            c.y[at + i * hw_out + p] = s;
+        }
+    conv2d_epilogue(c, c.y + at, c.residual ? c.residual + at : nullptr, co_abs, nco, np, hw_out);
+}
+
 // Bias, residual and activation over a tile's nco output rows of np pixels (rows hw_out
 // apart), in one pass: bias, residual and ReLU together (vectorised), any other activation
 // through apply_epilogue on the row while it is still in cache.
@@ -435,6 +508,9 @@ bool conv2d_is_pointwise(const conv2d_args& c) {
 
 size_t conv2d_scratch_bytes(const conv2d_args& c) {
     if (c.pre_c_in > 0) return pointwise_depthwise_scratch_bytes(c);
+    // A split layer's partial GEMM: the tile's im2col columns (conv2d_partial_cpu).
+    if (conv2d_split(c))
+        return conv2d_is_pointwise(c) ? 0 : size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
     // Depthwise: one output row's strided input columns copied to unit stride, or the padded
     // plane of a whole-plane block at stride 1.
     if (conv2d_is_depthwise(c)) {
@@ -445,7 +521,7 @@ size_t conv2d_scratch_bytes(const conv2d_args& c) {
                             depthwise16_possible(c) ? depthwise16_scratch_bytes(c) : size_t(0));
         return c.stride_w == 1 ? 0 : size_t(std::min<int64_t>(c.tile_pix, c.w_out)) * sizeof(float);
     }
-    const size_t images = conv2d_image_tile(c) > 1 ? conv2d_images_scratch_bytes(c) : 0;
+    const size_t images = !c.span_images && conv2d_image_tile(c) > 1 ? conv2d_images_scratch_bytes(c) : 0;
     if (conv2d_is_pointwise(c)) return images;
     const size_t im2col_bytes = size_t(conv2d_k(c)) * size_t(c.tile_pix) * sizeof(float);
     // Room for either way, so that the method can change after planning (reefrun --conv).

@@ -103,28 +103,56 @@ struct conv2d_args {
     const float* pre_bias;
     int64_t pre_c_in;
     epilogue pre_ep;
+    // GPU plans: a block's pixel tile runs over the pixels of all images, image after image
+    // (non-zero; tile_images then reads as 1), so that a layer of small planes at batch > 1
+    // fills whole tiles: GEMM N = n * h_out * w_out.
+    int32_t span_images;
+    // Split-K (GPU plans, layers with too few output tiles to fill the device): K is cut into
+    // k_splits chunks of k_chunk and the layer runs as two launches of these args, differing
+    // in split_phase only. Phase 1 (k_splits blocks per output tile) writes each chunk's raw
+    // sums to partial[split][n][c_out][h_out][w_out]; phase 2 (a block per output tile) adds
+    // them in split order, then bias, residual and activation, into y. Both launches read
+    // what they do not write, so either can re-run after a preemption. k_splits 0 or 1: none.
+    int32_t k_splits, k_chunk, split_phase;
+    float* partial;
 };
 
 RL_HD inline int64_t conv2d_co_per_group(const conv2d_args& c) { return c.c_out / c.groups; }
 RL_HD inline int64_t conv2d_ci_per_group(const conv2d_args& c) { return c.c_in / c.groups; }
 RL_HD inline int64_t conv2d_k(const conv2d_args& c) { return conv2d_ci_per_group(c) * c.kh * c.kw; }
 RL_HD inline int64_t conv2d_tiles_co(const conv2d_args& c) { return ceil_div(conv2d_co_per_group(c), c.tile_co); }
-RL_HD inline int64_t conv2d_tiles_pix(const conv2d_args& c) { return ceil_div(c.h_out * c.w_out, c.tile_pix); }
+// The pixel axis a tile cuts: one image's planes, or every image's (span_images).
+RL_HD inline int64_t conv2d_pixels(const conv2d_args& c) {
+    return c.span_images ? c.n * c.h_out * c.w_out : c.h_out * c.w_out;
+}
+RL_HD inline int64_t conv2d_tiles_pix(const conv2d_args& c) { return ceil_div(conv2d_pixels(c), c.tile_pix); }
 RL_HD inline int64_t conv2d_group_tile(const conv2d_args& c) { return c.tile_groups > 1 ? c.tile_groups : 1; }
 RL_HD inline int64_t conv2d_tiles_group(const conv2d_args& c) { return ceil_div(c.groups, conv2d_group_tile(c)); }
-RL_HD inline int64_t conv2d_image_tile(const conv2d_args& c) { return c.tile_images > 1 ? c.tile_images : 1; }
+RL_HD inline int64_t conv2d_image_tile(const conv2d_args& c) {
+    return c.span_images ? c.n : c.tile_images > 1 ? c.tile_images : 1;
+}
 RL_HD inline int64_t conv2d_tiles_image(const conv2d_args& c) { return ceil_div(c.n, conv2d_image_tile(c)); }
+RL_HD inline bool conv2d_split(const conv2d_args& c) { return c.k_splits > 1 && c.k_chunk > 0; }
+// Blocks of the launch: one per output tile, times k_splits in a split layer's first phase.
 RL_HD inline int64_t conv2d_grid(const conv2d_args& c) {
-    return conv2d_tiles_image(c) * conv2d_tiles_group(c) * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
+    const int64_t tiles = conv2d_tiles_image(c) * conv2d_tiles_group(c) * conv2d_tiles_co(c) * conv2d_tiles_pix(c);
+    return conv2d_split(c) && c.split_phase == 1 ? tiles * c.k_splits : tiles;
 }
 
 struct conv2d_tile {
-    // images [image, image1), groups [group, group1); co within a group
+    // images [image, image1), groups [group, group1); co within a group. Pixels [p0, p1) of
+    // image `image`'s planes, or of all images' in turn where the tile spans them (span_images:
+    // image 0, pixel q of image q / (h_out * w_out)).
     int64_t image, image1, group, group1, co0, co1, p0, p1;
+    // K range of the block: [k0, k1) of its split in a split layer's first phase, else all.
+    int64_t k0, k1;
 };
 RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
     const int64_t tp = conv2d_tiles_pix(c), tc = conv2d_tiles_co(c), tg = conv2d_tiles_group(c);
+    const int64_t tiles = conv2d_tiles_image(c) * tg * tc * tp;
     conv2d_tile t;
+    const int64_t split = block / tiles;  // 0 outside a split layer's first phase
+    block %= tiles;
     t.p0 = (block % tp) * c.tile_pix;
     block /= tp;
     t.co0 = (block % tc) * c.tile_co;
@@ -132,11 +160,30 @@ RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
     t.group = (block % tg) * conv2d_group_tile(c);
     t.image = block / tg * conv2d_image_tile(c);
     t.image1 = t.image + conv2d_image_tile(c) < c.n ? t.image + conv2d_image_tile(c) : c.n;
-    const int64_t npix = c.h_out * c.w_out, nco = conv2d_co_per_group(c);
+    const int64_t npix = conv2d_pixels(c), nco = conv2d_co_per_group(c), K = conv2d_k(c);
     t.group1 = t.group + conv2d_group_tile(c) < c.groups ? t.group + conv2d_group_tile(c) : c.groups;
     t.p1 = t.p0 + c.tile_pix < npix ? t.p0 + c.tile_pix : npix;
     t.co1 = t.co0 + c.tile_co < nco ? t.co0 + c.tile_co : nco;
+    t.k0 = 0;
+    t.k1 = K;
+    if (conv2d_split(c) && c.split_phase == 1) {
+        t.k0 = split * c.k_chunk < K ? split * c.k_chunk : K;
+        t.k1 = t.k0 + c.k_chunk < K ? t.k0 + c.k_chunk : K;
+    }
     return t;
+}
+
+// The part of a tile that spans images (span_images) within image `image`: pixels [p0, p1)
+// of that image's planes, empty (p0 == p1) where the tile has none there.
+RL_HD inline conv2d_tile conv2d_image_part(const conv2d_args& c, const conv2d_tile& t, int64_t image) {
+    const int64_t hw = c.h_out * c.w_out, base = image * hw;
+    conv2d_tile one = t;
+    one.image = image;
+    one.image1 = image + 1;
+    one.p0 = t.p0 > base ? t.p0 - base : 0;
+    one.p1 = t.p1 - base < hw ? t.p1 - base : hw;
+    if (one.p1 < one.p0) one.p1 = one.p0;
+    return one;
 }
 
 // ---- gather: payload fragments -> normalised f32 NCHW batch tensor -----------------------

@@ -46,25 +46,6 @@ constexpr int64_t images_pixels = 512;
 constexpr int64_t alignment = 64;
 int64_t align_up(int64_t v) { return (v + alignment - 1) / alignment * alignment; }
 
-// GPU tiles (plan_options::tiles_for::gpu): one 64 x 64 output tile per block, the sub-tile
-// the GPU kernels compute with 256 threads (libml/kernels/gpu/gemm_conv.cu), and a flag check
-// every 128 elements of K (a few microseconds of work). The cpu tiles above are sized for
-// OpenBLAS calls instead and would leave most of a GPU idle.
-void use_gpu_tiles(k::conv2d_args& a) {
-    const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out, K = k::conv2d_k(a);
-    a.tile_co = int32_t(std::clamp<int64_t>(co_g, 1, 64));
-    a.tile_pix = int32_t(std::clamp<int64_t>(npix, 1, 64));
-    a.tile_k = int32_t(std::clamp<int64_t>(K, 1, 128));
-    a.tile_groups = 1;
-    a.tile_images = 1;
-}
-
-void use_gpu_tiles(k::gemm_args& g) {
-    g.tile_m = int32_t(std::clamp<int64_t>(g.m, 1, 64));
-    g.tile_n = int32_t(std::clamp<int64_t>(g.n, 1, 64));
-    g.tile_k = int32_t(std::clamp<int64_t>(g.k, 1, 128));
-}
-
 [[noreturn]] void unsupported(const node& n, const std::string& what) {
     throw model_error(model_error::kind::unsupported_feature, n.label() + ": " + what);
 }
@@ -122,6 +103,56 @@ std::optional<k::elem> elem_of(dtype t) {
 }
 
 }  // namespace
+
+// GPU tiles (plan_options::tiles_for::gpu), for the GPU kernels' 256-thread blocks
+// (libml/kernels/gpu/gemm_conv.cu): a 128 x 128 output tile per block where the layer still has
+// a block for every compute unit at that size, else 64 x 64; a flag check every 128 elements of
+// K for the cpu blocks (the GPU blocks check at every K step). Convolutions at batch > 1 cut
+// their pixel tiles across images (span_images), and a layer that still has fewer blocks than
+// units splits K (split-K: two launches, lower_conv) into chunks of at least gpu_min_k_chunk,
+// enough for every unit to get a block. The cpu tiles are sized for OpenBLAS calls instead and
+// would leave most of a GPU idle.
+namespace {
+constexpr int64_t gpu_wide_tile = 128, gpu_tile = 64, gpu_min_k_chunk = 128, gpu_max_k_splits = 32;
+
+}  // namespace
+
+void use_gpu_tiles(k::conv2d_args& a, uint32_t compute_units) {
+    const int64_t units = std::max<int64_t>(1, compute_units);
+    const int64_t co_g = a.c_out / a.groups, npix = a.h_out * a.w_out, K = k::conv2d_k(a);
+    a.span_images = a.n > 1 && a.n * npix <= int64_t(std::numeric_limits<int32_t>::max()) ? 1 : 0;
+    a.tile_groups = 1;
+    a.tile_images = 1;
+    a.tile_k = int32_t(std::clamp<int64_t>(K, 1, 128));
+    const int64_t pixels = k::conv2d_pixels(a);
+    const auto blocks = [&](int64_t tile) {
+        return k::ceil_div(co_g, tile) * k::ceil_div(pixels, tile) * a.groups * (a.span_images ? 1 : a.n);
+    };
+    const int64_t tile =
+        co_g >= gpu_wide_tile && pixels >= gpu_wide_tile && blocks(gpu_wide_tile) >= units ? gpu_wide_tile : gpu_tile;
+    a.tile_co = int32_t(std::clamp<int64_t>(co_g, 1, tile));
+    a.tile_pix = int32_t(std::clamp<int64_t>(pixels, 1, tile));
+    a.k_splits = a.k_chunk = a.split_phase = 0;
+    const int64_t tiles = k::conv2d_grid(a);
+    if (tiles < units && K >= 2 * gpu_min_k_chunk) {
+        const int64_t want = std::min(gpu_max_k_splits, k::ceil_div(units, tiles));
+        const int64_t chunk = std::max(gpu_min_k_chunk, k::ceil_div(k::ceil_div(K, want), 32) * 32);
+        if (k::ceil_div(K, chunk) > 1) {
+            a.k_chunk = int32_t(chunk);
+            a.k_splits = int32_t(k::ceil_div(K, chunk));
+        }
+    }
+}
+
+void use_gpu_tiles(k::gemm_args& g, uint32_t compute_units) {
+    const int64_t units = std::max<int64_t>(1, compute_units);
+    const int64_t wide_blocks = g.batch * k::ceil_div(g.m, gpu_wide_tile) * k::ceil_div(g.n, gpu_wide_tile);
+    const int64_t tile = g.m >= gpu_wide_tile && g.n >= gpu_wide_tile && wide_blocks >= units ? gpu_wide_tile : gpu_tile;
+    g.tile_m = int32_t(std::clamp<int64_t>(g.m, 1, tile));
+    g.tile_n = int32_t(std::clamp<int64_t>(g.n, 1, tile));
+    g.tile_k = int32_t(std::clamp<int64_t>(g.k, 1, 128));
+}
+
 
 // ---- weights ----------------------------------------------------------------------------
 
@@ -501,6 +532,7 @@ private:
     // on the layout and global poolings.
     bool takes_c16(const node& n, int ni) const;
     void lower_conv_c16(const node& n, int x, int w, int b, int residual, int y, k::conv2d_args a);
+    void lower_conv_split(const node& n, k::conv2d_args a, int x, int w, int b, int residual, int y);
     // A pointwise convolution folded into the depthwise convolution after it (cpu plans,
     // kernels::pointwise_depthwise_possible): its input, weights and bias (-1: none), its args
     // (activation included) and its node.
@@ -894,7 +926,7 @@ void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
     // layout (only there for the cpu device) and it can.
     const bool winograd = _w.winograd.count(val(w).data.get()) && k::conv2d_winograd_possible(a);
     choose_conv_tiles(a, winograd, pre != nullptr);
-    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a);
+    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(a, _o.compute_units);
     std::vector<std::pair<const void*, int>> pointers{{&a.x, x}, {&a.w, w}, {&a.y, y}};
     if (b >= 0) pointers.push_back({&a.bias, b});
     if (residual >= 0) pointers.push_back({&a.residual, residual});
@@ -905,6 +937,7 @@ void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
     std::vector<int> reads;
     for (const auto& [field, v] : pointers)
         if (v != y) reads.push_back(v);
+    if (k::conv2d_split(a)) return lower_conv_split(n, a, x, w, b, residual, y);
     emit_list(k::conv2d_kernel, a, k::conv2d_grid(a), n, pointers, reads, {y}, k::conv2d_scratch_bytes(a));
     if (pre) _pending.back().node = pre->n->name + "+" + n.name;
     // The Winograd filters laid out after the weights (layout_weights): bound as w's bytes
@@ -916,6 +949,28 @@ void planner::lower_conv(const node& n, int ni, const folded_pointwise* pre) {
 
 // A convolution on the channel-blocked layout (kernels::conv2d_c16): its packed filters from
 // the weights' layout, its input in the layout they were packed for.
+// A split-K layer (use_gpu_tiles): the first launch writes each K chunk's sums to a temporary
+// [k_splits, n, c_out, h_out, w_out]; the second adds them in split order, applies bias,
+// residual and activation and writes y.
+void planner::lower_conv_split(const node& n, k::conv2d_args a, int x, int w, int b, int residual, int y) {
+    const int partial = temp(dtype::f32, {a.k_splits, a.n, a.c_out, a.h_out, a.w_out});
+    a.split_phase = 1;
+    emit(k::conv2d_kernel, a, k::conv2d_grid(a), n, {{&a.x, x}, {&a.w, w}, {&a.partial, partial}}, {x, w}, {partial},
+         k::conv2d_scratch_bytes(a));
+    a.split_phase = 2;
+    std::vector<std::pair<const void*, int>> pointers{{&a.partial, partial}, {&a.y, y}};
+    std::vector<int> reads{partial};
+    if (b >= 0) {
+        pointers.push_back({&a.bias, b});
+        reads.push_back(b);
+    }
+    if (residual >= 0) {
+        pointers.push_back({&a.residual, residual});
+        reads.push_back(residual);
+    }
+    emit_list(k::conv2d_kernel, a, k::conv2d_grid(a), n, pointers, reads, {y}, 0);
+}
+
 void planner::lower_conv_c16(const node& n, int x, int w, int b, int residual, int y, k::conv2d_args a) {
     const plan::weight_layout::c16_filters& f = _w.c16.at(val(w).data.get());
     if (blocked(x) != f.x_c16) x = reordered(x, f.x_c16, n);
@@ -1030,7 +1085,7 @@ void planner::lower_gemm(const node& n) {
     g.tile_m = int32_t(std::min<int64_t>(g.m, 64));
     g.tile_n = int32_t(std::min<int64_t>(g.n, 256));
     g.tile_k = int32_t(std::max<int64_t>(1, std::min<int64_t>(g.k, 2048)));
-    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
+    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g, _o.compute_units);
     if (C >= 0)
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, C}, {&g.c, y}}, {A, B, C}, {y});
     else
@@ -1114,7 +1169,7 @@ void planner::lower_matmul(const node& n) {
             g.tile_n = int32_t(std::max<int64_t>(64, (g.tile_n + 1) / 2));
         g.tile_n = int32_t(balanced_tile(N, g.tile_n, g.batch * k::gemm_tiles_m(g), _o.compute_units, 16));
     }
-    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g);
+    if (_o.tiles == plan_options::tiles_for::gpu) use_gpu_tiles(g, _o.compute_units);
     if (bias >= 0)
         emit(k::gemm_kernel, g, k::gemm_grid(g), n, {{&g.a, A}, {&g.b, B}, {&g.bias, bias}, {&g.c, y}}, {A, B, bias}, {y});
     else

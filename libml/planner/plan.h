@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "libml/frontend/graph.h"
+#include "libml/kernels/decomp.h"
 #include "preempt/device.h"
 
 namespace reefline::ml {
@@ -164,5 +165,12 @@ private:
     int _restore_window = 4;
     friend class planner;
 };
+
+// The tiles a GPU plan (plan_options::tiles_for::gpu) gives a convolution or a GEMM on a device
+// of `compute_units` units: 128 x 128 or 64 x 64 output tiles, pixel tiles spanning images, and
+// split-K (k_splits / k_chunk; the planner then emits the layer's two launches). Public for the
+// per-layer benchmark (bench/conv_bench.cc), which times the plans' choice beside the others.
+void use_gpu_tiles(kernels::conv2d_args& a, uint32_t compute_units);
+void use_gpu_tiles(kernels::gemm_args& g, uint32_t compute_units);
 
 }  // namespace reefline::ml

@@ -180,7 +180,12 @@ GPU_TEST(gemm_transposes_bias_kinds_activations_tiles) {
                             k::bias_kind::full}) {
                 check_gemm({2, 13, 21, 19, ta, tb, bk, k::activation::none, 5, 8, 6}, seed += 3);
                 check_gemm({1, 70, 130, 45, ta, tb, bk, k::activation::relu, 64, 64, 128}, seed += 3);
+                // Wide (128 x 128) sub-tiles: both staging layouts of A and B, partial edges.
+                check_gemm({1, 150, 260, 45, ta, tb, bk, k::activation::relu, 128, 128, 128}, seed += 3);
             }
+    // Wide sub-tiles with 16-byte weight loads (K % 4 == 0), and a block of several of them.
+    check_gemm({1, 129, 131, 64, false, false, k::bias_kind::per_col, k::activation::none, 128, 128, 128}, 90);
+    check_gemm({2, 130, 270, 300, false, true, k::bias_kind::per_row, k::activation::gelu_tanh, 128, 256, 2048}, 91);
     // cpu-sized tiles (a block loops over 64 x 64 sub-tiles), GEMV-like and K-heavy shapes.
     check_gemm({1, 100, 300, 200, false, true, k::bias_kind::per_col, k::activation::gelu_tanh, 64, 256, 2048}, 101);
     check_gemm({1, 1, 1000, 512, false, true, k::bias_kind::per_col, k::activation::none, 1, 256, 2048}, 102);
@@ -197,8 +202,26 @@ struct conv_problem {
     int64_t n, ci, h, w, co, kh, kw, sh, sw, pt, pl, pb, pr, dh, dw, g;
 };
 
+// How a GPU plan may cut a layer besides its tiles: pixel tiles spanning images, split-K into
+// chunks of k_chunk (two launches).
+struct conv_cut {
+    int32_t span_images = 0, k_chunk = 0;
+};
+
+// Runs a (possibly split) convolution: one launch, or the split's two phases through a
+// partial buffer of the device's memory from `partial`. False: a launch did not complete.
+template <class Run, class Alloc>
+bool run_conv(k::conv2d_args a, Run run, Alloc partial) {
+    if (!k::conv2d_split(a)) return run(a);
+    a.partial = partial(size_t(a.k_splits) * size_t(a.n * a.c_out * a.h_out * a.w_out));
+    a.split_phase = 1;
+    if (!run(a)) return false;
+    a.split_phase = 2;
+    return run(a);
+}
+
 void check_conv(const conv_problem& c, k::activation act, bool residual, int32_t tco, int32_t tpix, int32_t tk,
-                uint32_t seed, int32_t tgroups = 0) {
+                uint32_t seed, int32_t tgroups = 0, conv_cut cut = {}) {
     const int64_t ho = (c.h + c.pt + c.pb - c.dh * (c.kh - 1) - 1) / c.sh + 1;
     const int64_t wo = (c.w + c.pl + c.pr - c.dw * (c.kw - 1) - 1) / c.sw + 1;
     auto x = random_floats(size_t(c.n * c.ci * c.h * c.w), seed);
@@ -211,7 +234,11 @@ void check_conv(const conv_problem& c, k::activation act, bool residual, int32_t
     a.dil_h = c.dh; a.dil_w = c.dw; a.groups = c.g; a.h_out = ho; a.w_out = wo;
     a.ep.act = act; a.ep.alpha = 0.1f; a.ep.beta = 0.5f;
     a.tile_co = tco; a.tile_pix = tpix; a.tile_k = tk; a.tile_groups = tgroups;
-    const int64_t grid = k::conv2d_grid(a);
+    a.span_images = cut.span_images;
+    if (cut.k_chunk > 0) {
+        a.k_chunk = cut.k_chunk;
+        a.k_splits = int32_t(k::ceil_div(k::conv2d_k(a), cut.k_chunk));
+    }
     std::vector<float> want(size_t(c.n * c.co * ho * wo));
     std::vector<double> scale(want.size());
     const int64_t cig = c.ci / c.g, cog = c.co / c.g;
@@ -238,26 +265,41 @@ void check_conv(const conv_problem& c, k::activation act, bool residual, int32_t
                     scale[oi] = 2 * (mag + std::fabs(b[size_t(o)]) + (residual ? std::fabs(res[oi]) : 0)) + 1e-3;
                 }
     char what[200];
-    std::snprintf(what, sizeof what, "conv n%lld ci%lld %lldx%lld co%lld k%lldx%lld s%lld,%lld d%lld,%lld g%lld act=%d res=%d tiles %d/%d/%d/%d",
+    std::snprintf(what, sizeof what, "conv n%lld ci%lld %lldx%lld co%lld k%lldx%lld s%lld,%lld d%lld,%lld g%lld act=%d res=%d tiles %d/%d/%d/%d span %d chunk %d",
                   (long long)c.n, (long long)c.ci, (long long)c.h, (long long)c.w, (long long)c.co, (long long)c.kh,
                   (long long)c.kw, (long long)c.sh, (long long)c.sw, (long long)c.dh, (long long)c.dw, (long long)c.g,
-                  int(act), int(residual), tco, tpix, tk, tgroups);
+                  int(act), int(residual), tco, tpix, tk, tgroups, cut.span_images, cut.k_chunk);
 #if !defined(REEFLINE_NO_CPU_GEMM)
     {
         std::vector<float> y(want.size(), NAN);
         k::conv2d_args h = a;
         h.x = x.data(); h.w = w.data(); h.bias = b.data(); h.residual = residual ? res.data() : nullptr; h.y = y.data();
-        REQUIRE(run_cpu(k::conv2d_kernel, &h, grid, std::max<size_t>(k::conv2d_scratch_bytes(h), 64)));
+        std::vector<float> part;
+        REQUIRE(run_conv(
+            h,
+            [](const k::conv2d_args& l) {
+                return run_cpu(k::conv2d_kernel, &l, k::conv2d_grid(l), std::max<size_t>(k::conv2d_scratch_bytes(l), 64));
+            },
+            [&part](size_t n) { part.assign(n, NAN); return part.data(); }));
         expect_close(y, want, 2e-5, 1e-6, std::string("cpu ") + what, scale);
     }
 #endif
+    const bool fp32_only = tco >= 128 || cut.span_images || cut.k_chunk;
     for (const math_case& m : maths) {
+        if (fp32_only && m.math != gpu::gpu_math::fp32) continue;
         gpu::device& d = device_for(m);
         dev_buffer dx(d, x), dw(d, w), db(d, b), dr(d, res), dy(d, want.size() * sizeof(float));
         k::conv2d_args h = a;
         h.x = dx.get(); h.w = dw.get(); h.bias = db.get(); h.residual = residual ? dr.get() : nullptr; h.y = dy.get();
         gpu_runner r(d);
-        EXPECT(r.run(conv2d_info, h, grid)) << what << " did not complete";
+        std::unique_ptr<dev_buffer> part;
+        EXPECT(run_conv(
+            h, [&](const k::conv2d_args& l) { return r.run(conv2d_info, l, k::conv2d_grid(l)); },
+            [&](size_t n) {
+                part = std::make_unique<dev_buffer>(d, n * sizeof(float));
+                return part->get();
+            }))
+            << what << " did not complete";
         expect_close(dy.read<float>(), want, m.rtol, 1e-6, std::string(m.name) + " " + what, scale);
     }
 }
@@ -278,6 +320,17 @@ GPU_TEST(conv_shapes_groups_dilations_epilogues_tiles) {
         check_conv(c, k::activation::relu, true, 256, 4096, 1024, seed += 5);     // cpu-like tiles
         check_conv(c, k::activation::hard_swish, false, 64, 64, 128, seed += 5);  // other activation
         check_conv(c, k::activation::relu, false, 256, 4096, 1024, seed += 5, 4); // 4 groups a block
+    }
+    // What GPU plans add (fp32: the tensor-core paths share the cut but not the wide tiles):
+    // wide sub-tiles, tiles spanning images, split-K (chunks aligned, odd, and with wide
+    // tiles), each on its own and together.
+    for (const conv_problem& c : {cases[0], cases[2], cases[4], cases[5]}) {
+        check_conv(c, k::activation::relu, true, 128, 128, 128, seed += 5);
+        check_conv(c, k::activation::relu, true, 128, 128, 128, seed += 5, 0, {1, 0});
+        check_conv(c, k::activation::none, false, 64, 64, 128, seed += 5, 0, {1, 24});
+        check_conv(c, k::activation::relu, true, 128, 128, 128, seed += 5, 0, {1, 32});
+        check_conv(c, k::activation::hard_swish, true, 128, 128, 128, seed += 5, 0, {0, 10});
+        check_conv(c, k::activation::relu, false, 64, 64, 128, seed += 5, 0, {1, 13});
     }
 }
 
