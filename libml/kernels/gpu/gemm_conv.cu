@@ -407,11 +407,22 @@ constexpr uint32_t gemm_shared_bytes(int mode) {
     return fp32_tile_bytes > wide_tile_bytes ? fp32_tile_bytes : wide_tile_bytes;
 }
 
+// Whether the build has the wide sub-tiles: not the HIP build, where hipcc 5.2 takes over 20
+// minutes to compile them for two architectures (the library's whole build was a few); its
+// blocks compute a plan's 128 x 128 tiles as four 64 x 64 sub-tiles.
+#if defined(RL_GPU_HIP)
+constexpr bool kWideTiles = false;
+#else
+constexpr bool kWideTiles = true;
+#endif
+
 // Whether a launch's blocks compute wide (128 x 128) sub-tiles: fp32 launches whose plan gave
 // them tiles of at least that size (the host picks the kernel by it, DKP's parts per block).
-RL_HD inline bool wide_tiles(const gemm_args& g, int mode) { return mode == math_fp32 && g.tile_m >= BW && g.tile_n >= BW; }
+RL_HD inline bool wide_tiles(const gemm_args& g, int mode) {
+    return kWideTiles && mode == math_fp32 && g.tile_m >= BW && g.tile_n >= BW;
+}
 RL_HD inline bool wide_tiles(const conv2d_args& c, int mode) {
-    return mode == math_fp32 && c.tile_co >= BW && c.tile_pix >= BW;
+    return kWideTiles && mode == math_fp32 && c.tile_co >= BW && c.tile_pix >= BW;
 }
 
 // ---- GEMM -----------------------------------------------------------------------------------
@@ -459,7 +470,7 @@ __device__ bool gemm_tiles_gpu(const gemm_args& g, const launch_ctx& ctx, int64_
 // every part).
 template <int Mode>
 __device__ bool gemm_block_gpu(const gemm_args& g, const launch_ctx& ctx, int64_t block, unsigned char* smem) {
-    if constexpr (Mode == math_fp32)
+    if constexpr (Mode == math_fp32 && kWideTiles)
         if (wide_tiles(g, Mode)) return gemm_tiles_gpu<Mode, BW>(g, ctx, block, smem);
     return gemm_tiles_gpu<Mode, BM>(g, ctx, block, smem);
 }
@@ -577,7 +588,7 @@ __device__ bool conv2d_tiles_gpu(const conv2d_args& c, const launch_ctx& ctx, in
 
 template <int Mode>
 __device__ bool conv2d_block_gpu(const conv2d_args& c, const launch_ctx& ctx, int64_t block, unsigned char* smem) {
-    if constexpr (Mode == math_fp32)
+    if constexpr (Mode == math_fp32 && kWideTiles)
         if (wide_tiles(c, Mode)) return conv2d_tiles_gpu<Mode, BW>(c, ctx, block, smem);
     return conv2d_tiles_gpu<Mode, BM>(c, ctx, block, smem);
 }
@@ -620,7 +631,9 @@ mode_kernel<gemm_args> gemm_for(uint32_t flags, const gemm_args* a = nullptr) {
     case math_bf16: return {gemm_kernel<math_bf16, BM>, gemm_shared_bytes(math_bf16)};
 #endif
     default:
+#if !defined(RL_GPU_HIP)  // kWideTiles
         if (!a || wide_tiles(*a, math_fp32)) return {gemm_kernel<math_fp32, BW>, wide_tile_bytes};
+#endif
         return {gemm_kernel<math_fp32, BM>, fp32_tile_bytes};
     }
 }
@@ -632,7 +645,9 @@ mode_kernel<conv2d_args> conv2d_for(uint32_t flags, const conv2d_args* a = nullp
     case math_bf16: return {conv2d_kernel<math_bf16, BM>, gemm_shared_bytes(math_bf16)};
 #endif
     default:
+#if !defined(RL_GPU_HIP)  // kWideTiles
         if (!a || wide_tiles(*a, math_fp32)) return {conv2d_kernel<math_fp32, BW>, wide_tile_bytes};
+#endif
         return {conv2d_kernel<math_fp32, BM>, fp32_tile_bytes};
     }
 }
