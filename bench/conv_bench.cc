@@ -84,13 +84,12 @@ k::conv2d_args conv_args(const conv_layer& l, int64_t batch) {
 k::conv2d_args conv_variant(k::conv2d_args a, const std::string& v, uint32_t units) {
     ml::use_gpu_tiles(a, units);
     if (v == "plan" || v == "f16" || v == "bf16") return a;
-    const int64_t co = a.c_out, pix = a.h_out * a.w_out;
+    const int64_t co = a.c_out;
     a.k_splits = a.k_chunk = a.split_phase = 0;
     a.span_images = v == "v1" ? 0 : (a.n > 1 ? 1 : 0);
     const int64_t tile = v == "wide" ? 128 : 64;
     a.tile_co = int32_t(std::min(co, tile));
     a.tile_pix = int32_t(std::min(k::conv2d_pixels(a), tile));
-    (void)pix;
     return a;
 }
 

@@ -438,7 +438,6 @@ bool conv2d_parts_cpu(const conv2d_args& c, const conv2d_tile& t, const gpu::blo
 inline int64_t conv2d_out_offset(const conv2d_args& c, int64_t image, int64_t co, int64_t p) {
     return (image * c.c_out + co) * c.h_out * c.w_out + p;
 }
-inline int64_t conv2d_split_stride(const conv2d_args& c) { return c.n * c.c_out * c.h_out * c.w_out; }
 
 bool conv2d_partial_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t group, const gpu::block_context& ctx) {
     const int64_t ci = conv2d_ci_per_group(c), co_g = conv2d_co_per_group(c), K = conv2d_k(c);
@@ -453,8 +452,7 @@ bool conv2d_partial_cpu(const conv2d_args& c, const conv2d_tile& t, int64_t grou
         cols = scratch;
         ldb = np;
     }
-    const int64_t split = c.k_chunk > 0 ? t.k0 / c.k_chunk : 0;
-    float* out = c.partial + split * conv2d_split_stride(c) + conv2d_out_offset(c, t.image, co_abs, t.p0);
+    float* out = c.partial + t.split * conv2d_split_stride(c) + conv2d_out_offset(c, t.image, co_abs, t.p0);
     sgemm(false, false, nco, np, t.k1 - t.k0, 1.0f, c.w + co_abs * K + t.k0, K, cols + t.k0 * ldb, ldb, 0.0f, out,
           c.h_out * c.w_out);
     return true;

@@ -144,8 +144,9 @@ struct conv2d_tile {
     // image `image`'s planes, or of all images' in turn where the tile spans them (span_images:
     // image 0, pixel q of image q / (h_out * w_out)).
     int64_t image, image1, group, group1, co0, co1, p0, p1;
-    // K range of the block: [k0, k1) of its split in a split layer's first phase, else all.
-    int64_t k0, k1;
+    // K range of the block: [k0, k1) of its split (chunk `split`) in a split layer's first
+    // phase, else all (split 0).
+    int64_t k0, k1, split;
 };
 RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
     const int64_t tp = conv2d_tiles_pix(c), tc = conv2d_tiles_co(c), tg = conv2d_tiles_group(c);
@@ -166,12 +167,17 @@ RL_HD inline conv2d_tile conv2d_block(const conv2d_args& c, int64_t block) {
     t.co1 = t.co0 + c.tile_co < nco ? t.co0 + c.tile_co : nco;
     t.k0 = 0;
     t.k1 = K;
+    t.split = 0;
     if (conv2d_split(c) && c.split_phase == 1) {
+        t.split = split;
         t.k0 = split * c.k_chunk < K ? split * c.k_chunk : K;
         t.k1 = t.k0 + c.k_chunk < K ? t.k0 + c.k_chunk : K;
     }
     return t;
 }
+
+// Floats from one split's partial sums to the next's (partial[split][n][c_out][h_out][w_out]).
+RL_HD inline int64_t conv2d_split_stride(const conv2d_args& c) { return c.n * c.c_out * c.h_out * c.w_out; }
 
 // The part of a tile that spans images (span_images) within image `image`: pixels [p0, p1)
 // of that image's planes, empty (p0 == p1) where the tile has none there.

@@ -523,7 +523,7 @@ __device__ bool conv2d_group_gpu(const conv2d_args& c, const launch_ctx& ctx, co
     // split layer writes its chunk's raw sums to the chunk's partial tensor instead.
     const int64_t first = (t.image * c.c_out + co_base) * hw_out;
     const bool partial = conv2d_split(c);
-    float* y = partial ? c.partial + (t.k0 / c.k_chunk) * (c.n * c.c_out * hw_out) + first : c.y + first;
+    float* y = partial ? c.partial + t.split * conv2d_split_stride(c) + first : c.y + first;
     const float* res = c.residual && !partial ? c.residual + first : nullptr;
     k_checks checks(ctx);
     const int tid = int(threadIdx.x), tx = tid % 16, ty = tid / 16;
@@ -555,7 +555,7 @@ __device__ bool conv2d_group_gpu(const conv2d_args& c, const launch_ctx& ctx, co
 // the epilogue. Element-wise, consecutive threads on consecutive columns.
 __device__ void conv2d_reduce_gpu(const conv2d_args& c, const conv2d_tile& t, int64_t group) {
     const int64_t hw_out = c.h_out * c.w_out, co_base = group * conv2d_co_per_group(c);
-    const int64_t first = (t.image * c.c_out + co_base) * hw_out, stride = c.n * c.c_out * hw_out;
+    const int64_t first = (t.image * c.c_out + co_base) * hw_out, stride = conv2d_split_stride(c);
     const int32_t rows = int32_t(t.co1 - t.co0), cols = int32_t(t.p1 - t.p0);
     for (int32_t e = int32_t(threadIdx.x); e < rows * cols; e += int32_t(kThreads)) {
         const int32_t r = e / cols;
